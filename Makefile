@@ -1,0 +1,79 @@
+# kgen's single entry point: CI and people only ever call make.
+#   make build   set up (venv + CUDA 11.8 if missing), kgen build specs/, kgen verify
+#   make test    set up, lint, stale-output check, verify, the test suite (GPU tests skip)
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+KGEN   := $(BIN)/kgen
+STAMPS := .stamps
+APT_SOURCES := /etc/apt/sources.list.d/debian.sources
+
+.PHONY: setup build verify check-generated lint test test-cpu test-toolchain test-gpu \
+        gpu-bundle bench-build golden clean
+
+setup: $(STAMPS)/venv $(STAMPS)/cuda
+
+# Python environment, rebuilt only when pyproject.toml changes.
+$(STAMPS)/venv: pyproject.toml
+	@mkdir -p $(STAMPS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+# CUDA 11.8 (the last toolkit that targets sm_37). Installed from Debian's
+# non-free component when no 11.8 toolchain is found; KGEN_CUDA_HOME skips this.
+$(STAMPS)/cuda:
+	@mkdir -p $(STAMPS)
+	@if [ -n "$${KGEN_CUDA_HOME:-}" ] || /usr/lib/nvidia-cuda-toolkit/bin/nvcc --version 2>/dev/null | grep -q 'release 11.8'; then \
+	  echo "CUDA 11.8 present"; \
+	else \
+	  echo "installing CUDA 11.8 (nvidia-cuda-toolkit, Debian non-free; ~1.6 GB)"; \
+	  if [ -f $(APT_SOURCES) ] && ! grep -q '^Components:.*non-free' $(APT_SOURCES); then \
+	    sed -i 's/^Components: main.*$$/Components: main contrib non-free/' $(APT_SOURCES); fi; \
+	  apt-get update -q; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nvidia-cuda-toolkit; \
+	fi
+	@touch $@
+
+build: setup
+	$(KGEN) build $(KGEN_FLAGS) specs/
+	$(KGEN) verify
+
+verify: setup
+	$(KGEN) verify
+
+# The committed generated/ must be what the specs and templates produce now.
+check-generated: setup
+	$(KGEN) build --check specs/
+
+lint: $(STAMPS)/venv
+	$(BIN)/ruff check kgen tests
+
+test: setup lint check-generated
+	$(KGEN) verify
+	$(BIN)/python -m pytest -q tests
+
+test-cpu: $(STAMPS)/venv
+	$(BIN)/python -m pytest -q tests -m "not gpu and not toolchain"
+
+test-toolchain: setup
+	$(BIN)/python -m pytest -q tests -m toolchain
+
+# On a machine with a GPU (and the generated PTX, which needs no toolchain).
+test-gpu:
+	$(PYTHON) -m pytest -q tests/gpu tests/generated -m gpu -p no:cacheprovider
+
+bench-build: setup
+	$(BIN)/python -m kgen.bench.build
+
+golden: setup
+	$(KGEN) golden
+
+clean:
+	rm -rf $(STAMPS) build .pytest_cache .ruff_cache
+	find . -name __pycache__ -prune -exec rm -rf {} +

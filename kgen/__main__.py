@@ -1,0 +1,3 @@
+from kgen.cli import main
+
+raise SystemExit(main())

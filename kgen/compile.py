@@ -1,0 +1,100 @@
+"""The toolchain stages: CUDA source -> PTX -> cubin -> SASS, cached.
+
+Each stage is one function named for what it produces. Everything that can
+change a stage's output (its input bytes, the exact flags, every tool's version
+line and kgen's own version) goes into a frozen ``CompileJob`` whose hash is the
+cache key, so a cached artifact is reused only when it would be rebuilt
+byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from kgen import __version__
+from kgen.cache import Cache, sha256
+from kgen.toolchain import TARGET_ARCH, Toolchain
+
+# nvcc's front end (cicc) is what the golden is made with: NVRTC gives other
+# PTX for the same source, so golden and generated code share these flags.
+NVCC_PTX_FLAGS = ("-ptx", f"-arch={TARGET_ARCH}", "-Wno-deprecated-gpu-targets")
+PTXAS_FLAGS = (f"-arch={TARGET_ARCH}", "-v")
+CUOBJDUMP_FLAGS = ("-sass",)
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One stage's complete input; ``key`` names its cached output."""
+
+    stage: str
+    input_sha256: str
+    flags: tuple[str, ...]
+    tools: tuple[tuple[str, str], ...]
+    kgen_version: str = __version__
+
+    @property
+    def key(self) -> str:
+        return sha256(json.dumps(self.__dict__, sort_keys=True).encode())
+
+
+def _job(stage: str, data: bytes, flags: tuple[str, ...], tc: Toolchain) -> CompileJob:
+    return CompileJob(stage, sha256(data), flags, tc.versions)
+
+
+def ptx(source: str, tc: Toolchain, cache: Cache, name: str = "module") -> str:
+    """CUDA C++ -> PTX with nvcc's front end."""
+    data = source.encode()
+    job = _job("ptx", data, NVCC_PTX_FLAGS, tc)
+    hit = cache.get(job.key)
+    if hit is not None:
+        return hit["out.ptx"].decode()
+    with tempfile.TemporaryDirectory(prefix="kgen-ptx-") as tmp:
+        src = Path(tmp) / f"{name}.cu"
+        out = Path(tmp) / f"{name}.ptx"
+        src.write_bytes(data)
+        tc.run([tc.nvcc, *NVCC_PTX_FLAGS, str(src), "-o", str(out)], cwd=tmp)
+        text = out.read_bytes()
+    cache.put(job.key, {"out.ptx": text})
+    return text.decode()
+
+
+@dataclass(frozen=True)
+class Cubin:
+    data: bytes
+    ptxas_log: str
+
+
+def cubin(ptx_text: str, tc: Toolchain, cache: Cache, name: str = "module") -> Cubin:
+    """PTX -> sm_37 cubin with ptxas; keeps ptxas's resource report (-v)."""
+    data = ptx_text.encode()
+    job = _job("cubin", data, PTXAS_FLAGS, tc)
+    hit = cache.get(job.key)
+    if hit is not None:
+        return Cubin(hit["out.cubin"], hit["ptxas.log"].decode())
+    with tempfile.TemporaryDirectory(prefix="kgen-cubin-") as tmp:
+        src = Path(tmp) / f"{name}.ptx"
+        out = Path(tmp) / f"{name}.cubin"
+        src.write_bytes(data)
+        proc = tc.run([tc.ptxas, *PTXAS_FLAGS, str(src), "-o", str(out)], cwd=tmp)
+        blob = out.read_bytes()
+    log = (proc.stdout + proc.stderr).replace(str(src), f"{name}.ptx")
+    cache.put(job.key, {"out.cubin": blob, "ptxas.log": log.encode()})
+    return Cubin(blob, log)
+
+
+def sass(cubin_data: bytes, tc: Toolchain, cache: Cache, name: str = "module") -> str:
+    """cubin -> SASS listing (every kernel, encodings included) with cuobjdump."""
+    job = _job("sass", cubin_data, CUOBJDUMP_FLAGS, tc)
+    hit = cache.get(job.key)
+    if hit is not None:
+        return hit["out.sass"].decode()
+    with tempfile.TemporaryDirectory(prefix="kgen-sass-") as tmp:
+        src = Path(tmp) / f"{name}.cubin"
+        src.write_bytes(cubin_data)
+        proc = tc.run([tc.cuobjdump, *CUOBJDUMP_FLAGS, str(src)], cwd=tmp)
+    text = proc.stdout
+    cache.put(job.key, {"out.sass": text.encode()})
+    return text

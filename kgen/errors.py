@@ -1,0 +1,72 @@
+"""The error kinds kgen reports to users (never as tracebacks)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+
+class KgenError(Exception):
+    """A user-facing failure: printed as one message, exit status ``exit_code``."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class SourcePos:
+    """A place in a spec file, 1-based like compilers print it."""
+
+    path: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}"
+
+
+class SpecError(KgenError):
+    """A spec that cannot be parsed or breaks a contract: ``path:line:col: error: msg``."""
+
+    exit_code = 2
+
+    def __init__(self, pos: SourcePos, message: str, source_line: str | None = None):
+        self.pos = pos
+        self.message = message
+        self.source_line = source_line
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        text = f"{self.pos}: error: {self.message}"
+        if self.source_line is not None:
+            line = self.source_line.rstrip("\n").expandtabs(1)
+            caret = " " * max(self.pos.col - 1, 0) + "^"
+            text += f"\n  {line}\n  {caret}"
+        return text
+
+
+class ToolchainError(KgenError):
+    """The CUDA 11.8 toolchain is missing or is not the version kgen pins."""
+
+    exit_code = 3
+
+
+class ToolError(KgenError):
+    """A compiler tool failed; the message carries the command that reproduces it."""
+
+    exit_code = 4
+
+    def __init__(self, argv: list[str], env_path: str, returncode: int, output: str):
+        self.argv = argv
+        self.returncode = returncode
+        self.output = output
+        cmd = f"PATH={shlex.quote(env_path)} " + shlex.join(argv)
+        super().__init__(
+            f"{argv[0]} failed (exit {returncode}):\n{output.rstrip()}\n"
+            f"reproduce with:\n  {cmd}"
+        )
+
+
+class VerifyError(KgenError):
+    """Generated code is not identical to the golden."""
+
+    exit_code = 1

@@ -1,0 +1,163 @@
+"""The compiler's stages, in order, each a function named for what it produces.
+
+    parse   spec files        -> SpecFile ASTs           (kgen.spec.parser)
+    check   ASTs              -> resolved, checked IR     (kgen.spec.resolve, kgen.spec.check)
+    render  IR + templates    -> CUDA modules             (kgen.render)
+    ptx     CUDA              -> PTX       (nvcc 11.8)    (kgen.compile)
+    cubin   PTX               -> sm_37 cubin (ptxas)      (kgen.compile)
+    sass    cubin             -> SASS listing (cuobjdump) (kgen.compile)
+    verify  compiled kernels  -> verdicts vs golden       (kgen.verify)
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from kgen import __version__, compile, ptx_entries, resources, sass_listing
+from kgen.cache import Cache, sha256
+from kgen.errors import KgenError, SpecError, SourcePos
+from kgen.render import Module, render_modules
+from kgen.spec.ast import SpecFile
+from kgen.spec.check import check
+from kgen.spec.ir import Kernel
+from kgen.spec.parser import parse_file
+from kgen.spec.resolve import resolve
+from kgen.toolchain import Toolchain
+from kgen.verify import Compiled
+
+SPEC_SUFFIX = ".kspec"
+MANIFEST = "manifest.json"
+
+
+def spec_paths(inputs: list[Path]) -> list[Path]:
+    """Spec files named directly or found (sorted) in named directories."""
+    out: list[Path] = []
+    for p in inputs:
+        if p.is_dir():
+            found = sorted(p.glob(f"*{SPEC_SUFFIX}"))
+            if not found:
+                raise SpecError(SourcePos(str(p), 1, 1), f"no *{SPEC_SUFFIX} files here")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
+def parse(inputs: list[Path], root: Path | None = None) -> list[SpecFile]:
+    files = []
+    for p in spec_paths(inputs):
+        shown = str(p)
+        if root is not None:
+            try:
+                shown = str(p.resolve().relative_to(root))
+            except ValueError:
+                pass
+        files.append(parse_file(p, shown))
+    return files
+
+
+def checked(files: list[SpecFile]) -> list[Kernel]:
+    return check(resolve(files), {f.path: f.lines for f in files})
+
+
+@dataclass(frozen=True)
+class ModuleBuild:
+    """A module after the toolchain stages."""
+
+    module: Module
+    ptx: str
+    cubin: bytes
+    ptxas_log: str
+    sass: dict[str, tuple[sass_listing.Instr, ...]]
+
+    def kernels(self) -> dict[str, Compiled]:
+        entries = ptx_entries.entries(self.ptx)
+        res = resources.parse(self.ptxas_log)
+        return {
+            name: Compiled(name, self.module.name, entries[name], self.sass.get(name, ()),
+                           res[name])
+            for name in entries
+        }
+
+
+def toolchain_stages(module: Module, tc: Toolchain, cache: Cache) -> ModuleBuild:
+    """ptx -> cubin -> sass for one module."""
+    ptx_text = compile.ptx(module.source, tc, cache, name=module.name)
+    cub = compile.cubin(ptx_text, tc, cache, name=module.name)
+    listing = sass_listing.parse(compile.sass(cub.data, tc, cache, name=module.name))
+    return ModuleBuild(module, ptx_text, cub.data, cub.ptxas_log, listing)
+
+
+def compile_modules(modules: list[Module], tc: Toolchain, cache: Cache,
+                    jobs: int = 0, progress=None) -> list[ModuleBuild]:
+    """Independent modules compile in parallel (each stage is a subprocess)."""
+    jobs = jobs or max(len(modules), 1)
+
+    def one(m: Module) -> ModuleBuild:
+        b = toolchain_stages(m, tc, cache)
+        if progress:
+            progress(f"compiled {m.name} ({len(m.kernels)} kernels)")
+        return b
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, modules))
+
+
+def check_budgets(kernels: list[Kernel], compiled: dict[str, Compiled],
+                  lines: dict[str, tuple[str, ...]]) -> None:
+    """Every ``expect <resource> <op> <n>`` of a spec, against ptxas's report."""
+    for k in kernels:
+        c = compiled.get(k.name)
+        if c is None:
+            raise KgenError(f"{k.name}: the module compiled but has no such entry")
+        for b in k.budgets:
+            have = getattr(c.resources, b.resource)
+            ok = {"<=": have <= b.value, ">=": have >= b.value, "==": have == b.value}[b.op]
+            if not ok:
+                src = lines.get(b.pos.path, ())
+                raise SpecError(b.pos, f"{k.name} uses {have} {b.resource.replace('_', ' ')}; "
+                                f"the spec expects {b.resource} {b.op} {b.value}",
+                                src[b.pos.line - 1] if 0 < b.pos.line <= len(src) else None)
+
+
+def generated_files(builds: list[ModuleBuild]) -> dict[str, bytes]:
+    """The exact contents of generated/: sources, PTX and a manifest."""
+    files: dict[str, bytes] = {}
+    manifest = {"generator": f"kgen {__version__}", "modules": {}}
+    for b in builds:
+        m = b.module
+        files[m.filename] = m.source.encode()
+        ptx_name = f"{m.name}.ptx"
+        header = (f"// GENERATED by kgen {__version__} from {m.filename} with nvcc 11.8 "
+                  f"-ptx -arch=sm_37 -- do not edit.\n")
+        files[ptx_name] = (header + b.ptx).encode()
+        manifest["modules"][m.name] = {
+            "source": m.filename,
+            "source_sha256": sha256(m.source.encode()),
+            "ptx": ptx_name,
+            "kernels": [k.name for k in m.kernels],
+        }
+    files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    return files
+
+
+def read_generated_modules(generated: Path) -> list[Module]:
+    """The committed generated/ sources, as modules (for verify)."""
+    try:
+        manifest = json.loads((generated / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise KgenError(f"no generated modules in {generated}; run `kgen build specs/`") from None
+    mods = []
+    for name, info in sorted(manifest["modules"].items()):
+        src = (generated / info["source"]).read_text(encoding="utf-8")
+        mods.append(Module(name, (), src))
+    return mods
+
+
+__all__ = [
+    "parse", "checked", "render_modules", "compile_modules", "check_budgets",
+    "generated_files", "read_generated_modules", "toolchain_stages",
+]

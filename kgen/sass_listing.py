@@ -1,0 +1,59 @@
+"""Parse ``cuobjdump -sass`` output into per-kernel instruction streams.
+
+Kepler SASS interleaves a scheduling-control word before every seven
+instructions; it is part of the encoding and so part of what must be
+identical. Each item keeps the printed text and its 64-bit encoding.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$")
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*/\*\s*(0x[0-9a-f]{16})\s*\*/\s*$")
+_CONTROL = re.compile(r"^\s*/\*\s*(0x[0-9a-f]{16})\s*\*/\s*$")
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One SASS word: an instruction (with its address) or a control word."""
+
+    addr: int | None
+    text: str
+    encoding: str
+
+    def render(self) -> str:
+        if self.addr is None:
+            return f"{'':8}{'':44} /* {self.encoding} */"
+        return f"/*{self.addr:04x}*/ {self.text:<44} /* {self.encoding} */"
+
+    @property
+    def word(self) -> tuple[str, str]:
+        """What identity compares: the text and the encoding, not the address."""
+        return (self.text, self.encoding)
+
+
+def parse(listing: str) -> dict[str, tuple[Instr, ...]]:
+    """Map kernel name -> its instruction stream, in address order."""
+    out: dict[str, list[Instr]] = {}
+    current: list[Instr] | None = None
+    for line in listing.splitlines():
+        m = _FUNCTION.match(line)
+        if m:
+            current = out.setdefault(m.group(1), [])
+            continue
+        if current is None:
+            continue
+        m = _INSTR.match(line)
+        if m:
+            current.append(Instr(int(m.group(1), 16), " ".join(m.group(2).split()), m.group(3)))
+            continue
+        m = _CONTROL.match(line)
+        if m:
+            current.append(Instr(None, "", m.group(1)))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def render(stream: tuple[Instr, ...]) -> str:
+    return "".join(i.render() + "\n" for i in stream)

@@ -1,0 +1,81 @@
+"""Kernel parameter lists, derived from a kernel's axes.
+
+The templates render these and the Python launchers bind to them, so the two
+cannot disagree about a kernel's arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kgen.spec.axes import KvFormat, Mode, Op, Position
+from kgen.spec.ir import Kernel
+from kgen.spellings import CACHE_ELEM
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str  # e.g. "const float *", "int"
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
+    @property
+    def decl(self) -> str:
+        sep = "" if self.is_pointer else " "
+        return f"{self.ctype}{sep}{self.name}"
+
+
+def _p(ctype: str, *names: str) -> list[Param]:
+    return [Param(n, ctype) for n in names]
+
+
+def _position(k: Kernel, host: list[Param]) -> list[Param]:
+    if k.position is Position.HOST:
+        return host
+    return _p("const int *", "pos")
+
+
+def params(k: Kernel) -> tuple[Param, ...]:
+    out: list[Param] = []
+    q4 = k.kv is KvFormat.Q4
+    if k.op is Op.QZ_SPLIT:
+        out += _p("const float *", "qg") + _p("float *", "q", "z") + _p("int", "head_dim", "total")
+    elif k.op is Op.KV_APPEND:
+        out += _p("const float *", "k_new", "v_new")
+        out += _p(f"{CACHE_ELEM[k.kv]} *", "k_cache", "v_cache")
+        if q4:
+            out += _p("__half *", "k_sink", "v_sink", "k_win", "v_win")
+        out += _p("int", "n_head_kv", "head_dim", "max_seq")
+        out += _position(k, _p("int", "pos0"))
+        if q4:
+            out += _p("int", "sink", "win")
+    elif k.op is Op.FLASH:
+        out += _p("const float *", "q")
+        out += _p(f"const {CACHE_ELEM[k.kv]} *", "k_cache", "v_cache")
+        if q4:
+            out += _p("const __half *", "k_sink", "v_sink", "k_win", "v_win")
+        if k.mode is Mode.PREFILL:
+            out += _p("float *", "out")
+        else:
+            out += _p("float *", "m_out", "l_out", "acc_out")
+        out += _p("int", "kv_groups", "head_dim", "max_seq")
+        if k.mode is Mode.PREFILL:
+            out += _p("int", "pos0")
+        else:
+            out += _position(k, _p("int", "seq_len", "n_splits", "split_len"))
+            if k.position is not Position.HOST:
+                out += _p("int", "kps", "splits_cap")
+        if q4:
+            out += _p("int", "sink", "win")
+        out += _p("int", "attn_sink", "attn_win")
+        out += _p("float", "scale")
+    elif k.op is Op.DECODE_COMBINE:
+        out += _p("const float *", "m_in", "l_in", "acc_in") + _p("float *", "out")
+        out += _p("int", "head_dim")
+        out += _position(k, _p("int", "n_splits"))
+        if k.position is not Position.HOST:
+            out += _p("int", "kps", "splits_cap")
+    return tuple(out)

@@ -1,0 +1,1 @@
+"""The spec language: parse (lark) -> AST -> resolved, checked kernel IR."""

@@ -1,0 +1,57 @@
+"""Frozen dataclasses the parser builds; one node per spec construct.
+
+Positions (``pos``) are excluded from equality, so two specs that say the same
+thing compare equal wherever they were written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kgen.errors import SourcePos
+
+
+@dataclass(frozen=True)
+class Assign:
+    key: str
+    value: str | int
+    pos: SourcePos = field(compare=False)
+    value_pos: SourcePos = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ExpectResource:
+    """``expect registers <= 72``: a budget ptxas's report must meet."""
+
+    resource: str
+    op: str
+    value: int
+    pos: SourcePos = field(compare=False)
+
+
+@dataclass(frozen=True)
+class ExpectRelation:
+    """``expect bit_exact with K`` / ``expect close_to K within 1e-3``."""
+
+    kind: str
+    other: str
+    tolerance: float
+    pos: SourcePos = field(compare=False)
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    name: str
+    parent: str | None
+    abstract: bool
+    assigns: tuple[Assign, ...]
+    expects: tuple[ExpectResource | ExpectRelation, ...]
+    pos: SourcePos = field(compare=False)
+    parent_pos: SourcePos | None = field(compare=False, default=None)
+
+
+@dataclass(frozen=True)
+class SpecFile:
+    path: str
+    kernels: tuple[KernelDef, ...]
+    lines: tuple[str, ...] = field(compare=False, repr=False, default=())

@@ -1,0 +1,107 @@
+"""The spec's vocabulary: every key a kernel may set, its values and default.
+
+Adding a value to an axis (another KV format, staging mode, window policy) is
+an entry here, a row in ``kgen/spellings.py`` and a template piece.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Op(str, Enum):
+    QZ_SPLIT = "qz_split"              # split the joint q+gate projection
+    KV_APPEND = "kv_append"            # write new K/V rows into the cache
+    FLASH = "flash"                    # tiled online-softmax attention
+    DECODE_COMBINE = "decode_combine"  # merge split-decode partials
+
+
+class Mode(str, Enum):
+    PREFILL = "prefill"  # one block per query row, normalised output
+    DECODE = "decode"    # one block per key split, (m, l, acc) partials
+
+
+class Position(str, Enum):
+    HOST = "host"      # position passed as a kernel argument
+    DEVICE = "device"  # read from pos[0] (CUDA-graph capture)
+    SLOTS = "slots"    # read from pos[slot]; one KV ring per slot
+
+
+class KvFormat(str, Enum):
+    F32 = "f32"  # float rows
+    Q4 = "q4"    # Q4_0 blocks + fp16 sink and recent-window shadows
+
+
+class QStage(str, Enum):
+    F32 = "f32"
+    F16 = "f16"
+
+
+class KStage(str, Enum):
+    SHARED_F32 = "shared_f32"  # float tile in shared memory
+    REGISTERS = "registers"    # each dot lane holds its own chunk of its key
+    SHARED_F16 = "shared_f16"  # __half tile in shared memory
+
+
+class VStage(str, Enum):
+    GLOBAL = "global"        # V read per element from global memory
+    SHARED_Q4 = "shared_q4"  # the tile's raw Q4_0 V rows staged in shared
+
+
+class Window(str, Enum):
+    SINK_RECENT = "sink_recent"  # attention sinks + recent window, per 16-key tile
+
+
+class RingFloor(str, Enum):
+    NONE = "none"    # the fp16 window ring is trusted for every recent key
+    BATCH = "batch"  # keys lapped by later rows of the same batch fall back to q4
+
+
+@dataclass(frozen=True)
+class Key:
+    """One settable key: its type (an Enum, int or str), default and scope."""
+
+    type: type
+    default: object
+    ops: frozenset[Op] | None = None  # None: every op
+    doc: str = ""
+
+
+ALL = None
+FLASH = frozenset({Op.FLASH})
+CACHE_OPS = frozenset({Op.FLASH, Op.KV_APPEND})
+PLAN_OPS = frozenset({Op.FLASH, Op.DECODE_COMBINE})
+
+KEYS: dict[str, Key] = {
+    "module": Key(str, None, ALL, "generated file the kernel lands in"),
+    "doc": Key(str, "", ALL, "one line saying what the kernel is for"),
+    "op": Key(Op, None, ALL, "what the kernel computes"),
+    "mode": Key(Mode, Mode.PREFILL, FLASH, "prefill (query rows) or split decode"),
+    "position": Key(Position, Position.HOST, frozenset({Op.FLASH, Op.KV_APPEND,
+                                                        Op.DECODE_COMBINE}),
+                    "where the current position comes from"),
+    "kv": Key(KvFormat, KvFormat.F32, CACHE_OPS, "KV-cache row format"),
+    "q_stage": Key(QStage, QStage.F32, FLASH, "element type of the staged q group"),
+    "k_stage": Key(KStage, KStage.SHARED_F32, FLASH, "where a K tile lives"),
+    "v_stage": Key(VStage, VStage.GLOBAL, FLASH, "where V rows are read from"),
+    "window": Key(Window, Window.SINK_RECENT, FLASH, "which key tiles are attended"),
+    "ring_floor": Key(RingFloor, RingFloor.NONE, FLASH, "fp16 window-ring liveness"),
+    "tile_keys": Key(int, 16, PLAN_OPS, "keys per tile (and split rounding)"),
+    "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),
+    "max_groups": Key(int, 8, FLASH, "compile-time bound on kv_groups"),
+    "k_pad": Key(int, 16, FLASH, "floats of padding per shared K row"),
+    "kreg_max_chunk": Key(int, 16, FLASH, "compile-time bound on head_dim/dot_lanes"),
+    "v_rounds": Key(int, 3, FLASH, "blockDim-strided rounds that stage the V tile"),
+    "ring_rows": Key(int, 256, CACHE_OPS, "rows of the fp16 window ring (it laps here)"),
+    "sink_rows": Key(int, 8, CACHE_OPS, "rows of the fp16 sink buffer"),
+    "max_head_dim": Key(int, 1024, frozenset({Op.KV_APPEND}), "static staging bound"),
+}
+
+RESOURCES = ("registers", "stack_frame", "spill_stores", "spill_loads", "static_smem")
+
+# Q4_0: a block of 32 elements is an fp16 scale and 16 code bytes.
+Q4_BLOCK = 32
+Q4_BLOCK_BYTES = 18
+SMEM_LIMIT = 48 * 1024
+MAX_THREADS = 1024

@@ -1,0 +1,205 @@
+"""Stage ``check``: semantic contracts on resolved kernels, in a fixed order.
+
+Each ``check_*`` guards one contract the generated CUDA relies on and raises a
+SpecError pointing at the assignment that breaks it. ``CHECKS`` is the order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kgen.errors import SourcePos, SpecError
+from kgen.spec.axes import (
+    KEYS,
+    MAX_THREADS,
+    Q4_BLOCK,
+    Q4_BLOCK_BYTES,
+    RESOURCES,
+    SMEM_LIMIT,
+    KStage,
+    KvFormat,
+    Mode,
+    Op,
+    Position,
+    QStage,
+    RingFloor,
+    VStage,
+)
+from kgen.spec.ir import Kernel
+from kgen.spec.resolve import did_you_mean
+
+Lines = dict[str, tuple[str, ...]]
+
+
+class _Ctx:
+    def __init__(self, kernels: list[Kernel], lines: Lines):
+        self.kernels = kernels
+        self.by_name = {k.name: k for k in kernels}
+        self.lines = lines
+
+    def error(self, pos: SourcePos, msg: str) -> SpecError:
+        src = self.lines.get(pos.path, ())
+        return SpecError(pos, msg, src[pos.line - 1] if 0 < pos.line <= len(src) else None)
+
+
+def check_keys_apply_to_op(k: Kernel, ctx: _Ctx) -> None:
+    """A key set on a kernel must mean something for its op."""
+    for key in sorted(k.explicit_keys):
+        scope = KEYS[key].ops
+        if scope is not None and k.op not in scope:
+            ops = ", ".join(sorted(o.value for o in scope))
+            raise ctx.error(k.where(key), f"'{key}' does not apply to op={k.op.value} "
+                            f"(only to op={ops})")
+
+
+def check_module_name(k: Kernel, ctx: _Ctx) -> None:
+    """The module names a generated file: a plain identifier."""
+    if not k.module.isidentifier():
+        raise ctx.error(k.where("module"), f"module '{k.module}' must be an identifier "
+                        "(it names the generated file)")
+
+
+def check_mode_position(k: Kernel, ctx: _Ctx) -> None:
+    """Prefill reads pos0 from the host; combine has no per-slot form."""
+    if k.op is Op.FLASH and k.mode is Mode.PREFILL and k.position is not Position.HOST:
+        raise ctx.error(k.where("position"), "prefill takes its position from the host "
+                        "(position = host); device/slots positions are decode modes")
+    if k.op is Op.DECODE_COMBINE and k.position is Position.SLOTS:
+        raise ctx.error(k.where("position"), "combine has no slots form: per-slot partials "
+                        "are merged by the host-position combine over nslots * n_head heads")
+
+
+def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:
+    """The batch live floor exists only for q4 shadows read by a batched prefill."""
+    if k.op is Op.FLASH and k.ring_floor is RingFloor.BATCH:
+        if k.kv is not KvFormat.Q4:
+            raise ctx.error(k.where("ring_floor"), "ring_floor = batch needs kv = q4 "
+                            "(only the q4 format has an fp16 window ring)")
+        if k.mode is not Mode.PREFILL:
+            raise ctx.error(k.where("ring_floor"), "ring_floor = batch needs mode = prefill "
+                            "(the floor is derived from the batch's last row)")
+
+
+def check_dot_shape(k: Kernel, ctx: _Ctx) -> None:
+    """Dot lanes reduce by shuffles within a warp; a tile must fit one block."""
+    if k.op is not Op.FLASH:
+        return
+    lanes = k.dot_lanes
+    if lanes & (lanes - 1) or lanes > 32:
+        raise ctx.error(k.where("dot_lanes"), f"dot_lanes = {lanes}: the shuffle reduction "
+                        "needs a power of two no larger than the warp (32)")
+    if k.tile_keys * lanes > MAX_THREADS:
+        raise ctx.error(k.where("tile_keys"), f"tile_keys * dot_lanes = {k.tile_keys * lanes} "
+                        f"threads exceeds a block ({MAX_THREADS}); every key of a tile needs "
+                        "its own dot lanes")
+    if k.tile_keys & (k.tile_keys - 1):
+        raise ctx.error(k.where("tile_keys"), f"tile_keys = {k.tile_keys} must be a power of "
+                        "two (the split plan rounds split lengths with a mask)")
+    if k.max_groups > 32:
+        raise ctx.error(k.where("max_groups"), "max_groups > 32: the softmax fold runs one "
+                        "thread per head inside the first warp")
+
+
+def check_register_k(k: Kernel, ctx: _Ctx) -> None:
+    """Register K: the chunk bound must cover head_dim = tile_keys * dot_lanes, and
+    the q4 lane dequant maps 16 lanes onto a 32-element block, two chunks a block."""
+    if k.op is not Op.FLASH or k.k_stage is not KStage.REGISTERS:
+        return
+    need = k.tile_keys
+    if k.kreg_max_chunk < need:
+        raise ctx.error(k.where("kreg_max_chunk"), f"register K needs head_dim/dot_lanes "
+                        f"within the register chunk bound, and a block needs head_dim >= "
+                        f"tile_keys * dot_lanes, so kreg_max_chunk must be >= tile_keys "
+                        f"({need}), not {k.kreg_max_chunk}")
+    if k.kv is KvFormat.Q4:
+        if k.dot_lanes * 2 != Q4_BLOCK:
+            raise ctx.error(k.where("dot_lanes"), f"register K over q4 needs dot_lanes = "
+                            f"{Q4_BLOCK // 2} (the lane dequant reads one code byte per lane "
+                            "for two chunks)")
+        if k.kreg_max_chunk % 2:
+            raise ctx.error(k.where("kreg_max_chunk"), "register K over q4 needs an even "
+                            "kreg_max_chunk (one scale serves two chunks)")
+
+
+def check_shared_v(k: Kernel, ctx: _Ctx) -> None:
+    """The shared-V tile stages raw Q4_0 rows at head_dim = tile_keys * dot_lanes as
+    whole 32-bit words, in exactly v_rounds blockDim-strided rounds."""
+    if k.op is not Op.FLASH or k.v_stage is not VStage.SHARED_Q4:
+        return
+    if k.kv is not KvFormat.Q4:
+        raise ctx.error(k.where("v_stage"), "v_stage = shared_q4 needs kv = q4")
+    head_dim = k.tile_keys * k.dot_lanes
+    if head_dim % Q4_BLOCK:
+        raise ctx.error(k.where("tile_keys"), f"shared-V pins head_dim = tile_keys * "
+                        f"dot_lanes = {head_dim}, not a whole number of Q4_0 blocks")
+    row_bytes = head_dim // Q4_BLOCK * Q4_BLOCK_BYTES
+    tile_bytes = k.tile_keys * row_bytes
+    if tile_bytes % 4:
+        raise ctx.error(k.where("v_stage"), f"the shared-V tile ({tile_bytes} bytes) is not "
+                        "a whole number of 32-bit words")
+    rounds = -(-(tile_bytes // 4) // head_dim)
+    if rounds != k.v_rounds:
+        raise ctx.error(k.where("v_rounds"), f"the shared-V tile stages in {rounds} rounds of "
+                        f"{head_dim} words at head_dim {head_dim}, but v_rounds = {k.v_rounds}")
+
+
+def shared_bytes(k: Kernel, groups: int, head_dim: int) -> int:
+    """Dynamic shared memory of a flash kernel (the launch formula)."""
+    T = k.tile_keys
+    q = groups * head_dim * (2 if k.q_stage is QStage.F16 else 4)
+    kt = {KStage.SHARED_F32: 4, KStage.SHARED_F16: 2, KStage.REGISTERS: 0}[k.k_stage]
+    ktile = T * (head_dim + k.k_pad) * kt
+    state = 4 * (2 * groups * T + 3 * groups)
+    vtile = T * (head_dim // Q4_BLOCK * Q4_BLOCK_BYTES) if k.v_stage is VStage.SHARED_Q4 else 0
+    return q + ktile + state + vtile
+
+
+def check_shared_budget(k: Kernel, ctx: _Ctx) -> None:
+    """At least the smallest legal launch (one group, head_dim = tile_keys * dot_lanes)
+    must fit the 48 KB a block may use."""
+    if k.op is not Op.FLASH:
+        return
+    need = shared_bytes(k, 1, k.tile_keys * k.dot_lanes)
+    if need > SMEM_LIMIT:
+        raise ctx.error(k.pos, f"needs {need} bytes of shared memory at kv_groups = 1, "
+                        f"head_dim = {k.tile_keys * k.dot_lanes}; a block may use {SMEM_LIMIT}")
+
+
+def check_expectations(k: Kernel, ctx: _Ctx) -> None:
+    """Budgets name a ptxas resource; relations name a kernel with the same inputs."""
+    for b in k.budgets:
+        if b.resource not in RESOURCES:
+            raise ctx.error(b.pos, f"unknown resource '{b.resource}'; expected one of "
+                            + ", ".join(RESOURCES) + did_you_mean(b.resource, list(RESOURCES)))
+    for r in k.relations:
+        other = ctx.by_name.get(r.other)
+        if other is None:
+            raise ctx.error(r.pos, f"'{k.name}' is related to unknown kernel '{r.other}'"
+                            + did_you_mean(r.other, sorted(ctx.by_name)))
+        if (other.op, other.mode, other.position, other.kv) != (k.op, k.mode, k.position, k.kv):
+            raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' take different inputs "
+                            "(op, mode, position and kv must match to compare outputs)")
+        if r.kind == "close_to" and not 0 < r.tolerance < 1:
+            raise ctx.error(r.pos, f"tolerance {r.tolerance} must be in (0, 1)")
+
+
+CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
+    check_keys_apply_to_op,
+    check_module_name,
+    check_mode_position,
+    check_ring_floor,
+    check_dot_shape,
+    check_register_k,
+    check_shared_v,
+    check_shared_budget,
+    check_expectations,
+)
+
+
+def check(kernels: list[Kernel], lines: Lines) -> list[Kernel]:
+    """Run every check on every kernel; returns the kernels unchanged."""
+    ctx = _Ctx(kernels, lines)
+    for fn in CHECKS:
+        for k in kernels:
+            fn(k, ctx)
+    return kernels

@@ -1,0 +1,52 @@
+"""The resolved kernel IR: every key settled, inheritance flattened.
+
+Two kernels that mean the same compare equal (dataclass ``==``); where a value
+came from is kept in ``origin`` and excluded from equality.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kgen.errors import SourcePos
+from kgen.spec.ast import ExpectRelation, ExpectResource
+from kgen.spec.axes import KStage, KvFormat, Mode, Op, Position, QStage, RingFloor, VStage, Window
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    module: str
+    doc: str
+    op: Op
+    mode: Mode
+    position: Position
+    kv: KvFormat
+    q_stage: QStage
+    k_stage: KStage
+    v_stage: VStage
+    window: Window
+    ring_floor: RingFloor
+    tile_keys: int
+    dot_lanes: int
+    max_groups: int
+    k_pad: int
+    kreg_max_chunk: int
+    v_rounds: int
+    ring_rows: int
+    sink_rows: int
+    max_head_dim: int
+    budgets: tuple[ExpectResource, ...] = ()
+    relations: tuple[ExpectRelation, ...] = ()
+    lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)
+    spec_path: str = field(compare=False, default="")
+    pos: SourcePos = field(compare=False, default=SourcePos("<spec>", 1, 1))
+    origin: tuple[tuple[str, SourcePos], ...] = field(compare=False, default=())
+
+    def where(self, key: str) -> SourcePos:
+        """The position of the assignment that set ``key`` (else the kernel's name)."""
+        return dict(self.origin).get(key, self.pos)
+
+    @property
+    def explicit_keys(self) -> frozenset[str]:
+        return frozenset(k for k, _ in self.origin)

@@ -1,0 +1,124 @@
+"""Locate the pinned CUDA 11.8 toolchain and run its tools with an explicit PATH.
+
+CUDA 11.8 is the last toolkit that targets sm_37. A machine may also carry a
+newer CUDA whose wrappers sit early on PATH; nvcc 11.8 would then pick that
+ptxas and reject sm_37. So every tool runs by absolute path with a PATH built
+from the toolchain's own directories, never the caller's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from kgen.errors import ToolchainError, ToolError
+
+PINNED_RELEASE = "11.8"
+TARGET_ARCH = "sm_37"
+
+# Where CUDA 11.8 is found when KGEN_CUDA_HOME is not set: each entry is the
+# list of directories that together hold nvcc, ptxas and cuobjdump.
+KNOWN_LAYOUTS: tuple[tuple[str, ...], ...] = (
+    ("/usr/local/cuda-11.8/bin",),
+    ("/usr/lib/nvidia-cuda-toolkit/bin", "/usr/bin"),  # Debian's nvidia-cuda-toolkit
+    ("/opt/cuda-11.8/bin",),
+)
+TOOLS = ("nvcc", "ptxas", "cuobjdump")
+INSTALL_HINT = (
+    "install it with `make setup` (Debian: nvidia-cuda-toolkit from non-free) "
+    "or point KGEN_CUDA_HOME at a CUDA 11.8 install"
+)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Absolute tool paths plus the version line each tool reports."""
+
+    nvcc: str
+    ptxas: str
+    cuobjdump: str
+    versions: tuple[tuple[str, str], ...]
+    path_env: str
+
+    def env(self) -> dict[str, str]:
+        env = {"PATH": self.path_env, "LC_ALL": "C", "LANG": "C"}
+        if "HOME" in os.environ:
+            env["HOME"] = os.environ["HOME"]
+        return env
+
+    def run(self, argv: list[str], cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+        """Run one tool; on failure raise ToolError with the reproducing command."""
+        proc = subprocess.run(
+            argv, cwd=cwd, env=self.env(), capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise ToolError(argv, self.path_env, proc.returncode, proc.stdout + proc.stderr)
+        return proc
+
+
+def _version_line(tool: str) -> str:
+    proc = subprocess.run(
+        [tool, "--version"], capture_output=True, text=True, check=False,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+    )
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "release" in ln]
+    return lines[-1].strip() if lines else ""
+
+
+def _layouts() -> list[tuple[str, ...]]:
+    home = os.environ.get("KGEN_CUDA_HOME")
+    if home:
+        return [(str(Path(home) / "bin"),)]
+    return list(KNOWN_LAYOUTS)
+
+
+def _resolve(layout: tuple[str, ...]) -> dict[str, str] | None:
+    found = {}
+    for tool in TOOLS:
+        for d in layout:
+            p = Path(d) / tool
+            if p.is_file() and os.access(p, os.X_OK):
+                found[tool] = str(p)
+                break
+        else:
+            return None
+    return found
+
+
+@cache
+def find_toolchain() -> Toolchain:
+    """The first complete CUDA 11.8 toolchain; ToolchainError if there is none."""
+    rejected = []
+    for layout in _layouts():
+        tools = _resolve(layout)
+        if tools is None:
+            continue
+        versions = tuple((t, _version_line(p)) for t, p in tools.items())
+        bad = [f"{tools[t]}: {v or 'no version'}" for t, v in versions
+               if not re.search(rf"release {re.escape(PINNED_RELEASE)}\b", v)]
+        if bad:
+            rejected.extend(bad)
+            continue
+        dirs = list(dict.fromkeys(str(Path(p).parent) for p in tools.values()))
+        # nvcc needs a host compiler for preprocessing; the toolkit's own
+        # directories come first so its pinned gcc wrapper wins.
+        path_env = ":".join([*dirs, "/usr/bin", "/bin"])
+        return Toolchain(versions=versions, path_env=path_env, **tools)
+    where = "KGEN_CUDA_HOME" if os.environ.get("KGEN_CUDA_HOME") else "the known locations"
+    detail = ("; rejected " + ", ".join(rejected)) if rejected else ""
+    raise ToolchainError(
+        f"no CUDA {PINNED_RELEASE} toolchain (nvcc, ptxas, cuobjdump) in {where}{detail}; "
+        + INSTALL_HINT
+    )
+
+
+def have_toolchain() -> bool:
+    try:
+        find_toolchain()
+    except ToolchainError:
+        return False
+    return True

@@ -1,0 +1,169 @@
+"""Stage ``verify``: generated kernels against the golden, kernel by kernel.
+
+A kernel is identical when (a) its normalised PTX entry equals the golden's,
+(b) its SASS instruction stream (text and 64-bit encodings, control words
+included) equals the golden's and (c) its ptxas resources equal the golden's.
+A golden kernel that no module generates is *missing*, never skipped.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from kgen.golden import Golden
+from kgen.resources import Resources
+from kgen.sass_listing import Instr
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One generated kernel after the toolchain stages."""
+
+    name: str
+    module: str
+    ptx: str
+    sass: tuple[Instr, ...]
+    resources: Resources
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    status: str  # "identical", "different", "missing", "new"
+    ptx_equal: bool | None = None
+    sass_equal: bool | None = None
+    resources_equal: bool | None = None
+    golden_regs: int | None = None
+    regs: int | None = None
+    module: str | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "identical"
+
+
+def _mark(flag: bool | None) -> str:
+    return "-" if flag is None else ("same" if flag else "DIFF")
+
+
+def compare(golden: Golden, compiled: dict[str, Compiled], only: list[str] | None = None,
+            context: int = 3) -> list[Verdict]:
+    names = only or golden.kernels
+    out = []
+    for name in names:
+        c = compiled.get(name)
+        g_res = golden.resources.get(name)
+        if name not in golden.ptx:
+            if c is None:
+                out.append(Verdict(name, "missing", detail="neither golden nor generated"))
+            else:
+                out.append(Verdict(name, "new", regs=c.resources.registers, module=c.module,
+                                   detail="not in the golden (a new variant)"))
+            continue
+        if c is None:
+            out.append(Verdict(name, "missing", golden_regs=g_res.registers if g_res else None,
+                               detail="no spec generates this kernel"))
+            continue
+        ptx_eq = c.ptx == golden.ptx[name]
+        sass_eq = [i.word for i in c.sass] == [i.word for i in golden.sass[name]]
+        res_eq = c.resources == g_res
+        ok = ptx_eq and sass_eq and res_eq
+        detail = ""
+        if not ok:
+            detail = first_difference(golden, c, context)
+        out.append(Verdict(name, "identical" if ok else "different", ptx_eq, sass_eq, res_eq,
+                           g_res.registers if g_res else None, c.resources.registers, c.module,
+                           detail))
+    return out
+
+
+def _side_by_side(a: list[str], b: list[str], width: int = 58) -> list[str]:
+    rows = []
+    for x, y in zip(a, b, strict=False):
+        flag = "  " if x == y else "| "
+        rows.append(f"  {x[:width]:<{width}} {flag}{y[:width]}")
+    return rows
+
+
+def sass_diff(golden: tuple[Instr, ...], generated: tuple[Instr, ...],
+              context: int | None = 3) -> list[str]:
+    """Aligned golden | generated SASS; ``context=None`` gives the whole stream."""
+    ga = [_show(i) for i in golden]
+    gb = [_show(i) for i in generated]
+    sm = difflib.SequenceMatcher(a=[i.word for i in golden], b=[i.word for i in generated],
+                                 autojunk=False)
+    rows = [f"  {'golden':<58}    generated"]
+    groups = [sm.get_opcodes()] if context is None else list(sm.get_grouped_opcodes(context))
+    if context is not None and groups:
+        groups = groups[:1]  # the first differing region
+    for group in groups:
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                rows += _side_by_side(ga[i1:i2], gb[j1:j2])
+                continue
+            n = max(i2 - i1, j2 - j1)
+            left = ga[i1:i2] + [""] * (n - (i2 - i1))
+            right = gb[j1:j2] + [""] * (n - (j2 - j1))
+            rows += [f"  {x[:58]:<58} | {y[:58]}" for x, y in zip(left, right, strict=True)]
+        rows.append("  ...")
+    return rows
+
+
+def _show(i: Instr) -> str:
+    if i.addr is None:
+        return f"  (ctrl {i.encoding})"
+    return f"{i.addr:04x} {i.text}"
+
+
+def ptx_diff(golden: str, generated: str, context: int | None = 3) -> list[str]:
+    n = 10**9 if context is None else context
+    lines = list(difflib.unified_diff(golden.splitlines(), generated.splitlines(),
+                                      "golden", "generated", n=n, lineterm=""))
+    return ["  " + ln for ln in (lines if context is None else lines[:40])]
+
+
+def first_difference(golden: Golden, c: Compiled, context: int = 3) -> str:
+    parts = []
+    g_res = golden.resources.get(c.name)
+    if c.resources != g_res:
+        diffs = [f"{k} {getattr(g_res, k)} -> {getattr(c.resources, k)}"
+                 for k in c.resources.as_dict() if getattr(g_res, k) != getattr(c.resources, k)]
+        parts.append("resources: " + ", ".join(diffs))
+    g_sass = golden.sass[c.name]
+    if [i.word for i in c.sass] != [i.word for i in g_sass]:
+        parts.append(f"SASS ({len(g_sass)} golden words, {len(c.sass)} generated), "
+                     "first difference:")
+        parts += sass_diff(g_sass, c.sass, context)
+    elif c.ptx != golden.ptx[c.name]:
+        parts.append("PTX entry differs (SASS identical):")
+        parts += ptx_diff(golden.ptx[c.name], c.ptx, context)
+    return "\n".join(parts)
+
+
+def table(verdicts: list[Verdict]) -> str:
+    w = max([len(v.name) for v in verdicts] + [6])
+    rows = [f"{'kernel':<{w}}  {'PTX':<4}  {'SASS':<4}  {'regs':<9}  verdict"]
+    for v in verdicts:
+        regs = "-"
+        if v.golden_regs is not None or v.regs is not None:
+            regs = f"{v.golden_regs if v.golden_regs is not None else '-'} -> " \
+                   f"{v.regs if v.regs is not None else '-'}"
+        rows.append(f"{v.name:<{w}}  {_mark(v.ptx_equal):<4}  {_mark(v.sass_equal):<4}  "
+                    f"{regs:<9}  {v.status}")
+    return "\n".join(rows)
+
+
+def summary(verdicts: list[Verdict]) -> str:
+    counted = [v for v in verdicts if v.status != "new"]
+    same = sum(v.ok for v in counted)
+    parts = [f"{same}/{len(counted)} identical"]
+    for status in ("different", "missing"):
+        n = sum(v.status == status for v in counted)
+        if n:
+            parts.append(f"{n} {status}")
+    new = sum(v.status == "new" for v in verdicts)
+    if new:
+        parts.append(f"{new} new (not in the golden)")
+    return ", ".join(parts)

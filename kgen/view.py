@@ -1,0 +1,85 @@
+"""What the templates see of a kernel: its IR plus derived facts.
+
+Derived facts (which shared regions exist, element types, the parameter list)
+are computed here once, in Python, so templates only choose spellings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from kgen.signature import Param, params
+from kgen.spec.axes import Q4_BLOCK, Q4_BLOCK_BYTES, KStage, KvFormat, Mode, Op, Position, QStage
+from kgen.spec.axes import RingFloor, VStage
+from kgen.spec.ir import Kernel
+from kgen.spellings import K_TILE_ELEM, Q_ELEM, SHARED_SYMBOL
+
+
+@dataclass(frozen=True)
+class KernelView:
+    k: Kernel
+
+    def __getattr__(self, name):  # the IR's fields read through
+        return getattr(self.k, name)
+
+    @cached_property
+    def params(self) -> tuple[Param, ...]:
+        return params(self.k)
+
+    @property
+    def q4(self) -> bool:
+        return self.k.kv is KvFormat.Q4
+
+    @property
+    def prefill(self) -> bool:
+        return self.k.op is Op.FLASH and self.k.mode is Mode.PREFILL
+
+    @property
+    def slots(self) -> bool:
+        return self.k.position is Position.SLOTS
+
+    @property
+    def device_pos(self) -> bool:
+        return self.k.position is Position.DEVICE
+
+    @property
+    def k_tile(self) -> bool:
+        return self.k.k_stage is not KStage.REGISTERS
+
+    @property
+    def k_registers(self) -> bool:
+        return self.k.k_stage is KStage.REGISTERS
+
+    @property
+    def k_elem(self) -> str | None:
+        return K_TILE_ELEM[self.k.k_stage]
+
+    @property
+    def q_elem(self) -> str:
+        return Q_ELEM[self.k.q_stage]
+
+    @property
+    def v_tile(self) -> bool:
+        return self.k.v_stage is VStage.SHARED_Q4
+
+    @property
+    def batch_floor(self) -> bool:
+        return self.k.ring_floor is RingFloor.BATCH
+
+    @property
+    def byte_layout(self) -> bool:
+        """Any __half region forces byte offsets so float regions stay aligned."""
+        return self.k.q_stage is QStage.F16 or self.k.k_stage is KStage.SHARED_F16
+
+    @property
+    def shared_symbol(self) -> str:
+        return SHARED_SYMBOL[(self.byte_layout, self.k_tile, self.v_tile)]
+
+    @property
+    def q4_block(self) -> int:
+        return Q4_BLOCK
+
+    @property
+    def q4_block_bytes(self) -> int:
+        return Q4_BLOCK_BYTES
