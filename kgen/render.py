@@ -14,6 +14,7 @@ import jinja2
 from kgen import __version__
 from kgen.spec.axes import Q4_BLOCK, Q4_BLOCK_BYTES, KvFormat, Op, Position
 from kgen.spec.ir import Kernel
+from kgen.spellings import NEG_INF, convert
 from kgen.view import KernelView
 
 MODULE_TEMPLATE = "module.cu.j2"
@@ -59,6 +60,8 @@ def environment(templates: Path) -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["signature"] = signature
+    env.globals["convert"] = convert
+    env.globals["NEG_INF"] = NEG_INF
     return env
 
 
@@ -71,6 +74,7 @@ def _needs(kernels: list[KernelView]) -> dict[str, bool]:
         "q4_elem": any(k.op is Op.FLASH and not (k.k_registers and k.v_tile) for k in q4),
         "q4_lane_chunk": any(k.op is Op.FLASH and k.k_registers for k in q4),
         "window": any(k.op is Op.FLASH for k in kernels),
+        "combine": any(k.op is Op.DECODE_COMBINE for k in kernels),
         "plan": any(k.position is not Position.HOST and k.op in (Op.FLASH, Op.DECODE_COMBINE)
                     for k in kernels),
     }

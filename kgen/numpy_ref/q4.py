@@ -8,7 +8,10 @@ in its high nibble. Code ``c`` decodes to ``(c - 8) * d``.
 Quantization mirrors ``fc_kvq4_quant_block`` and dequantization
 ``fc_kvq4_dequant_elem`` / ``fc_kvq4_dequant_lane_chunk`` (all three agree).
 Every step is done in float32 (or binary16 for the stored scale) exactly as the
-device does it, so the bytes match and no float64 appears here.
+device does it, so the bytes match and no float64 appears here. Subnormals are
+kept, as nvcc does by default: a kernel built with ``-ftz=true`` /
+``--use_fast_math`` (CuPy's runtime compilation of source flushes too) gives
+other codes for blocks whose scale ``d`` is a float32 subnormal.
 """
 
 from __future__ import annotations
