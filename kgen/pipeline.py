@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kgen import __version__, compile, ptx_entries, resources, sass_listing
 from kgen.cache import Cache, sha256
-from kgen.errors import KgenError, SpecError, SourcePos
+from kgen.errors import KgenError, SourcePos, SpecError
 from kgen.render import Module, render_modules
 from kgen.spec.ast import SpecFile
 from kgen.spec.check import check

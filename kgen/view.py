@@ -10,8 +10,18 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from kgen.signature import Param, params
-from kgen.spec.axes import Q4_BLOCK, Q4_BLOCK_BYTES, KStage, KvFormat, Mode, Op, Position, QStage
-from kgen.spec.axes import RingFloor, VStage
+from kgen.spec.axes import (
+    Q4_BLOCK,
+    Q4_BLOCK_BYTES,
+    KStage,
+    KvFormat,
+    Mode,
+    Op,
+    Position,
+    QStage,
+    RingFloor,
+    VStage,
+)
 from kgen.spec.ir import Kernel
 from kgen.spellings import K_TILE_ELEM, Q_ELEM, SHARED_SYMBOL
 

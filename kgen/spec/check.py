@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kgen.errors import SourcePos, SpecError
+from kgen.geometry import flash_shared_bytes
 from kgen.spec.axes import (
     KEYS,
     MAX_THREADS,
@@ -21,7 +22,6 @@ from kgen.spec.axes import (
     Mode,
     Op,
     Position,
-    QStage,
     RingFloor,
     VStage,
 )
@@ -143,23 +143,12 @@ def check_shared_v(k: Kernel, ctx: _Ctx) -> None:
                         f"{head_dim} words at head_dim {head_dim}, but v_rounds = {k.v_rounds}")
 
 
-def shared_bytes(k: Kernel, groups: int, head_dim: int) -> int:
-    """Dynamic shared memory of a flash kernel (the launch formula)."""
-    T = k.tile_keys
-    q = groups * head_dim * (2 if k.q_stage is QStage.F16 else 4)
-    kt = {KStage.SHARED_F32: 4, KStage.SHARED_F16: 2, KStage.REGISTERS: 0}[k.k_stage]
-    ktile = T * (head_dim + k.k_pad) * kt
-    state = 4 * (2 * groups * T + 3 * groups)
-    vtile = T * (head_dim // Q4_BLOCK * Q4_BLOCK_BYTES) if k.v_stage is VStage.SHARED_Q4 else 0
-    return q + ktile + state + vtile
-
-
 def check_shared_budget(k: Kernel, ctx: _Ctx) -> None:
     """At least the smallest legal launch (one group, head_dim = tile_keys * dot_lanes)
     must fit the 48 KB a block may use."""
     if k.op is not Op.FLASH:
         return
-    need = shared_bytes(k, 1, k.tile_keys * k.dot_lanes)
+    need = flash_shared_bytes(k, 1, k.tile_keys * k.dot_lanes)
     if need > SMEM_LIMIT:
         raise ctx.error(k.pos, f"needs {need} bytes of shared memory at kv_groups = 1, "
                         f"head_dim = {k.tile_keys * k.dot_lanes}; a block may use {SMEM_LIMIT}")
