@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,10 +52,8 @@ def parse(inputs: list[Path], root: Path | None = None) -> list[SpecFile]:
     for p in spec_paths(inputs):
         shown = str(p)
         if root is not None:
-            try:
+            with contextlib.suppress(ValueError):
                 shown = str(p.resolve().relative_to(root))
-            except ValueError:
-                pass
         files.append(parse_file(p, shown))
     return files
 

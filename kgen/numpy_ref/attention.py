@@ -252,7 +252,7 @@ def _split_states(
     q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, kv_groups: int, seq_len: int,
     n_splits: int, split_len: int, attn_sink: int, attn_win: int, scale: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-split partials: ``m``, ``l`` as ``[n_head][n_splits]``, ``acc [n_head][n_splits][hd]``."""
+    """Per-split partials: ``m``, ``l`` ``[n_head][n_splits]``; ``acc [n_head][n_splits][hd]``."""
     q = np.asarray(q, dtype=np.float32)
     n_head, hd = q.shape
     _check_gqa(n_head, k_rows.shape[0], kv_groups)

@@ -7,53 +7,53 @@ an entry here, a row in ``kgen/spellings.py`` and a template piece.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Op(str, Enum):
+class Op(StrEnum):
     QZ_SPLIT = "qz_split"              # split the joint q+gate projection
     KV_APPEND = "kv_append"            # write new K/V rows into the cache
     FLASH = "flash"                    # tiled online-softmax attention
     DECODE_COMBINE = "decode_combine"  # merge split-decode partials
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     PREFILL = "prefill"  # one block per query row, normalised output
     DECODE = "decode"    # one block per key split, (m, l, acc) partials
 
 
-class Position(str, Enum):
+class Position(StrEnum):
     HOST = "host"      # position passed as a kernel argument
     DEVICE = "device"  # read from pos[0] (CUDA-graph capture)
     SLOTS = "slots"    # read from pos[slot]; one KV ring per slot
 
 
-class KvFormat(str, Enum):
+class KvFormat(StrEnum):
     F32 = "f32"  # float rows
     Q4 = "q4"    # Q4_0 blocks + fp16 sink and recent-window shadows
 
 
-class QStage(str, Enum):
+class QStage(StrEnum):
     F32 = "f32"
     F16 = "f16"
 
 
-class KStage(str, Enum):
+class KStage(StrEnum):
     SHARED_F32 = "shared_f32"  # float tile in shared memory
     REGISTERS = "registers"    # each dot lane holds its own chunk of its key
     SHARED_F16 = "shared_f16"  # __half tile in shared memory
 
 
-class VStage(str, Enum):
+class VStage(StrEnum):
     GLOBAL = "global"        # V read per element from global memory
     SHARED_Q4 = "shared_q4"  # the tile's raw Q4_0 V rows staged in shared
 
 
-class Window(str, Enum):
+class Window(StrEnum):
     SINK_RECENT = "sink_recent"  # attention sinks + recent window, per 16-key tile
 
 
-class RingFloor(str, Enum):
+class RingFloor(StrEnum):
     NONE = "none"    # the fp16 window ring is trusted for every recent key
     BATCH = "batch"  # keys lapped by later rows of the same batch fall back to q4
 
