@@ -52,7 +52,7 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
     builds = pipeline.compile_modules(modules, tc, _cache(settings, args), args.jobs, say)
     compiled = {n: c for b in builds for n, c in b.kernels().items()}
     pipeline.check_budgets(kernels, compiled, {f.path: f.lines for f in files})
-    files_out = pipeline.generated_files(builds)
+    files_out = pipeline.generated_files(builds, settings.templates, settings.root)
     if args.check:
         current = read_tree(settings.generated)
         stale = sorted(n for n in set(files_out) | set(current)

@@ -20,7 +20,7 @@ from pathlib import Path
 from kgen import __version__, compile, ptx_entries, resources, sass_listing
 from kgen.cache import Cache, sha256
 from kgen.errors import KgenError, SourcePos, SpecError
-from kgen.render import Module, render_modules
+from kgen.render import Module, render_modules, render_ptx_header, render_python
 from kgen.spec.ast import SpecFile
 from kgen.spec.check import check
 from kgen.spec.ir import Kernel
@@ -31,6 +31,7 @@ from kgen.verify import Compiled
 
 SPEC_SUFFIX = ".kspec"
 MANIFEST = "manifest.json"
+PTX_HEADER = "attention_ptx.h"
 
 
 def spec_paths(inputs: list[Path]) -> list[Path]:
@@ -122,8 +123,8 @@ def check_budgets(kernels: list[Kernel], compiled: dict[str, Compiled],
                                 src[b.pos.line - 1] if 0 < b.pos.line <= len(src) else None)
 
 
-def generated_files(builds: list[ModuleBuild]) -> dict[str, bytes]:
-    """The exact contents of generated/: sources, PTX and a manifest."""
+def generated_files(builds: list[ModuleBuild], templates: Path, root: Path) -> dict[str, bytes]:
+    """The exact contents of generated/: CUDA, PTX, Python launchers, C header, manifest."""
     files: dict[str, bytes] = {}
     manifest = {"generator": f"kgen {__version__}", "modules": {}}
     for b in builds:
@@ -137,8 +138,15 @@ def generated_files(builds: list[ModuleBuild]) -> dict[str, bytes]:
             "source": m.filename,
             "source_sha256": sha256(m.source.encode()),
             "ptx": ptx_name,
+            "python": f"{m.name}.py",
             "kernels": [k.name for k in m.kernels],
         }
+    modules = [b.module for b in builds]
+    for name, text in render_python(modules, templates, root).items():
+        files[name] = text.encode()
+    files[PTX_HEADER] = render_ptx_header(
+        [(b.module.name, [k.name for k in b.module.kernels], b.ptx) for b in builds],
+        templates).encode()
     files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     return files
 

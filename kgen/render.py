@@ -113,3 +113,40 @@ def render_modules(kernels: list[Kernel], templates: Path, root: Path) -> list[M
     for k in kernels:
         groups.setdefault(k.module, []).append(k)
     return [render_module(env, name, ks, root) for name, ks in sorted(groups.items())]
+
+
+def _c_string(line: str) -> str:
+    """One PTX line as a C string literal (with its newline)."""
+    esc = line.replace("\\", "\\\\").replace('"', '\\"').replace("\t", "\\t")
+    return f'"{esc}\\n"'
+
+
+def _py_dict(d: dict) -> str:
+    """A dict literal, one key per line (black-style), for generated Python."""
+    return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in d.items()) + "}"
+
+
+def render_python(modules: list[Module], templates: Path, root: Path) -> dict[str, str]:
+    """generated/<module>.py launchers and the package __init__.py."""
+    from kgen.pyapi import py_args
+    from kgen.runtime.spec import axes_of
+
+    env = environment(templates)
+    env.globals.update(py_args=py_args, axes=lambda k: _py_dict(axes_of(k.k)))
+    out = {}
+    for m in modules:
+        views = [KernelView(k) for k in m.kernels]
+        out[f"{m.name}.py"] = env.get_template("python/module.py.j2").render(
+            module=m.name, kernels=views, kgen_version=__version__,
+            spec_paths=sorted({_rel(k.spec_path, root) for k in m.kernels}))
+    out["__init__.py"] = env.get_template("python/package.py.j2").render(
+        modules=modules, kgen_version=__version__)
+    return out
+
+
+def render_ptx_header(modules: list[tuple[str, list[str], str]], templates: Path) -> str:
+    """The C header embedding each module's PTX: (name, kernel names, ptx) triples."""
+    env = environment(templates)
+    env.filters["c_string"] = _c_string
+    items = [{"name": n, "kernels": ks, "ptx_lines": ptx.splitlines()} for n, ks, ptx in modules]
+    return env.get_template("c/ptx_header.h.j2").render(modules=items, kgen_version=__version__)

@@ -1,0 +1,54 @@
+"""The Python-visible signature of each kernel's launcher.
+
+Kernel parameters that the launcher derives from array shapes are hidden;
+arrays are positional, scalars keyword-only. Generated modules and generated
+tests both render from this, so they agree with ``kgen.runtime.bind``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kgen.signature import params
+from kgen.spec.axes import Mode, Op, Position
+from kgen.spec.ir import Kernel
+
+DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total"})
+DEFAULTS = {"attn_sink": "0", "attn_win": "0", "scale": "None"}
+DTYPES = {
+    "const float *": "float32", "float *": "float32",
+    "const unsigned char *": "uint8", "unsigned char *": "uint8",
+    "const __half *": "float16", "__half *": "float16",
+    "const int *": "int32",
+}
+
+
+@dataclass(frozen=True)
+class PyArg:
+    name: str
+    annotation: str
+    default: str | None = None
+    dtype: str | None = None  # arrays only
+
+    @property
+    def decl(self) -> str:
+        d = f" = {self.default}" if self.default is not None else ""
+        return f"{self.name}: {self.annotation}{d}"
+
+
+def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
+    """(positional arrays, keyword-only scalars) of the launcher for ``k``."""
+    arrays, scalars = [], []
+    for p in params(k):
+        if p.name in DERIVED:
+            continue
+        if p.is_pointer:
+            arrays.append(PyArg(p.name, "cupy.ndarray", dtype=DTYPES[p.ctype]))
+        else:
+            ann = "float | None" if p.ctype == "float" else "int"
+            scalars.append(PyArg(p.name, ann, DEFAULTS.get(p.name)))
+    if k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.SLOTS:
+        scalars.append(PyArg("launch_splits", "int | None", "None"))
+    if k.position is not Position.HOST and k.op is not Op.QZ_SPLIT:
+        scalars.append(PyArg("validate_pos", "bool", "True"))
+    return arrays, scalars

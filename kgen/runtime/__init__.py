@@ -1,0 +1,14 @@
+"""Calling generated kernels from Python.
+
+``bind`` turns a kernel's spec and the caller's arrays into a ``Launch`` (grid,
+block, dynamic shared memory, argument tuple) after checking every contract
+the kernel relies on; it touches no GPU, so contract checks run anywhere.
+``launch`` then hands the Launch to CuPy. The generated modules
+(``kgen_kernels``, from generated/) wrap these as one function per kernel.
+"""
+
+from kgen.runtime.bind import Launch, bind
+from kgen.runtime.contracts import ContractError
+from kgen.runtime.plan import DecodePlan, decode_plan
+
+__all__ = ["ContractError", "DecodePlan", "Launch", "bind", "decode_plan"]

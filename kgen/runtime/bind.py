@@ -1,0 +1,339 @@
+"""Bind a kernel's arguments: contracts, geometry and the argument tuple.
+
+Pure Python over anything array-like (``shape``, ``dtype``, ``flags``), so the
+same checks run on CuPy arrays before a launch and on NumPy arrays in tests
+without a GPU. Derived kernel arguments (kv_groups, head_dim, max_seq,
+n_head_kv, total) come from the array shapes; the caller passes the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kgen.geometry import flash_shared_bytes, q4_row_bytes
+from kgen.runtime.contracts import Checker
+from kgen.runtime.plan import decode_plan
+from kgen.signature import params
+from kgen.spec.axes import (
+    MAX_THREADS,
+    Q4_BLOCK,
+    SMEM_LIMIT,
+    KStage,
+    KvFormat,
+    Mode,
+    Op,
+    Position,
+    VStage,
+)
+from kgen.spec.ir import Kernel
+
+INT_MAX = 2**31 - 1
+GRID_YZ_MAX = 65535
+QZ_BLOCK = 256  # threads per block of the 1-D qz_split launch
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple  # in the kernel's parameter order: arrays, then typed scalars
+    names: tuple[str, ...]
+
+    def arg(self, name: str):
+        return self.args[self.names.index(name)]
+
+
+def _order(k: Kernel, values: dict) -> tuple[tuple, tuple[str, ...]]:
+    out, names = [], []
+    for p in params(k):
+        v = values[p.name]
+        if not p.is_pointer:
+            v = np.float32(v) if p.ctype == "float" else np.int32(v)
+        out.append(v)
+        names.append(p.name)
+    return tuple(out), tuple(names)
+
+
+def _grid(c: Checker, grid: tuple[int, int, int]) -> tuple[int, int, int]:
+    c.require(1 <= grid[0] <= INT_MAX, "grid", f"grid.x = {grid[0]} out of range")
+    c.require(grid[1] <= GRID_YZ_MAX and grid[2] <= GRID_YZ_MAX, "grid",
+              f"grid {grid} exceeds 65535 in y or z")
+    return grid
+
+
+def bind(k: Kernel, a: dict) -> Launch:
+    """Check ``a`` (argument name -> value) against ``k``'s contracts; build the Launch."""
+    binder = {Op.QZ_SPLIT: _qz_split, Op.KV_APPEND: _kv_append, Op.FLASH: _flash,
+              Op.DECODE_COMBINE: _combine}[k.op]
+    expected = {p.name for p in params(k)}
+    c = Checker(k.name)
+    grid, block, smem, values = binder(k, c, dict(a))
+    missing = expected - set(values)
+    assert not missing, f"binder for {k.name} left {missing} unset"
+    args, names = _order(k, values)
+    return Launch(k.name, _grid(c, grid), block, smem, args, names)
+
+
+# ---- contracts shared by several ops ----------------------------------------
+
+def _head_dim(k: Kernel, c: Checker, hd: int, q4: bool) -> None:
+    c.require(1 <= hd <= MAX_THREADS, "block size",
+              f"head_dim = {hd}: a block is head_dim threads, at most {MAX_THREADS}")
+    if q4:
+        c.require(hd % Q4_BLOCK == 0, "q4 head_dim",
+                  f"head_dim = {hd} must be a multiple of {Q4_BLOCK} (whole Q4_0 blocks, a "
+                  "warp per block)")
+
+
+def _cache_arrays(k: Kernel, c: Checker, a: dict, lead: tuple[int, ...], hd: int,
+                  const: bool) -> int:
+    """K/V cache (and q4 shadow) arrays; returns max_seq."""
+    q4 = k.kv is KvFormat.Q4
+    kc, vc = a["k_cache"], a["v_cache"]
+    ndim = len(lead) + 2
+    c.array("k_cache", kc, np.uint8 if q4 else np.float32, ndim)
+    c.array("v_cache", vc, np.uint8 if q4 else np.float32, ndim)
+    max_seq = int(kc.shape[-2])
+    row = q4_row_bytes(hd) if q4 else hd
+    c.shape("k_cache", kc, (*lead, max_seq, row))
+    c.shape("v_cache", vc, (*lead, max_seq, row))
+    c.require(1 <= max_seq <= INT_MAX, "max_seq", f"max_seq = {max_seq} out of int range")
+    if q4:
+        for name, rows in (("k_sink", k.sink_rows), ("v_sink", k.sink_rows),
+                           ("k_win", k.ring_rows), ("v_win", k.ring_rows)):
+            c.array(name, a[name], np.float16, ndim)
+            c.shape(name, a[name], (*lead, rows, hd))
+    return max_seq
+
+
+def _q4_shadow_scalars(k: Kernel, c: Checker, a: dict, values: dict) -> None:
+    values["sink"] = c.integer("sink", a.get("sink", 0), 0, k.sink_rows, "sink rows")
+    values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
+
+
+# ---- qz_split -----------------------------------------------------------------
+
+def _qz_split(k: Kernel, c: Checker, a: dict):
+    qg, q, z = a["qg"], a["q"], a["z"]
+    for name in ("qg", "q", "z"):
+        c.array(name, a[name], np.float32)
+    hd = int(q.shape[-1]) if q.ndim else 0
+    c.require(hd >= 1, "shape", "q must have a last (head_dim) axis")
+    c.shape("z", z, tuple(q.shape))
+    c.shape("qg", qg, (*q.shape[:-1], 2 * hd))
+    total = int(np.prod(q.shape))
+    c.require(total >= 1, "shape", "nothing to split")
+    blocks = math.ceil(total / QZ_BLOCK)
+    c.require(blocks * QZ_BLOCK <= INT_MAX, "int32 index",
+              f"{total} elements overflow the kernel's int thread index")
+    values = dict(qg=qg, q=q, z=z, head_dim=hd, total=total)
+    return (blocks, 1, 1), (QZ_BLOCK, 1, 1), 0, values
+
+
+# ---- kv_append ----------------------------------------------------------------
+
+def _kv_append(k: Kernel, c: Checker, a: dict):
+    q4 = k.kv is KvFormat.Q4
+    kn, vn = a["k_new"], a["v_new"]
+    c.array("k_new", kn, np.float32, 3)
+    c.array("v_new", vn, np.float32, 3)
+    c.shape("v_new", vn, tuple(kn.shape))
+    n, n_head_kv, hd = (int(x) for x in kn.shape)
+    _head_dim(k, c, hd, q4)
+    if q4:
+        c.require(hd <= k.max_head_dim, "static staging",
+                  f"head_dim = {hd} exceeds the kernel's shared staging ({k.max_head_dim})")
+    lead = (n, n_head_kv) if k.position is Position.SLOTS else (n_head_kv,)
+    max_seq = _cache_arrays(k, c, a, lead, hd, const=False)
+    values = dict(k_new=kn, v_new=vn, k_cache=a["k_cache"], v_cache=a["v_cache"],
+                  n_head_kv=n_head_kv, head_dim=hd, max_seq=max_seq)
+    if q4:
+        values.update({x: a[x] for x in ("k_sink", "v_sink", "k_win", "v_win")})
+        _q4_shadow_scalars(k, c, a, values)
+    if k.position is Position.HOST:
+        pos0 = c.integer("pos0", a["pos0"], 0)
+        c.require(pos0 + n <= INT_MAX, "int32 position", "pos0 + n overflows int")
+        if q4:
+            # The q4 body has no ring: rows land at pos0 + t.
+            c.require(pos0 + n <= max_seq, "no ring wrap",
+                      f"q4 rows land at pos0 + t without wrapping: pos0 + n = {pos0 + n} "
+                      f"> max_seq = {max_seq}")
+        values["pos0"] = pos0
+    else:
+        _positions(k, c, a, n if k.position is Position.SLOTS else 1, max_seq,
+                   rows=1 if k.position is Position.SLOTS else n, wrap=not q4)
+        values["pos"] = a["pos"]
+        if k.position is Position.DEVICE:
+            c.require(n == 1, "one decode row",
+                      f"the device-position append writes one row per launch (grid.x = 1); "
+                      f"k_new has {n} rows")
+    if q4 and values["win"] > 0:
+        # Rows t and t + ring_rows of one batch share a ring slot and are written by
+        # different blocks: the slot's final content would be a race.
+        c.require(n <= k.ring_rows, "ring write race",
+                  f"a batch of {n} rows with win > 0 laps the {k.ring_rows}-row fp16 window "
+                  "ring inside one launch (two blocks write one slot); append in chunks of "
+                  f"at most {k.ring_rows} rows")
+    grid = (n, n_head_kv, 1)
+    return grid, (hd, 1, 1), 0, values
+
+
+def _positions(k: Kernel, c: Checker, a: dict, count: int, max_seq: int, rows: int,
+               wrap: bool) -> np.ndarray | None:
+    """Device-resident positions: dtype/shape always; values when validate_pos."""
+    pos = a["pos"]
+    c.array("pos", pos, np.int32, 1)
+    c.require(pos.shape[0] >= count, "shape",
+              f"pos has {pos.shape[0]} entries; the launch reads {count}")
+    if not a.get("validate_pos", True):
+        return None
+    host = np.asarray(pos.get() if hasattr(pos, "get") else pos)[:count]
+    c.require(bool((host >= 0).all()), "position", f"negative position in pos: {host.min()}")
+    if not wrap:
+        c.require(int(host.max()) + rows <= max_seq, "no ring wrap",
+                  f"position {int(host.max())} + {rows} row(s) exceeds max_seq = {max_seq}")
+    return host
+
+
+# ---- flash ---------------------------------------------------------------------
+
+def _flash(k: Kernel, c: Checker, a: dict):
+    q4 = k.kv is KvFormat.Q4
+    prefill = k.mode is Mode.PREFILL
+    slots = k.position is Position.SLOTS
+    q = a["q"]
+    c.array("q", q, np.float32, 3 if (prefill or slots) else 2)
+    hd = int(q.shape[-1])
+    n_head = int(q.shape[-2])
+    lead_q = tuple(int(x) for x in q.shape[:-2])  # (n,) prefill, (nslots,) slots, () decode
+    kc = a["k_cache"]
+    c.require(hasattr(kc, "shape") and kc.ndim >= 3, "shape",
+              "k_cache must be [n_head_kv][max_seq][row] (per slot: [nslots][...])")
+    n_head_kv = int(kc.shape[-3])
+    lead = (lead_q[0], n_head_kv) if slots else (n_head_kv,)
+
+    # The block: head_dim threads, every tile key scored by its own dot lanes.
+    _head_dim(k, c, hd, q4)
+    c.require(hd % 32 == 0, "whole warps",
+              f"head_dim = {hd}: the dot shuffles use full-warp masks, so a block must be "
+              "whole warps (head_dim % 32 == 0)")
+    tile_threads = k.tile_keys * k.dot_lanes
+    c.require(hd >= tile_threads, "every key scored",
+              f"head_dim = {hd} < tile_keys * dot_lanes = {tile_threads}: thread ky = tid / "
+              f"{k.dot_lanes} scores key ky, so keys {hd // k.dot_lanes}..{k.tile_keys - 1} "
+              "of each tile would keep stale scores")
+    if k.k_stage is KStage.REGISTERS:
+        c.require(hd <= k.kreg_max_chunk * k.dot_lanes, "register K chunk",
+                  f"head_dim = {hd} > kreg_max_chunk * dot_lanes = "
+                  f"{k.kreg_max_chunk * k.dot_lanes}: K would not fit the register chunk")
+    if k.v_stage is VStage.SHARED_Q4:
+        c.require(hd == tile_threads, "shared-V shape",
+                  f"the shared-V tile is sized for head_dim = {tile_threads}, not {hd}")
+
+    c.require(n_head_kv >= 1 and n_head % n_head_kv == 0, "GQA",
+              f"n_head = {n_head} is not a multiple of n_head_kv = {n_head_kv}")
+    G = n_head // n_head_kv
+    c.require(1 <= G <= k.max_groups, "kv_groups",
+              f"kv_groups = {G} exceeds the compile-time bound max_groups = {k.max_groups}")
+    smem = flash_shared_bytes(k, G, hd)
+    c.require(smem <= SMEM_LIMIT, "shared memory",
+              f"needs {smem} bytes of shared memory (kv_groups {G}, head_dim {hd}); a block "
+              f"may use {SMEM_LIMIT}")
+
+    max_seq = _cache_arrays(k, c, a, lead, hd, const=True)
+    values = dict(q=q, k_cache=kc, v_cache=a["v_cache"], kv_groups=G, head_dim=hd,
+                  max_seq=max_seq)
+    if q4:
+        values.update({x: a[x] for x in ("k_sink", "v_sink", "k_win", "v_win")})
+        _q4_shadow_scalars(k, c, a, values)
+    values["attn_sink"] = c.integer("attn_sink", a.get("attn_sink", 0), 0)
+    values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0))
+    scale = a.get("scale")
+    scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
+    c.require(math.isfinite(scale), "scale", f"scale must be finite, not {scale}")
+    values["scale"] = scale
+
+    if prefill:
+        n = lead_q[0]
+        out = a["out"]
+        c.array("out", out, np.float32, 3)
+        c.shape("out", out, (n, n_head, hd))
+        pos0 = c.integer("pos0", a["pos0"], 0)
+        c.require(pos0 + n <= max_seq, "no ring wrap",
+                  f"query rows read cache rows [0, pos0 + n) = [0, {pos0 + n}) without "
+                  f"wrapping; max_seq = {max_seq}")
+        values.update(out=out, pos0=pos0)
+        return (n, n_head_kv, 1), (hd, 1, 1), smem, values
+
+    heads = (lead_q[0] if slots else 1) * n_head
+    if k.position is Position.HOST:
+        seq_len = c.integer("seq_len", a["seq_len"], 1, max_seq, "no ring wrap")
+        n_splits = c.integer("n_splits", a["n_splits"], 1)
+        split_len = c.integer("split_len", a["split_len"], 1)
+        c.require(split_len % k.tile_keys == 0, "split plan",
+                  f"split_len = {split_len} must be whole tiles of {k.tile_keys}")
+        c.require(n_splits == -(-seq_len // split_len), "split plan",
+                  f"n_splits = {n_splits} does not cover seq_len = {seq_len} in splits of "
+                  f"{split_len} (expected {-(-seq_len // split_len)})")
+        width = n_splits
+        grid = (n_splits, n_head_kv, 1)
+        values.update(seq_len=seq_len, n_splits=n_splits, split_len=split_len)
+    else:
+        kps = c.integer("kps", a["kps"], 1)
+        cap = c.integer("splits_cap", a["splits_cap"], 1)
+        values.update(kps=kps, splits_cap=cap, pos=a["pos"])
+        count = lead_q[0] if slots else 1
+        host = _positions(k, c, a, count, max_seq, rows=1, wrap=False)
+        width = cap
+        if slots:
+            width = a.get("launch_splits") or cap
+            width = c.integer("launch_splits", width, 1)
+            if host is not None:
+                need = max(decode_plan(int(p) + 1, kps, cap, k.tile_keys).n_splits
+                           for p in host)
+                c.require(width >= need, "slot plan coverage",
+                          f"launch_splits = {width} < {need}, the longest slot's plan: its "
+                          "later splits would never be computed")
+            grid = (width, n_head_kv, lead_q[0])
+        else:
+            grid = (cap, n_head_kv, 1)
+    for name in ("m_out", "l_out", "acc_out"):
+        c.array(name, a[name], np.float32)
+    # Partials are strided by the live split count; size them for the widest.
+    c.require(a["m_out"].size >= heads * width and a["l_out"].size >= heads * width,
+              "partials size", f"m_out/l_out need {heads * width} floats "
+              f"({heads} heads x {width} splits)")
+    c.require(a["acc_out"].size >= heads * width * hd, "partials size",
+              f"acc_out needs {heads * width * hd} floats")
+    values.update(m_out=a["m_out"], l_out=a["l_out"], acc_out=a["acc_out"])
+    return grid, (hd, 1, 1), smem, values
+
+
+# ---- decode combine --------------------------------------------------------------
+
+def _combine(k: Kernel, c: Checker, a: dict):
+    out = a["out"]
+    c.array("out", out, np.float32, 2)
+    heads, hd = (int(x) for x in out.shape)
+    _head_dim(k, c, hd, q4=False)
+    for name in ("m_in", "l_in", "acc_in"):
+        c.array(name, a[name], np.float32)
+    values = dict(m_in=a["m_in"], l_in=a["l_in"], acc_in=a["acc_in"], out=out, head_dim=hd)
+    if k.position is Position.HOST:
+        width = c.integer("n_splits", a["n_splits"], 1)
+        values["n_splits"] = width
+    else:
+        values["kps"] = c.integer("kps", a["kps"], 1)
+        values["splits_cap"] = width = c.integer("splits_cap", a["splits_cap"], 1)
+        values["pos"] = a["pos"]
+        _positions(k, c, a, 1, INT_MAX, rows=1, wrap=True)
+    c.require(a["m_in"].size >= heads * width and a["l_in"].size >= heads * width,
+              "partials size", f"m_in/l_in need {heads * width} floats")
+    c.require(a["acc_in"].size >= heads * width * hd, "partials size",
+              f"acc_in needs {heads * width * hd} floats")
+    return (heads, 1, 1), (hd, 1, 1), 0, values

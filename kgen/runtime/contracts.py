@@ -1,0 +1,53 @@
+"""Kernel contracts as checks that raise before anything reaches the GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class ContractError(ValueError):
+    """A launch would break a kernel contract; ``contract`` names which one."""
+
+    def __init__(self, kernel: str, contract: str, message: str):
+        self.kernel = kernel
+        self.contract = contract
+        super().__init__(f"{kernel}: {message} [contract: {contract}]")
+
+
+class Checker:
+    """Contract checks for one kernel's launch."""
+
+    def __init__(self, kernel: str):
+        self.kernel = kernel
+
+    def require(self, ok: bool, contract: str, message: str) -> None:
+        if not ok:
+            raise ContractError(self.kernel, contract, message)
+
+    def array(self, name: str, a, dtype, ndim: int | None = None) -> None:
+        """dtype, C-contiguity and rank of one array argument."""
+        self.require(hasattr(a, "shape") and hasattr(a, "dtype"), "array",
+                     f"{name} must be an array, not {type(a).__name__}")
+        self.require(a.dtype == np.dtype(dtype), "dtype",
+                     f"{name} must be {np.dtype(dtype).name}, not {a.dtype}")
+        if ndim is not None:
+            self.require(a.ndim == ndim, "shape",
+                         f"{name} must have {ndim} dimensions, not shape {tuple(a.shape)}")
+        flags = getattr(a, "flags", None)
+        self.require(flags is None or bool(flags.c_contiguous), "contiguous",
+                     f"{name} must be C-contiguous")
+
+    def shape(self, name: str, a, expected: tuple[int, ...]) -> None:
+        self.require(tuple(a.shape) == tuple(expected), "shape",
+                     f"{name} has shape {tuple(a.shape)}; expected {tuple(expected)}")
+
+    def integer(self, name: str, v, lo: int | None = None, hi: int | None = None,
+                contract: str = "range") -> int:
+        self.require(isinstance(v, int | np.integer) and not isinstance(v, bool), "type",
+                     f"{name} must be an integer, not {v!r}")
+        v = int(v)
+        if lo is not None:
+            self.require(v >= lo, contract, f"{name} = {v} is below {lo}")
+        if hi is not None:
+            self.require(v <= hi, contract, f"{name} = {v} exceeds {hi}")
+        return v
