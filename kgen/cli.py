@@ -15,7 +15,7 @@ from kgen.cache import Cache
 from kgen.config import Settings
 from kgen.errors import KgenError, SpecError
 from kgen.golden import load_golden, make_golden
-from kgen.render import render_modules
+from kgen.render import render_modules, render_tests
 from kgen.spec.axes import KEYS
 from kgen.toolchain import find_toolchain
 from kgen.verify import compare, sass_diff, summary, table
@@ -53,18 +53,26 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
     compiled = {n: c for b in builds for n, c in b.kernels().items()}
     pipeline.check_budgets(kernels, compiled, {f.path: f.lines for f in files})
     files_out = pipeline.generated_files(builds, settings.templates, settings.root)
+    tests_out = {n: t.encode() for n, t in
+                 render_tests([b.module for b in builds], settings.templates,
+                              settings.root).items()}
+    outputs = ((settings.generated, files_out), (settings.tests_generated, tests_out))
     if args.check:
-        current = read_tree(settings.generated)
-        stale = sorted(n for n in set(files_out) | set(current)
-                       if files_out.get(n) != current.get(n))
+        stale = []
+        for where, files in outputs:
+            current = read_tree(where)
+            stale += [str(where / n) for n in sorted(set(files) | set(current))
+                      if files.get(n) != current.get(n)]
         if stale:
-            print("generated/ is stale; run `kgen build specs/` and commit:\n  "
+            print("generated files are stale; run `kgen build specs/` and commit:\n  "
                   + "\n  ".join(stale))
             return 1
-        print(f"generated/ is up to date ({len(files_out)} files)")
+        print(f"generated files are up to date ({len(files_out) + len(tests_out)} files)")
         return 0
-    replace_dir(settings.generated, files_out)
-    say(f"wrote {len(files_out)} files to {settings.generated}")
+    for where, files in outputs:
+        replace_dir(where, files)
+    say(f"wrote {len(files_out)} files to {settings.generated}, {len(tests_out)} tests to "
+        f"{settings.tests_generated}")
     if args.json:
         print(json.dumps({"modules": [b.module.name for b in builds],
                           "kernels": sorted(compiled)}, indent=2))

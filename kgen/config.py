@@ -18,6 +18,7 @@ DEFAULTS = {
     "templates": "templates",
     "generated": "generated",
     "golden": "golden",
+    "tests_generated": "tests/generated",
 }
 
 
@@ -39,6 +40,7 @@ class Settings:
     templates: Path
     generated: Path
     golden: Path
+    tests_generated: Path
     cache_dir: Path
 
     @classmethod
@@ -65,5 +67,6 @@ class Settings:
             templates=path("templates"),
             generated=path("generated"),
             golden=path("golden"),
+            tests_generated=path("tests_generated"),
             cache_dir=Path(cache),
         )

@@ -150,3 +150,37 @@ def render_ptx_header(modules: list[tuple[str, list[str], str]], templates: Path
     env.filters["c_string"] = _c_string
     items = [{"name": n, "kernels": ks, "ptx_lines": ptx.splitlines()} for n, ks, ptx in modules]
     return env.get_template("c/ptx_header.h.j2").render(modules=items, kgen_version=__version__)
+
+
+def _case_literal(c) -> str:
+    """A Case as the Python expression that rebuilds it (non-default fields only)."""
+    from dataclasses import fields
+
+    from kgen.testing import Case
+
+    default = Case("x")
+    parts = [repr(c.name)]
+    for f in fields(Case):
+        if f.name in ("name", "extra"):
+            continue
+        v = getattr(c, f.name)
+        if v != getattr(default, f.name):
+            parts.append(f"{f.name}={v!r}")
+    return "Case(" + ", ".join(parts) + ")"
+
+
+def render_tests(modules: list[Module], templates: Path, root: Path) -> dict[str, str]:
+    """tests/generated/test_<module>.py for every module."""
+    from kgen.testgen import cases, shared_cases
+    from kgen.testing import mutations_for
+
+    env = environment(templates)
+    by_name = {k.name: k for m in modules for k in m.kernels}
+    env.globals.update(cases=cases, shared_cases=shared_cases, mutations_for=mutations_for,
+                       case_literal=_case_literal, by_name=by_name)
+    out = {}
+    for m in modules:
+        out[f"test_{m.name}.py"] = env.get_template("tests/test_module.py.j2").render(
+            module=m.name, kernels=list(m.kernels), kgen_version=__version__,
+            spec_paths=sorted({_rel(k.spec_path, root) for k in m.kernels}))
+    return out

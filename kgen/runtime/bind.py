@@ -90,8 +90,7 @@ def _head_dim(k: Kernel, c: Checker, hd: int, q4: bool) -> None:
                   "warp per block)")
 
 
-def _cache_arrays(k: Kernel, c: Checker, a: dict, lead: tuple[int, ...], hd: int,
-                  const: bool) -> int:
+def _cache_arrays(k: Kernel, c: Checker, a: dict, lead: tuple[int, ...], hd: int) -> int:
     """K/V cache (and q4 shadow) arrays; returns max_seq."""
     q4 = k.kv is KvFormat.Q4
     kc, vc = a["k_cache"], a["v_cache"]
@@ -149,7 +148,7 @@ def _kv_append(k: Kernel, c: Checker, a: dict):
         c.require(hd <= k.max_head_dim, "static staging",
                   f"head_dim = {hd} exceeds the kernel's shared staging ({k.max_head_dim})")
     lead = (n, n_head_kv) if k.position is Position.SLOTS else (n_head_kv,)
-    max_seq = _cache_arrays(k, c, a, lead, hd, const=False)
+    max_seq = _cache_arrays(k, c, a, lead, hd)
     values = dict(k_new=kn, v_new=vn, k_cache=a["k_cache"], v_cache=a["v_cache"],
                   n_head_kv=n_head_kv, head_dim=hd, max_seq=max_seq)
     if q4:
@@ -158,6 +157,9 @@ def _kv_append(k: Kernel, c: Checker, a: dict):
     if k.position is Position.HOST:
         pos0 = c.integer("pos0", a["pos0"], 0)
         c.require(pos0 + n <= INT_MAX, "int32 position", "pos0 + n overflows int")
+        c.require(n <= max_seq, "ring write race",
+                  f"a batch of {n} rows laps the {max_seq}-row ring inside one launch (two "
+                  "blocks write one row)")
         if q4:
             # The q4 body has no ring: rows land at pos0 + t.
             c.require(pos0 + n <= max_seq, "no ring wrap",
@@ -245,7 +247,7 @@ def _flash(k: Kernel, c: Checker, a: dict):
               f"needs {smem} bytes of shared memory (kv_groups {G}, head_dim {hd}); a block "
               f"may use {SMEM_LIMIT}")
 
-    max_seq = _cache_arrays(k, c, a, lead, hd, const=True)
+    max_seq = _cache_arrays(k, c, a, lead, hd)
     values = dict(q=q, k_cache=kc, v_cache=a["v_cache"], kv_groups=G, head_dim=hd,
                   max_seq=max_seq)
     if q4:
@@ -302,6 +304,8 @@ def _flash(k: Kernel, c: Checker, a: dict):
             grid = (width, n_head_kv, lead_q[0])
         else:
             grid = (cap, n_head_kv, 1)
+            if host is not None:  # partials are strided by the live plan's n_splits
+                width = decode_plan(int(host[0]) + 1, kps, cap, k.tile_keys).n_splits
     for name in ("m_out", "l_out", "acc_out"):
         c.array(name, a[name], np.float32)
     # Partials are strided by the live split count; size them for the widest.
@@ -331,7 +335,9 @@ def _combine(k: Kernel, c: Checker, a: dict):
         values["kps"] = c.integer("kps", a["kps"], 1)
         values["splits_cap"] = width = c.integer("splits_cap", a["splits_cap"], 1)
         values["pos"] = a["pos"]
-        _positions(k, c, a, 1, INT_MAX, rows=1, wrap=True)
+        host = _positions(k, c, a, 1, INT_MAX, rows=1, wrap=True)
+        if host is not None:  # the live plan: partials are strided by its n_splits
+            width = decode_plan(int(host[0]) + 1, values["kps"], width, k.tile_keys).n_splits
     c.require(a["m_in"].size >= heads * width and a["l_in"].size >= heads * width,
               "partials size", f"m_in/l_in need {heads * width} floats")
     c.require(a["acc_in"].size >= heads * width * hd, "partials size",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from kgen.runtime.bind import Launch, bind
 from kgen.runtime.contracts import ContractError
 from kgen.spec.ir import Kernel
@@ -37,7 +39,7 @@ def check_device(launch: Launch) -> None:
     cp = _cupy()
     dev = cp.cuda.runtime.getDevice()
     for name, v in zip(launch.names, launch.args, strict=True):
-        if hasattr(v, "shape"):
+        if hasattr(v, "shape") and not isinstance(v, np.generic):  # arrays, not scalars
             if not isinstance(v, cp.ndarray):
                 raise ContractError(launch.kernel, "device",
                                     f"{name} must be a cupy array on the GPU, not "
