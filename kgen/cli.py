@@ -9,16 +9,14 @@ import time
 import traceback
 from pathlib import Path
 
-from kgen import __version__, pipeline
-from kgen.atomic import read_tree, replace_dir
+from kgen import __version__
 from kgen.cache import Cache
 from kgen.config import Settings
 from kgen.errors import KgenError, SpecError
-from kgen.golden import load_golden, make_golden
-from kgen.render import render_modules, render_tests
-from kgen.spec.axes import KEYS
 from kgen.toolchain import find_toolchain
-from kgen.verify import compare, sass_diff, summary, table
+
+# The compiler stages (lark, jinja2, numpy) are imported by the commands that
+# run them, so a no-op `kgen build` answers without loading them.
 
 
 class Reporter:
@@ -38,12 +36,37 @@ def _cache(settings: Settings, args) -> Cache:
 
 
 def _kernels(settings: Settings, inputs: list[str] | None):
+    from kgen import pipeline
+
     paths = [Path(p) for p in inputs] if inputs else [settings.specs]
     files = pipeline.parse(paths, settings.root)
     return files, pipeline.checked(files)
 
 
+def _spec_files(settings: Settings, inputs: list[str] | None) -> list[Path]:
+    from kgen.spec.files import spec_paths
+
+    return spec_paths([Path(p) for p in inputs] if inputs else [settings.specs])
+
+
 def cmd_build(args, settings: Settings, say: Reporter) -> int:
+    from kgen import stamp
+
+    outputs_dirs = [settings.generated, settings.tests_generated]
+    digest = None
+    if not args.check and not args.no_cache:
+        spec_files = _spec_files(settings, args.specs)
+        digest = stamp.input_digest(spec_files, settings.templates)
+        if stamp.is_fresh(settings.cache_dir, digest, outputs_dirs):
+            if not args.json:
+                print("up to date (inputs and outputs unchanged)")
+            else:
+                print(json.dumps({"up_to_date": True}))
+            return 0
+    from kgen import pipeline
+    from kgen.atomic import read_tree, replace_dir
+    from kgen.render import render_modules, render_tests
+
     files, kernels = _kernels(settings, args.specs)
     say(f"parse+check: {len(files)} spec files, {len(kernels)} kernels")
     modules = render_modules(kernels, settings.templates, settings.root)
@@ -73,6 +96,8 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
         replace_dir(where, files)
     say(f"wrote {len(files_out)} files to {settings.generated}, {len(tests_out)} tests to "
         f"{settings.tests_generated}")
+    if digest is not None:
+        stamp.record(settings.cache_dir, digest, outputs_dirs)
     if args.json:
         print(json.dumps({"modules": [b.module.name for b in builds],
                           "kernels": sorted(compiled)}, indent=2))
@@ -82,6 +107,10 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
 
 
 def cmd_verify(args, settings: Settings, say: Reporter) -> int:
+    from kgen import pipeline
+    from kgen.golden import load_golden
+    from kgen.verify import compare, sass_diff, summary, table
+
     golden = load_golden(settings.golden)
     modules = pipeline.read_generated_modules(settings.generated)
     tc = find_toolchain()
@@ -113,6 +142,8 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
 
 
 def cmd_golden(args, settings: Settings, say: Reporter) -> int:
+    from kgen.golden import make_golden
+
     ref = Path(args.reference) if args.reference else settings.reference
     names = make_golden(ref, settings.golden, find_toolchain(), _cache(settings, args))
     print(f"golden: {len(names)} kernels from {ref} -> {settings.golden}")
@@ -141,6 +172,8 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
 
 
 def cmd_show(args, settings: Settings, say: Reporter) -> int:
+    from kgen.spec.axes import KEYS
+
     _, kernels = _kernels(settings, None)
     by = {k.name: k for k in kernels}
     k = by.get(args.kernel)

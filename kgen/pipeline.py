@@ -19,33 +19,19 @@ from pathlib import Path
 
 from kgen import __version__, compile, ptx_entries, resources, sass_listing
 from kgen.cache import Cache, sha256
-from kgen.errors import KgenError, SourcePos, SpecError
+from kgen.errors import KgenError, SpecError
 from kgen.render import Module, render_modules, render_ptx_header, render_python
 from kgen.spec.ast import SpecFile
 from kgen.spec.check import check
+from kgen.spec.files import spec_paths
 from kgen.spec.ir import Kernel
 from kgen.spec.parser import parse_file
 from kgen.spec.resolve import resolve
 from kgen.toolchain import Toolchain
 from kgen.verify import Compiled
 
-SPEC_SUFFIX = ".kspec"
 MANIFEST = "manifest.json"
 PTX_HEADER = "attention_ptx.h"
-
-
-def spec_paths(inputs: list[Path]) -> list[Path]:
-    """Spec files named directly or found (sorted) in named directories."""
-    out: list[Path] = []
-    for p in inputs:
-        if p.is_dir():
-            found = sorted(p.glob(f"*{SPEC_SUFFIX}"))
-            if not found:
-                raise SpecError(SourcePos(str(p), 1, 1), f"no *{SPEC_SUFFIX} files here")
-            out += found
-        else:
-            out.append(p)
-    return out
 
 
 def parse(inputs: list[Path], root: Path | None = None) -> list[SpecFile]:
@@ -144,9 +130,9 @@ def generated_files(builds: list[ModuleBuild], templates: Path, root: Path) -> d
     modules = [b.module for b in builds]
     for name, text in render_python(modules, templates, root).items():
         files[name] = text.encode()
-    files[PTX_HEADER] = render_ptx_header(
-        [(b.module.name, [k.name for k in b.module.kernels], b.ptx) for b in builds],
-        templates).encode()
+    files[PTX_HEADER] = render_ptx_header(  # the .ptx files exactly as written above
+        [(b.module.name, [k.name for k in b.module.kernels],
+          files[f"{b.module.name}.ptx"].decode()) for b in builds], templates).encode()
     files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     return files
 

@@ -6,6 +6,7 @@ empty string), templates loaded from files only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,17 @@ def signature(k: KernelView, width: int = 96) -> str:
     return "\n".join(lines)
 
 
+@functools.cache
 def environment(templates: Path) -> jinja2.Environment:
+    """The one Environment per template directory; compiled templates are kept in
+    memory and as bytecode under the kgen cache, so unchanged templates are not
+    recompiled by the next process."""
+    from kgen.config import Settings
+    from kgen.pyapi import py_args
+    from kgen.runtime.spec import axes_of
+
+    bytecode = Path(Settings.load().cache_dir) / "jinja"
+    bytecode.mkdir(parents=True, exist_ok=True)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
         undefined=jinja2.StrictUndefined,
@@ -58,10 +69,12 @@ def environment(templates: Path) -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
+        bytecode_cache=jinja2.FileSystemBytecodeCache(str(bytecode)),
     )
     env.filters["signature"] = signature
-    env.globals["convert"] = convert
-    env.globals["NEG_INF"] = NEG_INF
+    env.filters["c_string"] = _c_string
+    env.globals.update(convert=convert, NEG_INF=NEG_INF, py_args=py_args,
+                       axes=lambda k: _py_dict(axes_of(k.k)), case_literal=_case_literal)
     return env
 
 
@@ -128,11 +141,7 @@ def _py_dict(d: dict) -> str:
 
 def render_python(modules: list[Module], templates: Path, root: Path) -> dict[str, str]:
     """generated/<module>.py launchers and the package __init__.py."""
-    from kgen.pyapi import py_args
-    from kgen.runtime.spec import axes_of
-
     env = environment(templates)
-    env.globals.update(py_args=py_args, axes=lambda k: _py_dict(axes_of(k.k)))
     out = {}
     for m in modules:
         views = [KernelView(k) for k in m.kernels]
@@ -147,7 +156,6 @@ def render_python(modules: list[Module], templates: Path, root: Path) -> dict[st
 def render_ptx_header(modules: list[tuple[str, list[str], str]], templates: Path) -> str:
     """The C header embedding each module's PTX: (name, kernel names, ptx) triples."""
     env = environment(templates)
-    env.filters["c_string"] = _c_string
     items = [{"name": n, "kernels": ks, "ptx_lines": ptx.splitlines()} for n, ks, ptx in modules]
     return env.get_template("c/ptx_header.h.j2").render(modules=items, kgen_version=__version__)
 
@@ -176,11 +184,11 @@ def render_tests(modules: list[Module], templates: Path, root: Path) -> dict[str
 
     env = environment(templates)
     by_name = {k.name: k for m in modules for k in m.kernels}
-    env.globals.update(cases=cases, shared_cases=shared_cases, mutations_for=mutations_for,
-                       case_literal=_case_literal, by_name=by_name)
     out = {}
     for m in modules:
         out[f"test_{m.name}.py"] = env.get_template("tests/test_module.py.j2").render(
             module=m.name, kernels=list(m.kernels), kgen_version=__version__,
+            cases=cases, shared_cases=shared_cases, mutations_for=mutations_for,
+            by_name=by_name,
             spec_paths=sorted({_rel(k.spec_path, root) for k in m.kernels}))
     return out

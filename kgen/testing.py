@@ -490,9 +490,8 @@ def _pos_dev(k):
 MUTATIONS: dict[str, Mutation] = {
     "wrong_dtype": Mutation("dtype", lambda k: True, _wrong_dtype),
     "non_contiguous": Mutation("contiguous", lambda k: True, _non_contiguous),
-    "qz_shape_mismatch": Mutation("shape", lambda k: k.op is Op.QZ_SPLIT,
-                                  _set("z", lambda a, k, c: np.zeros((*a.shape[:-1], a.shape[-1] - 1),
-                                                            a.dtype))),
+    "qz_shape_mismatch": Mutation("shape", lambda k: k.op is Op.QZ_SPLIT, _set(
+        "z", lambda a, k, c: np.zeros((*a.shape[:-1], a.shape[-1] - 1), a.dtype))),
     "head_dim_below_tile": Mutation("every key scored", _flash, _args_with(head_dim=128)),
     "head_dim_partial_warp": Mutation(
         "whole warps", lambda k: _flash(k) and k.kv is KvFormat.F32, _args_with(head_dim=272)),

@@ -146,7 +146,7 @@ def test_slot_decode_matches_per_user_reference(cp, kv):
             else:
                 ref.kv_append_slots_q4(kn, vn, host_q4, p, sink, win)
                 want = ref.decode_attention_slots(
-                    q, lambda u: ref.read_kv_rows_q4(host_q4.slot(u), int(p[u]), sink, win),
+                    q, lambda u, p=p: ref.read_kv_rows_q4(host_q4.slot(u), int(p[u]), sink, win),
                     None, p, H // hk, 32, 8, 0, 0, scale)
             np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"step {step} seed={seed}")

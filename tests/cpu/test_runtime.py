@@ -1,0 +1,141 @@
+"""The Python side of the generated kernels, without a GPU: launch geometry,
+the host split plan, the q4 prefill chunk bound, and that the generated
+launchers, C header and manifest agree with the specs they came from."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import kgen_kernels
+import numpy as np
+import pytest
+
+from kgen import numpy_ref as ref
+from kgen import pipeline
+from kgen.geometry import flash_shared_bytes
+from kgen.pyapi import py_args
+from kgen.runtime import ContractError, bind, decode_plan
+from kgen.runtime.spec import axes_of
+from kgen.testing import Case, host_args
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = ROOT / "generated"
+
+
+@pytest.fixture(scope="module")
+def spec_kernels():
+    return {k.name: k for k in pipeline.checked(pipeline.parse([ROOT / "specs"]))}
+
+
+@pytest.fixture(scope="module")
+def launched():
+    return {n: k for m in kgen_kernels.MODULES.values() for n, k in m.KERNELS.items()}
+
+
+def test_every_spec_kernel_has_a_launcher_with_the_same_axes(spec_kernels, launched):
+    assert sorted(spec_kernels) == sorted(launched)
+    for name, k in spec_kernels.items():
+        assert axes_of(launched[name]) == axes_of(k), name
+        fn = getattr(kgen_kernels, name)
+        arrays, scalars = py_args(k)
+        params = list(fn.__code__.co_varnames[: fn.__code__.co_argcount])
+        assert params == [a.name for a in arrays], name
+
+
+@pytest.mark.parametrize("name, groups, head_dim, expected", [
+    # the reference host code's formulas at its shipped shape
+    ("fc_attn_flash_prefill", 8, 256, 26720),
+    ("fc_attn_flash_decode", 8, 256, 26720),
+    ("fc_attn_flash_prefill_q4_kr", 8, 256, 9312),
+    ("fc_attn_flash_prefill_q4_kvs", 8, 256, 11616),
+    ("fc_attn_flash_prefill_q4_kh", 8, 256, 18016),
+    ("fc_attn_flash_prefill_q4_kqh", 8, 256, 13920),
+    ("fc_attn_flash_prefill", 1, 512, 4 * (512 + 16 * 528 + 2 * 16 + 3)),
+])
+def test_shared_memory_formula(spec_kernels, name, groups, head_dim, expected):
+    assert flash_shared_bytes(spec_kernels[name], groups, head_dim) == expected
+
+
+def test_launch_geometry_follows_the_kernel_family(launched):
+    k = launched["fc_attn_flash_prefill_q4_kvs"]
+    case = Case("c", n=37, n_head=16, n_head_kv=2, max_seq=64, pos0=3, sink=4, win=16)
+    b = bind(k, host_args(k, case))
+    assert (b.grid, b.block, b.shared_bytes) == ((37, 2, 1), (256, 1, 1), 11616)
+    assert b.arg("kv_groups") == 8 and b.arg("max_seq") == 64 and b.arg("pos0") == 3
+    assert b.arg("scale") == np.float32(1 / 16)
+
+    k = launched["fc_attn_flash_decode_slots"]
+    case = Case("s", n_head=4, n_head_kv=2, max_seq=704, positions=(0, 130, 300), kps=64, cap=8)
+    b = bind(k, host_args(k, case))
+    assert b.grid == (8, 2, 3)  # launch width defaults to splits_cap
+    args = {**host_args(k, case), "launch_splits": 5}  # the longest plan: 301 keys -> 5 splits
+    assert bind(k, args).grid == (5, 2, 3)
+    with pytest.raises(ContractError, match="slot plan coverage"):
+        bind(k, {**args, "launch_splits": 4})
+
+    k = launched["fc_attn_qz_split"]
+    b = bind(k, host_args(k, Case("q", n=7, n_head=3, head_dim=40)))
+    assert b.grid == (math.ceil(7 * 3 * 40 / 256), 1, 1) and b.arg("total") == 840
+
+
+def test_host_plan_is_the_device_formula():
+    for seq_len in range(1, 1200, 7):
+        for kps, cap in ((1, 1), (16, 4), (64, 8), (100, 3), (256, 16)):
+            p = decode_plan(seq_len, kps, cap)
+            assert (p.n_splits, p.split_len) == ref.decode_plan(seq_len, kps, cap)
+            assert p.split_len % 16 == 0 and p.n_splits <= cap
+            assert (p.n_splits - 1) * p.split_len < seq_len <= p.n_splits * p.split_len
+
+
+@pytest.mark.parametrize("win", [1, 17, 100, 255, 256])
+def test_q4_prefill_chunk_is_the_largest_batch_the_ring_keeps_exact(win):
+    """KVCache.max_prefill_chunk: the longest batch in which no query's window key
+    falls below the ring's live floor (so no row falls back to the q4 body)."""
+    from kgen.runtime.kv import KVCache
+
+    chunk = KVCache.max_prefill_chunk(type("C", (), {"kv": "q4", "win": win,
+                                                     "RING_ROWS": ref.WMAX,
+                                                     "max_seq": 10**6})())
+
+    def lapped(n: int, pos0: int = 500) -> bool:
+        floor = ref.prefill_live_floor(pos0, n)
+        return any(cur - win + 1 <= floor for cur in range(pos0, pos0 + n))
+
+    assert not lapped(chunk) and lapped(chunk + 1)
+
+
+def test_c_header_embeds_each_modules_ptx(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    manifest = json.loads((GENERATED / "manifest.json").read_text())
+    names = sorted(manifest["modules"])
+    prog = tmp_path / "dump.c"
+    prog.write_text(
+        '#include <stdio.h>\n#include <string.h>\n#include "attention_ptx.h"\n'
+        "int main(int argc, char **argv) {\n"
+        + "".join(f'  if (!strcmp(argv[1], "{n}")) fputs(KGEN_PTX_{n.upper()}, stdout);\n'
+                  for n in names)
+        + "  return 0;\n}\n")
+    exe = tmp_path / "dump"
+    subprocess.run([cc, "-std=c99", "-Wall", "-Werror", f"-I{GENERATED}", str(prog), "-o",
+                    str(exe)], check=True)
+    for n in names:
+        out = subprocess.run([str(exe), n], capture_output=True, check=True).stdout
+        ptx = (GENERATED / manifest["modules"][n]["ptx"]).read_bytes()
+        assert out == ptx, n
+
+
+def test_generated_files_say_they_are_generated_and_from_what():
+    manifest = json.loads((GENERATED / "manifest.json").read_text())
+    for name, info in manifest["modules"].items():
+        for f in (info["source"], info["ptx"], info["python"]):
+            head = (GENERATED / f).read_text()[:400]
+            assert "GENERATED by kgen" in head and "do not edit" in head, f
+        assert "specs/" in (GENERATED / info["source"]).read_text()[:600], name
+    for f in (ROOT / "tests" / "generated").glob("test_*.py"):
+        assert "GENERATED by kgen" in f.read_text()[:200], f
