@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 
 def replace_dir(target: Path, files: dict[str, bytes], keep: tuple[str, ...] = ()) -> None:
@@ -18,6 +18,10 @@ def replace_dir(target: Path, files: dict[str, bytes], keep: tuple[str, ...] = (
     Names in ``keep`` (top-level entries of the old directory) are carried over.
     """
     target = Path(target)
+    for rel in files:
+        parts = PurePosixPath(rel).parts
+        if not parts or PurePosixPath(rel).is_absolute() or ".." in parts:
+            raise ValueError(f"replace_dir: {rel!r} is not a path inside {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
     new = Path(tempfile.mkdtemp(prefix=f".{target.name}.new-", dir=target.parent))
     old = None

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -29,7 +30,8 @@ class Cache:
     def _dir(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def get(self, key: str) -> dict[str, bytes] | None:
+    def get(self, key: str, expect: Iterable[str] = ()) -> dict[str, bytes] | None:
+        """The entry's files, or None unless the entry is whole and holds ``expect``."""
         if not self.enabled:
             return None
         d = self._dir(key)
@@ -43,9 +45,12 @@ class Cache:
                 if sha256(data) != digest:
                     return None
                 files[name] = data
-            return files
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            # AttributeError: a manifest that is JSON but not the expected shape.
             return None
+        if not set(expect) <= files.keys():
+            return None
+        return files
 
     def put(self, key: str, files: dict[str, bytes]) -> None:
         if not self.enabled:
@@ -53,19 +58,28 @@ class Cache:
         d = self._dir(key)
         d.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=d.parent))
+        trash = None
         try:
             for name, data in files.items():
                 (tmp / name).write_bytes(data)
             manifest = {"key": key, "files": {n: sha256(b) for n, b in files.items()}}
             (tmp / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
-            if d.exists():
-                # A damaged or stale entry: move it aside, then claim the name.
-                shutil.rmtree(d, ignore_errors=True)
             try:
                 os.rename(tmp, d)
+                return
             except OSError:
-                # Another builder won the race with an identical entry.
-                pass
+                pass  # the name is taken
+            if self.get(key, files) is not None:
+                return  # another builder stored the same entry first; keep it
+            # A damaged or stale entry: move it aside in one rename (readers see
+            # either it or nothing), then claim the name.
+            trash = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-old-", dir=d.parent))
+            try:
+                os.rename(d, trash)
+                os.rename(tmp, d)
+            except OSError:
+                pass  # another builder replaced it meanwhile; a later get checks it
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            for t in (tmp, trash):
+                if t is not None and t.exists():
+                    shutil.rmtree(t, ignore_errors=True)

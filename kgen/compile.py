@@ -9,13 +9,17 @@ byte-identical.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from kgen import __version__
 from kgen.cache import Cache, sha256
+from kgen.errors import ToolError
 from kgen.toolchain import TARGET_ARCH, Toolchain
 
 # nvcc's front end (cicc) is what the golden is made with: NVRTC gives other
@@ -44,16 +48,32 @@ def _job(stage: str, data: bytes, flags: tuple[str, ...], tc: Toolchain) -> Comp
     return CompileJob(stage, sha256(data), flags, tc.versions)
 
 
+@contextlib.contextmanager
+def _workdir(stage: str) -> Iterator[Path]:
+    """A private directory for one tool run, removed afterwards -- except when
+    the tool fails: then its input stays where the ``reproduce with:`` command
+    in the ToolError expects it."""
+    d = Path(tempfile.mkdtemp(prefix=f"kgen-{stage}-"))
+    try:
+        yield d
+    except ToolError:
+        raise
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def ptx(source: str, tc: Toolchain, cache: Cache, name: str = "module") -> str:
     """CUDA C++ -> PTX with nvcc's front end."""
     data = source.encode()
     job = _job("ptx", data, NVCC_PTX_FLAGS, tc)
-    hit = cache.get(job.key)
+    hit = cache.get(job.key, ("out.ptx",))
     if hit is not None:
         return hit["out.ptx"].decode()
-    with tempfile.TemporaryDirectory(prefix="kgen-ptx-") as tmp:
-        src = Path(tmp) / f"{name}.cu"
-        out = Path(tmp) / f"{name}.ptx"
+    with _workdir("ptx") as tmp:
+        src = tmp / f"{name}.cu"
+        out = tmp / f"{name}.ptx"
         src.write_bytes(data)
         tc.run([tc.nvcc, *NVCC_PTX_FLAGS, str(src), "-o", str(out)], cwd=tmp)
         text = out.read_bytes()
@@ -71,12 +91,12 @@ def cubin(ptx_text: str, tc: Toolchain, cache: Cache, name: str = "module") -> C
     """PTX -> sm_37 cubin with ptxas; keeps ptxas's resource report (-v)."""
     data = ptx_text.encode()
     job = _job("cubin", data, PTXAS_FLAGS, tc)
-    hit = cache.get(job.key)
+    hit = cache.get(job.key, ("out.cubin", "ptxas.log"))
     if hit is not None:
         return Cubin(hit["out.cubin"], hit["ptxas.log"].decode())
-    with tempfile.TemporaryDirectory(prefix="kgen-cubin-") as tmp:
-        src = Path(tmp) / f"{name}.ptx"
-        out = Path(tmp) / f"{name}.cubin"
+    with _workdir("cubin") as tmp:
+        src = tmp / f"{name}.ptx"
+        out = tmp / f"{name}.cubin"
         src.write_bytes(data)
         proc = tc.run([tc.ptxas, *PTXAS_FLAGS, str(src), "-o", str(out)], cwd=tmp)
         blob = out.read_bytes()
@@ -88,11 +108,11 @@ def cubin(ptx_text: str, tc: Toolchain, cache: Cache, name: str = "module") -> C
 def sass(cubin_data: bytes, tc: Toolchain, cache: Cache, name: str = "module") -> str:
     """cubin -> SASS listing (every kernel, encodings included) with cuobjdump."""
     job = _job("sass", cubin_data, CUOBJDUMP_FLAGS, tc)
-    hit = cache.get(job.key)
+    hit = cache.get(job.key, ("out.sass",))
     if hit is not None:
         return hit["out.sass"].decode()
-    with tempfile.TemporaryDirectory(prefix="kgen-sass-") as tmp:
-        src = Path(tmp) / f"{name}.cubin"
+    with _workdir("sass") as tmp:
+        src = tmp / f"{name}.cubin"
         src.write_bytes(cubin_data)
         proc = tc.run([tc.cuobjdump, *CUOBJDUMP_FLAGS, str(src)], cwd=tmp)
     text = proc.stdout

@@ -28,6 +28,7 @@ KNOWN_LAYOUTS: tuple[tuple[str, ...], ...] = (
     ("/opt/cuda-11.8/bin",),
 )
 TOOLS = ("nvcc", "ptxas", "cuobjdump")
+VERSION_TIMEOUT_S = 60
 INSTALL_HINT = (
     "install it with `make setup` (Debian: nvidia-cuda-toolkit from non-free) "
     "or point KGEN_CUDA_HOME at a CUDA 11.8 install"
@@ -61,10 +62,15 @@ class Toolchain:
 
 
 def _version_line(tool: str) -> str:
-    proc = subprocess.run(
-        [tool, "--version"], capture_output=True, text=True, check=False,
-        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
-    )
+    """The tool's ``release`` line, or "" when it cannot say (it is then rejected)."""
+    try:
+        proc = subprocess.run(
+            [tool, "--version"], capture_output=True, text=True, check=False,
+            env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, timeout=VERSION_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        # Not runnable here (wrong architecture, no interpreter) or hung.
+        return ""
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "release" in ln]
     return lines[-1].strip() if lines else ""
 
@@ -106,7 +112,7 @@ def find_toolchain() -> Toolchain:
         dirs = list(dict.fromkeys(str(Path(p).parent) for p in tools.values()))
         # nvcc needs a host compiler for preprocessing; the toolkit's own
         # directories come first so its pinned gcc wrapper wins.
-        path_env = ":".join([*dirs, "/usr/bin", "/bin"])
+        path_env = ":".join(dict.fromkeys([*dirs, "/usr/bin", "/bin"]))
         return Toolchain(versions=versions, path_env=path_env, **tools)
     where = "KGEN_CUDA_HOME" if os.environ.get("KGEN_CUDA_HOME") else "the known locations"
     detail = ("; rejected " + ", ".join(rejected)) if rejected else ""

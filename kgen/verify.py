@@ -67,7 +67,7 @@ def compare(golden: Golden, compiled: dict[str, Compiled], only: list[str] | Non
                                detail="no spec generates this kernel"))
             continue
         ptx_eq = c.ptx == golden.ptx[name]
-        sass_eq = [i.word for i in c.sass] == [i.word for i in golden.sass[name]]
+        sass_eq = [i.word for i in c.sass] == [i.word for i in golden.sass.get(name, ())]
         res_eq = c.resources == g_res
         ok = ptx_eq and sass_eq and res_eq
         detail = ""
@@ -79,36 +79,46 @@ def compare(golden: Golden, compiled: dict[str, Compiled], only: list[str] | Non
     return out
 
 
-def _side_by_side(a: list[str], b: list[str], width: int = 58) -> list[str]:
-    rows = []
-    for x, y in zip(a, b, strict=False):
-        flag = "  " if x == y else "| "
-        rows.append(f"  {x[:width]:<{width}} {flag}{y[:width]}")
-    return rows
+COLUMN = 58  # characters of each side of a SASS diff row
+FIRST_DIFF_ROWS = 40  # rows of SASS diff the verify report shows per kernel
+
+
+def _row(left: str, right: str, differ: bool) -> str:
+    """One row of the side-by-side view; ``|`` marks rows whose words differ."""
+    return f"  {left[:COLUMN]:<{COLUMN}} {'|' if differ else ' '} {right[:COLUMN]}".rstrip()
 
 
 def sass_diff(golden: tuple[Instr, ...], generated: tuple[Instr, ...],
-              context: int | None = 3) -> list[str]:
-    """Aligned golden | generated SASS; ``context=None`` gives the whole stream."""
+              context: int | None = 3, limit: int | None = None) -> list[str]:
+    """Aligned golden | generated SASS; ``context=None`` gives the whole stream.
+
+    Rows are aligned on the words (text and encoding), not on addresses, so an
+    inserted instruction shifts the addresses after it without marking the
+    rows that still match. ``limit`` caps the rows after the header.
+    """
     ga = [_show(i) for i in golden]
     gb = [_show(i) for i in generated]
     sm = difflib.SequenceMatcher(a=[i.word for i in golden], b=[i.word for i in generated],
                                  autojunk=False)
-    rows = [f"  {'golden':<58}    generated"]
+    rows: list[str] = []
     groups = [sm.get_opcodes()] if context is None else list(sm.get_grouped_opcodes(context))
-    if context is not None and groups:
+    more_regions = context is not None and len(groups) > 1
+    if context is not None:
         groups = groups[:1]  # the first differing region
     for group in groups:
         for tag, i1, i2, j1, j2 in group:
             if tag == "equal":
-                rows += _side_by_side(ga[i1:i2], gb[j1:j2])
+                rows += [_row(x, y, False) for x, y in zip(ga[i1:i2], gb[j1:j2], strict=True)]
                 continue
             n = max(i2 - i1, j2 - j1)
             left = ga[i1:i2] + [""] * (n - (i2 - i1))
             right = gb[j1:j2] + [""] * (n - (j2 - j1))
-            rows += [f"  {x[:58]:<58} | {y[:58]}" for x, y in zip(left, right, strict=True)]
-        rows.append("  ...")
-    return rows
+            rows += [_row(x, y, True) for x, y in zip(left, right, strict=True)]
+    if limit is not None and len(rows) > limit:
+        rows = rows[:limit] + [f"  ... {len(rows) - limit} more rows"]
+    elif more_regions:
+        rows.append("  ... more differences follow")
+    return [_row("golden", "generated", True), *rows]
 
 
 def _show(i: Instr) -> str:
@@ -127,15 +137,17 @@ def ptx_diff(golden: str, generated: str, context: int | None = 3) -> list[str]:
 def first_difference(golden: Golden, c: Compiled, context: int = 3) -> str:
     parts = []
     g_res = golden.resources.get(c.name)
-    if c.resources != g_res:
+    if g_res is None:
+        parts.append("resources: the golden records none for this kernel")
+    elif c.resources != g_res:
         diffs = [f"{k} {getattr(g_res, k)} -> {getattr(c.resources, k)}"
                  for k in c.resources.as_dict() if getattr(g_res, k) != getattr(c.resources, k)]
         parts.append("resources: " + ", ".join(diffs))
-    g_sass = golden.sass[c.name]
+    g_sass = golden.sass.get(c.name, ())
     if [i.word for i in c.sass] != [i.word for i in g_sass]:
         parts.append(f"SASS ({len(g_sass)} golden words, {len(c.sass)} generated), "
-                     "first difference:")
-        parts += sass_diff(g_sass, c.sass, context)
+                     f"first difference (`kgen verify --diff {c.name}` shows all):")
+        parts += sass_diff(g_sass, c.sass, context, limit=FIRST_DIFF_ROWS)
     elif c.ptx != golden.ptx[c.name]:
         parts.append("PTX entry differs (SASS identical):")
         parts += ptx_diff(golden.ptx[c.name], c.ptx, context)

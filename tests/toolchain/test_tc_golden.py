@@ -1,0 +1,33 @@
+"""``kgen golden`` reproduces the committed golden/ byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tc_helpers import REPO
+
+from kgen.atomic import read_tree
+from kgen.config import DEFAULTS
+
+REFERENCE = (REPO / DEFAULTS["reference"]).resolve()
+
+
+@pytest.mark.toolchain
+@pytest.mark.skipif(not REFERENCE.is_file(),
+                    reason=f"the hand-written reference is not here ({REFERENCE})")
+def test_golden_is_reproducible(ws, monkeypatch, tmp_path):
+    fresh = tmp_path / "golden-again"
+    monkeypatch.setenv("KGEN_GOLDEN", str(fresh))
+    r = ws.kgen("golden")
+    assert r.rc == 0, r.text
+    want, got = read_tree(REPO / "golden"), read_tree(fresh)
+    assert want, "the repo has no golden/"
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], f"golden/{name} differs when made again"
+    # Made again over an existing golden: same bytes, no scratch trees left.
+    r = ws.kgen("golden", "--reference", str(REFERENCE))
+    assert r.rc == 0, r.text
+    assert read_tree(fresh) == want
+    assert [p.name for p in Path(tmp_path).iterdir() if p.name.startswith(".")] == []

@@ -1,0 +1,153 @@
+"""The verify gate catches what it exists to catch: one changed template token
+makes exactly the affected kernels ``different`` with a readable SASS diff, and a
+golden kernel that nothing generates is ``missing``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kgen import pipeline
+from kgen.cache import Cache
+from kgen.golden import load_golden
+from kgen.spec.axes import Op
+from kgen.toolchain import find_toolchain
+from kgen.verify import COLUMN
+from kgen.view import KernelView
+
+pytestmark = pytest.mark.toolchain
+
+# The slots decode path's sequence length; only flash kernels with
+# position = slots (and not prefill) render this line.
+SLOTS_LINE = "const int seq_len = pos[slot] + 1;"
+SLOTS_MUTANT = "const int seq_len = pos[slot] + 2;"
+RIGHT = 2 + COLUMN + 3  # where the generated column starts in a diff row
+
+
+def verdicts(output: str) -> dict[str, str]:
+    """kernel -> verdict, from verify's table."""
+    out = {}
+    for line in output.splitlines():
+        m = re.match(r"^(fc_\w+)\s+(same|DIFF|-)\s+(same|DIFF|-)\s+.*\s(\w+)$", line)
+        if m:
+            out[m.group(1)] = m.group(4)
+    return out
+
+
+def kernels_of(ws) -> list:
+    return pipeline.checked(pipeline.parse([ws.specs]))
+
+
+def compiled_sass(ws, name: str):
+    mods = pipeline.read_generated_modules(ws.generated)
+    builds = pipeline.compile_modules(mods, find_toolchain(), Cache(ws.cache))
+    return {n: c for b in builds for n, c in b.kernels().items()}[name].sass
+
+
+def test_unchanged_workspace_verifies_identical(ws):
+    assert ws.kgen("build").rc == 0
+    r = ws.kgen("verify")
+    assert r.rc == 0, r.text
+    names = [k.name for k in kernels_of(ws)]
+    assert verdicts(r.out) == dict.fromkeys(names, "identical")
+    assert f"{len(names)}/{len(names)} identical" in r.out
+
+
+def test_one_changed_template_token_is_caught_with_a_sass_diff(ws):
+    ws.edit(ws.templates / "kernels" / "flash.cu.j2", SLOTS_LINE, SLOTS_MUTANT)
+    kernels = kernels_of(ws)
+    affected = sorted(k.name for k in kernels if k.op is Op.FLASH
+                      and KernelView(k).slots and not KernelView(k).prefill)
+    assert affected, "no kernel renders the mutated line; pick another token"
+
+    b = ws.kgen("build")
+    assert b.rc == 0, b.text
+    r = ws.kgen("verify")
+    assert r.rc == 1, r.text
+    got = verdicts(r.out)
+    assert got == {k.name: "different" if k.name in affected else "identical" for k in kernels}
+    n = len(kernels)
+    assert f"{n - len(affected)}/{n} identical, {len(affected)} different" in r.out
+
+    golden = load_golden(ws.golden)
+    for name in affected:
+        # Each affected kernel's section: a heading, then golden | generated rows.
+        section = r.out.split(f"\n{name} (", 1)[1].split("\n\n", 1)[0]
+        lines = section.splitlines()
+        assert "SASS (" in lines[0] and f"kgen verify --diff {name}" in lines[0]
+        header = lines[1]
+        assert header.startswith("  golden") and header[RIGHT:] == "generated", header
+        assert header[RIGHT - 2] == "|"
+        rows = lines[2:]
+        marked = [row for row in rows if len(row) > RIGHT - 2 and row[RIGHT - 2] == "|"]
+        assert marked, section
+        # Differing rows show real SASS on at least one side.
+        assert any(row[2:RIGHT - 3].strip() and row[RIGHT:].strip() for row in marked)
+        # The first-difference view is bounded; --diff has the rest.
+        assert len(rows) <= 45, f"{name}: {len(rows)} rows in the verify report"
+        left = [row[2:RIGHT - 3].strip() for row in rows if not row.startswith("  ...")]
+        golden_shown = {f"{i.addr:04x} {i.text}" for i in golden.sass[name] if i.addr is not None}
+        assert any(x in golden_shown for x in left if x)
+
+    # Unaffected kernels have no diff section.
+    assert "\nfc_attn_qz_split (" not in r.out
+
+
+def test_verify_diff_prints_the_whole_aligned_diff(ws):
+    ws.edit(ws.templates / "kernels" / "flash.cu.j2", SLOTS_LINE, SLOTS_MUTANT)
+    assert ws.kgen("build").rc == 0
+    name = "fc_attn_flash_decode_slots"
+    r = ws.kgen("verify", "--diff", name)
+    assert r.rc == 1, r.text
+    lines = r.out.rstrip("\n").splitlines()
+    assert lines[0].startswith("  golden") and lines[0][RIGHT:] == "generated"
+    rows = lines[1:]
+    golden = load_golden(ws.golden).sass[name]
+    generated = compiled_sass(ws, name)
+
+    def shown(i):
+        return f"{i.addr:04x} {i.text}" if i.addr is not None else f"(ctrl {i.encoding})"
+
+    # Every word of both streams appears, in order, in its own column.
+    left = [row[2:RIGHT - 3].strip() for row in rows]
+    right = [row[RIGHT:].strip() for row in rows]
+    assert [x for x in left if x] == [shown(i)[:COLUMN].strip() for i in golden]
+    assert [y for y in right if y] == [shown(i)[:COLUMN].strip() for i in generated]
+    # Rows are marked exactly where the aligned words differ.
+    marks = [len(row) > RIGHT - 2 and row[RIGHT - 2] == "|" for row in rows]
+    assert any(marks) and not all(marks)
+    for row, marked, x, y in zip(rows, marks, left, right, strict=True):
+        if not marked:
+            assert x and y and x.split(" ", 1)[-1] == y.split(" ", 1)[-1], row
+
+
+def test_verify_diff_of_an_identical_kernel_is_clean(ws):
+    assert ws.kgen("build").rc == 0
+    r = ws.kgen("verify", "--diff", "fc_attn_qz_split")
+    assert r.rc == 0, r.text
+    rows = r.out.splitlines()[1:]
+    assert rows and not any(len(row) > RIGHT - 2 and row[RIGHT - 2] == "|" for row in rows)
+
+
+def test_a_golden_kernel_nothing_generates_is_missing(ws):
+    gone = "fc_attn_kv_append_slots_q4"
+    spec = ws.specs / "append.kspec"
+    text = spec.read_text()
+    block = re.search(rf"^kernel {gone} :.*?^}}\n", text, re.M | re.S)
+    assert block, f"{gone} not found in {spec}"
+    spec.write_text(text.replace(block.group(0), ""))
+    assert gone not in [k.name for k in kernels_of(ws)]
+
+    b = ws.kgen("build")
+    assert b.rc == 0, b.text
+    r = ws.kgen("verify")
+    assert r.rc == 1, r.text
+    got = verdicts(r.out)
+    assert got[gone] == "missing"
+    assert all(v == "identical" for k, v in got.items() if k != gone)
+    n = len(load_golden(ws.golden).kernels)
+    assert f"{n - 1}/{n} identical, 1 missing" in r.out
+
+    only = ws.kgen("verify", gone)
+    assert only.rc == 1 and verdicts(only.out) == {gone: "missing"}
