@@ -55,16 +55,19 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
     outputs_dirs = [settings.generated, settings.tests_generated]
     digest = None
     if not args.check and not args.no_cache:
-        spec_files = _spec_files(settings, args.specs)
-        digest = stamp.input_digest(spec_files, settings.templates)
-        if stamp.is_fresh(settings.cache_dir, digest, outputs_dirs):
-            if not args.json:
-                print("up to date (inputs and outputs unchanged)")
-            else:
-                print(json.dumps({"up_to_date": True}))
-            return 0
+        try:
+            spec_files = _spec_files(settings, args.specs)
+            digest = stamp.input_digest(spec_files, settings.templates)
+        except OSError:
+            digest = None  # an unreadable input: the full build reports it properly
+    if digest is not None and stamp.is_fresh(settings.cache_dir, digest, outputs_dirs):
+        if args.json:
+            print(json.dumps({"up_to_date": True}))
+        else:
+            print("up to date (inputs and outputs unchanged)")
+        return 0
     from kgen import pipeline
-    from kgen.atomic import read_tree, replace_dir
+    from kgen.atomic import read_tree, replace_dirs
     from kgen.render import render_modules, render_tests
 
     files, kernels = _kernels(settings, args.specs)
@@ -92,8 +95,7 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
             return 1
         print(f"generated files are up to date ({len(files_out) + len(tests_out)} files)")
         return 0
-    for where, files in outputs:
-        replace_dir(where, files)
+    replace_dirs(list(outputs))  # both trees or neither
     say(f"wrote {len(files_out)} files to {settings.generated}, {len(tests_out)} tests to "
         f"{settings.tests_generated}")
     if digest is not None:
@@ -198,8 +200,10 @@ def cmd_show(args, settings: Settings, say: Reporter) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kgen", description=__doc__)
     p.add_argument("--version", action="version", version=f"kgen {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show tracebacks")
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks")
     common.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     common.add_argument("--json", action="store_true", help="machine-readable summary")
     common.add_argument("--no-cache", action="store_true", help="ignore the artifact cache")
@@ -243,6 +247,22 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"kgen: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        return 0
     except KeyboardInterrupt:
         print("kgen: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        if type(exc).__module__.split(".")[0] == "jinja2":
+            # A template bug is the user's input, not kgen's: say where it is.
+            where = f"{getattr(exc, 'filename', None) or getattr(exc, 'name', '')}"
+            line = getattr(exc, "lineno", None)
+            print(f"kgen: error: template {where}{f':{line}' if line else ''}: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        traceback.print_exc()
+        print(f"kgen: internal error: {type(exc).__name__}: {exc} (a kgen bug; the traceback "
+              "is above)", file=sys.stderr)
+        return 70

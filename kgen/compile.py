@@ -48,6 +48,12 @@ def _job(stage: str, data: bytes, flags: tuple[str, ...], tc: Toolchain) -> Comp
     return CompileJob(stage, sha256(data), flags, tc.versions)
 
 
+def ptx_job(source: str, tc: Toolchain) -> CompileJob:
+    """The ptx stage's key also names the host compiler nvcc preprocesses with."""
+    return CompileJob("ptx", sha256(source.encode()), NVCC_PTX_FLAGS,
+                      (*tc.versions, ("host_compiler", tc.host_compiler)))
+
+
 @contextlib.contextmanager
 def _workdir(stage: str) -> Iterator[Path]:
     """A private directory for one tool run, removed afterwards -- except when
@@ -67,7 +73,7 @@ def _workdir(stage: str) -> Iterator[Path]:
 def ptx(source: str, tc: Toolchain, cache: Cache, name: str = "module") -> str:
     """CUDA C++ -> PTX with nvcc's front end."""
     data = source.encode()
-    job = _job("ptx", data, NVCC_PTX_FLAGS, tc)
+    job = ptx_job(source, tc)
     hit = cache.get(job.key, ("out.ptx",))
     if hit is not None:
         return hit["out.ptx"].decode()

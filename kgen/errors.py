@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import unicodedata
 from dataclasses import dataclass
 
 
@@ -36,12 +37,36 @@ class SpecError(KgenError):
         super().__init__(self.render())
 
     def render(self) -> str:
-        text = f"{self.pos}: error: {self.message}"
+        message = "".join(_shown_char(c) for c in self.message)  # one line, whatever it quotes
+        text = f"{self.pos}: error: {message}"
         if self.source_line is not None:
-            line = self.source_line.rstrip("\n").expandtabs(1)
-            caret = " " * max(self.pos.col - 1, 0) + "^"
-            text += f"\n  {line}\n  {caret}"
+            line, at = _shown_line(self.source_line, self.pos.col - 1)
+            text += f"\n  {line}\n  {' ' * at}^"
         return text
+
+
+# Longest source line shown under an error; longer ones show a window around the caret.
+SHOWN_LINE_MAX = 120
+
+
+def _shown_char(c: str) -> str:
+    """One printable cell per character, so the caret stays under its column."""
+    if c.isprintable():
+        return c
+    return " " if c == "\t" or unicodedata.category(c) == "Zs" else "?"
+
+
+def _shown_line(source_line: str, at: int) -> tuple[str, int]:
+    """The line as printed under an error, and the caret's offset in it."""
+    line = "".join(_shown_char(c) for c in source_line.rstrip("\r\n"))
+    at = max(at, 0)
+    if len(line) <= SHOWN_LINE_MAX:
+        return line, at
+    start = min(max(at - SHOWN_LINE_MAX // 2, 0), max(len(line) - SHOWN_LINE_MAX, 0))
+    end = start + SHOWN_LINE_MAX
+    head = "..." if start > 0 else ""
+    tail = "..." if end < len(line) else ""
+    return head + line[start:end] + tail, at - start + len(head)
 
 
 class ToolchainError(KgenError):

@@ -77,7 +77,12 @@ def load_golden(golden_dir: Path) -> Golden:
     ptx = ptx_entries.entries(ptx_text)
     sass = {}
     for name in ptx:
-        text = (golden_dir / "sass" / f"{name}.sass").read_text(encoding="utf-8")
+        path = golden_dir / "sass" / f"{name}.sass"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise KgenError(f"golden is incomplete: {path} ({exc.strerror}); run `kgen golden`"
+                            ) from None
         sass[name] = _parse_rendered(text)
     return Golden(
         ptx=ptx,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-_ENTRY_START = re.compile(r"^\.(?:visible|weak)?\s*\.entry\s+(\w+)\s*\(", re.M)
+_ENTRY_START = re.compile(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+(\w+)\s*\(", re.M)
 _LABEL = re.compile(r"\$L__BB\d+_")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
 from functools import cache
@@ -44,6 +45,7 @@ class Toolchain:
     cuobjdump: str
     versions: tuple[tuple[str, str], ...]
     path_env: str
+    host_compiler: str = ""  # nvcc preprocesses through it, so it keys the ptx stage
 
     def env(self) -> dict[str, str]:
         env = {"PATH": self.path_env, "LC_ALL": "C", "LANG": "C"}
@@ -73,6 +75,19 @@ def _version_line(tool: str) -> str:
         return ""
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "release" in ln]
     return lines[-1].strip() if lines else ""
+
+
+def _host_compiler(path_env: str) -> str:
+    """The first line of `g++ --version` as nvcc will find it on ``path_env``."""
+    gxx = shutil.which("g++", path=path_env)
+    if gxx is None:
+        return ""
+    try:
+        proc = subprocess.run([gxx, "--version"], capture_output=True, text=True, check=False,
+                              env={"PATH": path_env, "LC_ALL": "C"}, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (proc.stdout.splitlines() or [""])[0].strip()
 
 
 def _layouts() -> list[tuple[str, ...]]:
@@ -113,7 +128,8 @@ def find_toolchain() -> Toolchain:
         # nvcc needs a host compiler for preprocessing; the toolkit's own
         # directories come first so its pinned gcc wrapper wins.
         path_env = ":".join(dict.fromkeys([*dirs, "/usr/bin", "/bin"]))
-        return Toolchain(versions=versions, path_env=path_env, **tools)
+        return Toolchain(versions=versions, path_env=path_env,
+                         host_compiler=_host_compiler(path_env), **tools)
     where = "KGEN_CUDA_HOME" if os.environ.get("KGEN_CUDA_HOME") else "the known locations"
     detail = ("; rejected " + ", ".join(rejected)) if rejected else ""
     raise ToolchainError(

@@ -1,7 +1,8 @@
 """Stage ``check``: semantic contracts on resolved kernels, in a fixed order.
 
 Each ``check_*`` guards one contract the generated CUDA relies on and raises a
-SpecError pointing at the assignment that breaks it. ``CHECKS`` is the order.
+SpecError pointing at the assignment that breaks it; the message ends with the
+contract's name, e.g. ``[check_register_k]``. ``CHECKS`` is the order.
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ class _Ctx:
         self.kernels = kernels
         self.by_name = {k.name: k for k in kernels}
         self.lines = lines
+        self.contract = ""  # the check_* running now; its name ends every message
 
     def error(self, pos: SourcePos, msg: str) -> SpecError:
         src = self.lines.get(pos.path, ())
+        if self.contract:
+            msg += f" [{self.contract}]"
         return SpecError(pos, msg, src[pos.line - 1] if 0 < pos.line <= len(src) else None)
 
 
@@ -53,10 +57,17 @@ def check_keys_apply_to_op(k: Kernel, ctx: _Ctx) -> None:
 
 
 def check_module_name(k: Kernel, ctx: _Ctx) -> None:
-    """The module names a generated file: a plain identifier."""
-    if not k.module.isidentifier():
-        raise ctx.error(k.where("module"), f"module '{k.module}' must be an identifier "
+    """The module names a generated file: a plain (ASCII) identifier."""
+    if not (k.module.isascii() and k.module.isidentifier()):
+        raise ctx.error(k.where("module"), f"module {k.module!r} must be an ASCII identifier "
                         "(it names the generated file)")
+
+
+def check_doc_comment(k: Kernel, ctx: _Ctx) -> None:
+    """The doc lands inside a ``/* ... */`` comment of the generated source."""
+    if "*/" in k.doc:
+        raise ctx.error(k.where("doc"), "doc must not contain '*/' (it is emitted inside "
+                        "a C comment)")
 
 
 def check_mode_position(k: Kernel, ctx: _Ctx) -> None:
@@ -107,10 +118,9 @@ def check_register_k(k: Kernel, ctx: _Ctx) -> None:
         return
     need = k.tile_keys
     if k.kreg_max_chunk < need:
-        raise ctx.error(k.where("kreg_max_chunk"), f"register K needs head_dim/dot_lanes "
-                        f"within the register chunk bound, and a block needs head_dim >= "
-                        f"tile_keys * dot_lanes, so kreg_max_chunk must be >= tile_keys "
-                        f"({need}), not {k.kreg_max_chunk}")
+        raise ctx.error(k.where("kreg_max_chunk"), f"register K: kreg_max_chunk = "
+                        f"{k.kreg_max_chunk} must be >= tile_keys ({need}), the smallest "
+                        "head_dim/dot_lanes a block runs with")
     if k.kv is KvFormat.Q4:
         if k.dot_lanes * 2 != Q4_BLOCK:
             raise ctx.error(k.where("dot_lanes"), f"register K over q4 needs dot_lanes = "
@@ -139,8 +149,9 @@ def check_shared_v(k: Kernel, ctx: _Ctx) -> None:
                         "a whole number of 32-bit words")
     rounds = -(-(tile_bytes // 4) // head_dim)
     if rounds != k.v_rounds:
-        raise ctx.error(k.where("v_rounds"), f"the shared-V tile stages in {rounds} rounds of "
-                        f"{head_dim} words at head_dim {head_dim}, but v_rounds = {k.v_rounds}")
+        raise ctx.error(k.where("v_rounds"), f"v_rounds = {k.v_rounds}, but the shared-V tile "
+                        f"({tile_bytes // 4} words) stages in {rounds} rounds of {head_dim} "
+                        f"threads at head_dim {head_dim}")
 
 
 def check_shared_budget(k: Kernel, ctx: _Ctx) -> None:
@@ -160,6 +171,9 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
         if b.resource not in RESOURCES:
             raise ctx.error(b.pos, f"unknown resource '{b.resource}'; expected one of "
                             + ", ".join(RESOURCES) + did_you_mean(b.resource, list(RESOURCES)))
+        if b.value < 0:
+            raise ctx.error(b.pos, f"expect {b.resource} {b.op} {b.value}: a resource count "
+                            "is never negative")
     for r in k.relations:
         other = ctx.by_name.get(r.other)
         if other is None:
@@ -175,6 +189,7 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
 CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
     check_keys_apply_to_op,
     check_module_name,
+    check_doc_comment,
     check_mode_position,
     check_ring_floor,
     check_dot_shape,
@@ -189,6 +204,7 @@ def check(kernels: list[Kernel], lines: Lines) -> list[Kernel]:
     """Run every check on every kernel; returns the kernels unchanged."""
     ctx = _Ctx(kernels, lines)
     for fn in CHECKS:
+        ctx.contract = fn.__name__
         for k in kernels:
             fn(k, ctx)
     return kernels

@@ -102,10 +102,27 @@ def resolve(files: list[SpecFile]) -> list[Kernel]:
                 own.add(a.key)
                 values[a.key] = _convert(a, lines)
                 origin[a.key] = a.pos
+            own_expects: set[tuple[str, str]] = set()
             for e in level.expects:
                 if isinstance(e, ExpectResource):
+                    if (e.resource, e.op) in own_expects:
+                        raise lines.error(e.pos, f"a '{e.resource} {e.op}' budget is set "
+                                          f"twice in '{level.name}'")
+                    own_expects.add((e.resource, e.op))
                     budgets[f"{e.resource}{e.op}"] = e
-                elif e.other != d.name:
+                    continue
+                if (e.kind, e.other) in own_expects:
+                    said = "bit_exact with" if e.kind == "bit_exact" else e.kind
+                    raise lines.error(e.pos, f"'expect {said} {e.other}' is set twice "
+                                      f"in '{level.name}'")
+                own_expects.add((e.kind, e.other))
+                if e.other == level.name:
+                    raise lines.error(e.pos, f"'{level.name}' is compared with itself")
+                other = defs.get(e.other)
+                if other is not None and other.abstract:
+                    raise lines.error(e.pos, f"'{e.other}' is abstract: it has no outputs "
+                                      "to compare with")
+                if e.other != d.name:  # a parent's relation to this very kernel is moot
                     relations[(e.kind, e.other)] = e
         if d.abstract:
             continue

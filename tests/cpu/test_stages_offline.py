@@ -82,9 +82,8 @@ def test_label_numbers_are_normalised_within_an_entry():
     assert other_target["k_one"] != one
 
 
-@pytest.mark.xfail(strict=True, reason="ptx_entries misses `.entry` without .visible/.weak "
-                   "(nvcc emits that for a static __global__); see the report")
 def test_an_internal_linkage_entry_is_found():
+    """nvcc emits a bare `.entry` (no .visible/.weak) for a static __global__."""
     ptx = PTX.replace(".visible .entry k_one(", ".entry k_one(")
     assert set(ptx_entries.entries(ptx)) == {"k_one", "k_two"}
 

@@ -45,7 +45,7 @@ def entries(cache: Cache) -> list[Path]:
 
 
 def ptx_entry(cache: Cache, tc) -> Path:
-    job = CompileJob("ptx", sha256(TINY_CU.encode()), compile.NVCC_PTX_FLAGS, tc.versions)
+    job = compile.ptx_job(TINY_CU, tc)
     d = cache.root / job.key[:2] / job.key
     assert (d / "manifest.json").is_file()
     return d
