@@ -12,12 +12,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kgen import __version__, compile, ptx_entries, resources, sass_listing
+from kgen import __version__, compile, elf, ptx_entries, resources, sass_listing
 from kgen.cache import Cache, sha256
 from kgen.errors import KgenError, SpecError
 from kgen.render import Module, render_modules, render_ptx_header, render_python
@@ -51,36 +54,49 @@ def checked(files: list[SpecFile]) -> list[Kernel]:
 
 @dataclass(frozen=True)
 class ModuleBuild:
-    """A module after the toolchain stages."""
+    """A module after the ptx and cubin stages; the sass stage runs on demand."""
 
     module: Module
     ptx: str
     cubin: bytes
     ptxas_log: str
-    sass: dict[str, tuple[sass_listing.Instr, ...]]
+    load_sass: Callable[[], dict[str, tuple[sass_listing.Instr, ...]]] = field(compare=False)
+
+    @property
+    def sass(self) -> dict[str, tuple[sass_listing.Instr, ...]]:
+        return self.load_sass()
 
     def kernels(self) -> dict[str, Compiled]:
         entries = ptx_entries.entries(self.ptx)
         res = resources.parse(self.ptxas_log)
+        code = elf.kernel_code(self.cubin)
         return {
-            name: Compiled(name, self.module.name, entries[name], self.sass.get(name, ()),
-                           res[name])
+            name: Compiled(name, self.module.name, entries[name], resources=res[name],
+                           code=code.get(name, b""),
+                           load_sass=lambda n=name: self.load_sass().get(n, ()))
             for name in entries
         }
 
 
 def toolchain_stages(module: Module, tc: Toolchain, cache: Cache) -> ModuleBuild:
-    """ptx -> cubin -> sass for one module."""
+    """ptx -> cubin for one module; sass (a disassembly, for showing differences)
+    only when asked for."""
     ptx_text = compile.ptx(module.source, tc, cache, name=module.name)
     cub = compile.cubin(ptx_text, tc, cache, name=module.name)
-    listing = sass_listing.parse(compile.sass(cub.data, tc, cache, name=module.name))
-    return ModuleBuild(module, ptx_text, cub.data, cub.ptxas_log, listing)
+
+    @functools.cache
+    def load_sass() -> dict[str, tuple[sass_listing.Instr, ...]]:
+        return sass_listing.parse(compile.sass(cub.data, tc, cache, name=module.name))
+
+    return ModuleBuild(module, ptx_text, cub.data, cub.ptxas_log, load_sass)
 
 
 def compile_modules(modules: list[Module], tc: Toolchain, cache: Cache,
                     jobs: int = 0, progress=None) -> list[ModuleBuild]:
     """Independent modules compile in parallel (each stage is a subprocess)."""
-    jobs = jobs or max(len(modules), 1)
+    jobs = jobs or max(min(len(modules), os.cpu_count() or 1), 1)
+    # Longest sources first, so the big modules are not left for last.
+    order = sorted(range(len(modules)), key=lambda i: -len(modules[i].source))
 
     def one(m: Module) -> ModuleBuild:
         b = toolchain_stages(m, tc, cache)
@@ -89,7 +105,8 @@ def compile_modules(modules: list[Module], tc: Toolchain, cache: Cache,
         return b
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, modules))
+        done = dict(zip(order, pool.map(one, [modules[i] for i in order]), strict=True))
+    return [done[i] for i in range(len(modules))]
 
 
 def check_budgets(kernels: list[Kernel], compiled: dict[str, Compiled],

@@ -57,3 +57,8 @@ def parse(listing: str) -> dict[str, tuple[Instr, ...]]:
 
 def render(stream: tuple[Instr, ...]) -> str:
     return "".join(i.render() + "\n" for i in stream)
+
+
+def encode(stream: tuple[Instr, ...]) -> bytes:
+    """The stream's 64-bit words as the cubin stores them (its .text section)."""
+    return b"".join(int(i.encoding, 16).to_bytes(8, "little") for i in stream)

@@ -9,22 +9,39 @@ A golden kernel that no module generates is *missing*, never skipped.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgen.golden import Golden
 from kgen.resources import Resources
-from kgen.sass_listing import Instr
+from kgen.sass_listing import Instr, encode
 
 
-@dataclass(frozen=True)
 class Compiled:
-    """One generated kernel after the toolchain stages."""
+    """One generated kernel after the toolchain stages.
 
-    name: str
-    module: str
-    ptx: str
-    sass: tuple[Instr, ...]
-    resources: Resources
+    ``code`` is the kernel's encoded instruction stream (its cubin .text
+    section); identity is decided on it. The SASS listing is only needed to
+    show a difference, so it is produced on first use by ``load_sass``.
+    """
+
+    def __init__(self, name: str, module: str, ptx: str, sass: tuple[Instr, ...] | None = None,
+                 resources: Resources | None = None, code: bytes | None = None,
+                 load_sass: Callable[[], tuple[Instr, ...]] | None = None):
+        self.name, self.module, self.ptx, self.resources = name, module, ptx, resources
+        self._sass, self._code, self._load_sass = sass, code, load_sass
+
+    @property
+    def sass(self) -> tuple[Instr, ...]:
+        if self._sass is None:
+            self._sass = self._load_sass() if self._load_sass else ()
+        return self._sass
+
+    @property
+    def code(self) -> bytes:
+        if self._code is None:
+            self._code = encode(self.sass)
+        return self._code
 
 
 @dataclass(frozen=True)
@@ -67,7 +84,7 @@ def compare(golden: Golden, compiled: dict[str, Compiled], only: list[str] | Non
                                detail="no spec generates this kernel"))
             continue
         ptx_eq = c.ptx == golden.ptx[name]
-        sass_eq = [i.word for i in c.sass] == [i.word for i in golden.sass.get(name, ())]
+        sass_eq = c.code == encode(golden.sass.get(name, ()))
         res_eq = c.resources == g_res
         ok = ptx_eq and sass_eq and res_eq
         detail = ""
@@ -144,7 +161,7 @@ def first_difference(golden: Golden, c: Compiled, context: int = 3) -> str:
                  for k in c.resources.as_dict() if getattr(g_res, k) != getattr(c.resources, k)]
         parts.append("resources: " + ", ".join(diffs))
     g_sass = golden.sass.get(c.name, ())
-    if [i.word for i in c.sass] != [i.word for i in g_sass]:
+    if c.code != encode(g_sass):
         parts.append(f"SASS ({len(g_sass)} golden words, {len(c.sass)} generated), "
                      f"first difference (`kgen verify --diff {c.name}` shows all):")
         parts += sass_diff(g_sass, c.sass, context, limit=FIRST_DIFF_ROWS)

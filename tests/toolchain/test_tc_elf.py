@@ -1,0 +1,32 @@
+"""Identity is decided on a kernel's cubin .text section: it must be exactly the
+encoded stream the disassembler lists (control words included)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kgen import elf, pipeline, sass_listing
+from kgen.cache import Cache
+from kgen.toolchain import find_toolchain
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.toolchain
+def test_text_sections_are_the_listed_encodings(tmp_path):
+    tc = find_toolchain()
+    for module in pipeline.read_generated_modules(ROOT / "generated"):
+        b = pipeline.toolchain_stages(module, tc, Cache(tmp_path / "cache"))
+        code = elf.kernel_code(b.cubin)
+        listing = b.sass
+        assert set(code) == set(listing) and code, module.name
+        for name, stream in listing.items():
+            assert code[name] == sass_listing.encode(stream), name
+            assert len(code[name]) == 8 * len(stream)
+
+
+def test_elf_reader_rejects_other_files():
+    with pytest.raises(elf.ElfError):
+        elf.sections(b"not an elf file at all, just some bytes")
