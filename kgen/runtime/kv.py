@@ -97,11 +97,18 @@ class KVCache:
         return self.RING_ROWS - self.win + 1
 
     def append(self, k_new, v_new, pos0: int, stream=None) -> None:
+        """Append rows [pos0, pos0 + n). A q4 batch longer than the fp16 ring is
+        appended in ring-sized launches (in one launch, two blocks would race
+        for a ring slot); launches on one stream run in order."""
         kk = _kernels()
         name = "fc_attn_kv_append" if self.kv == "f32" else "fc_attn_kv_append_q4"
-        getattr(kk, name)(k_new, v_new, self.k, self.v, *self._shadows, pos0=pos0,
-                          **self._q4_args, stream=stream)
-        self.length = max(self.length, pos0 + k_new.shape[0])
+        n = k_new.shape[0]
+        step = self.RING_ROWS if self.kv == "q4" and self.win > 0 else max(n, 1)
+        for lo in range(0, n, step):
+            hi = min(lo + step, n)
+            getattr(kk, name)(k_new[lo:hi], v_new[lo:hi], self.k, self.v, *self._shadows,
+                              pos0=pos0 + lo, **self._q4_args, stream=stream)
+        self.length = max(self.length, pos0 + n)
 
     def prefill(self, q, k_new, v_new, pos0: int, attn_sink: int = 0, attn_win: int = 0,
                 scale: float | None = None, stream=None):

@@ -178,3 +178,24 @@ def test_a_broken_contract_leaves_outputs_untouched(cp):
     with pytest.raises(ContractError, match="every key scored"):
         kk.fc_attn_flash_prefill(q, kc, kc, out, pos0=0)
     assert bool(cp.isnan(out).all())
+
+
+def test_a_long_q4_append_is_split_into_ring_sized_launches(cp):
+    """600 rows with a window: one launch would race two blocks per ring slot, so
+    the cache appends in launches of at most RING_ROWS rows; the result is what
+    appending in order leaves (each ring slot holds its newest position)."""
+    from kgen.runtime.kv import KVCache
+
+    g, seed = rng()
+    hk, hd, ms, sink, win = 2, 256, 700, 8, 64
+    cache = KVCache(hk, hd, ms, kv="q4", sink=sink, win=win)
+    kn, vn = _rand(g, 600, hk, hd), _rand(g, 600, hk, hd)
+    cache.append(cp.asarray(kn), cp.asarray(vn), pos0=0)
+    host = ref.Q4Cache.empty(hk, ms, hd)
+    for lo in range(0, 600, 256):
+        ref.kv_append_q4(kn[lo:lo + 256], vn[lo:lo + 256], host, lo, sink, win)
+    for name, rows in (("k", 600), ("v", 600), ("k_win", 256), ("v_win", 256),
+                       ("k_sink", sink)):
+        got = getattr(cache, name).get()[:, :rows]
+        assert np.array_equal(got.view(np.uint8), getattr(host, name)[:, :rows].view(np.uint8)), \
+            f"{name} differs, seed={seed}"
