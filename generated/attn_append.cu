@@ -4,7 +4,7 @@
  *
  * module:    attn_append
  * specs:     specs/append.kspec
- * templates: kernels/kv_append.cu.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/kv_append.cu.j2, kv/f32.j2, kv/q4.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   fc_attn_kv_append, fc_attn_kv_append_dev, fc_attn_kv_append_slots, fc_attn_kv_append_q4, fc_attn_kv_append_q4_dev, fc_attn_kv_append_slots_q4
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
@@ -59,7 +59,7 @@ __device__ __forceinline__ void kgen_q4_quant_block(const float *x32,
 extern "C" {
 
 /* fc_attn_kv_append: append n f32 rows at (pos0 + t) % max_seq
- * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2]
+ * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2, templates/kv/f32.j2]
  * Grid (n, n_head_kv), block head_dim threads. */
 __global__ void fc_attn_kv_append(const float *k_new, const float *v_new, float *k_cache,
                                   float *v_cache, int n_head_kv, int head_dim, int max_seq,
@@ -77,7 +77,7 @@ __global__ void fc_attn_kv_append(const float *k_new, const float *v_new, float 
 }
 
 /* fc_attn_kv_append_dev: append one f32 row at pos[0] (CUDA-graph capture)
- * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2]
+ * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2, templates/kv/f32.j2]
  * Grid (1, n_head_kv), block head_dim threads. */
 __global__ void fc_attn_kv_append_dev(const float *k_new, const float *v_new, float *k_cache,
                                       float *v_cache, int n_head_kv, int head_dim, int max_seq,
@@ -95,7 +95,7 @@ __global__ void fc_attn_kv_append_dev(const float *k_new, const float *v_new, fl
 }
 
 /* fc_attn_kv_append_slots: append each slot's row to its own f32 ring at pos[slot]
- * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2]
+ * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2, templates/kv/f32.j2]
  * Grid (nslots, n_head_kv), block head_dim threads. */
 __global__ void fc_attn_kv_append_slots(const float *k_new, const float *v_new, float *k_cache,
                                         float *v_cache, int n_head_kv, int head_dim,
@@ -113,7 +113,7 @@ __global__ void fc_attn_kv_append_slots(const float *k_new, const float *v_new, 
 }
 
 /* fc_attn_kv_append_q4: quantize n rows to Q4_0 at pos0 + t and mirror them into the fp16 shadows
- * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2]
+ * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2, templates/kv/q4.j2]
  * Grid (n, n_head_kv), block head_dim threads (a multiple of 32: a warp per Q4_0 block). */
 __global__ void fc_attn_kv_append_q4(const float *k_new, const float *v_new,
                                      unsigned char *k_cache, unsigned char *v_cache,
@@ -162,7 +162,7 @@ __global__ void fc_attn_kv_append_q4(const float *k_new, const float *v_new,
 }
 
 /* fc_attn_kv_append_q4_dev: Q4_0 append of one row at pos[0] (CUDA-graph capture)
- * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2]
+ * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2, templates/kv/q4.j2]
  * Grid (1, n_head_kv), block head_dim threads (a multiple of 32: a warp per Q4_0 block). */
 __global__ void fc_attn_kv_append_q4_dev(const float *k_new, const float *v_new,
                                          unsigned char *k_cache, unsigned char *v_cache,
@@ -211,7 +211,7 @@ __global__ void fc_attn_kv_append_q4_dev(const float *k_new, const float *v_new,
 }
 
 /* fc_attn_kv_append_slots_q4: per-slot Q4_0 append with per-slot fp16 shadows
- * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2]
+ * [spec specs/append.kspec | templates/kernels/kv_append.cu.j2, templates/kv/q4.j2]
  * Grid (nslots, n_head_kv), block head_dim threads (a multiple of 32: a warp per Q4_0 block). */
 __global__ void fc_attn_kv_append_slots_q4(const float *k_new, const float *v_new,
                                            unsigned char *k_cache, unsigned char *v_cache,

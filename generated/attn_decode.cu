@@ -4,7 +4,7 @@
  *
  * module:    attn_decode
  * specs:     specs/decode.kspec
- * templates: kernels/decode_combine.cu.j2, kernels/flash.cu.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/decode_combine.cu.j2, kernels/flash.cu.j2, kv/f32.j2, kv/q4.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   fc_attn_flash_decode, fc_attn_flash_decode_dev, fc_attn_flash_decode_q4, fc_attn_flash_decode_q4_dev, fc_attn_flash_decode_slots, fc_attn_flash_decode_slots_q4, fc_attn_flash_decode_combine, fc_attn_flash_decode_combine_dev
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
@@ -104,7 +104,7 @@ __device__ __forceinline__ void kgen_decode_combine(const float *m_in, const flo
 extern "C" {
 
 /* fc_attn_flash_decode: split decode over the f32 cache, plan from the host
- * [spec specs/decode.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/decode.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
  * decode, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
  * [h * n_splits + split].
@@ -258,7 +258,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_decode_dev: split decode with the plan recomputed from pos[0] (CUDA-graph capture)
- * [spec specs/decode.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/decode.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
  * decode, position=device, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
  * [h * n_splits + split].
@@ -418,7 +418,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_decode_q4: split decode over the Q4_0 cache with fp16 shadows, plan from the host
- * [spec specs/decode.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/decode.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
  * decode, position=host, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
  * [h * n_splits + split].
@@ -604,7 +604,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_decode_q4_dev: q4 split decode with the plan recomputed from pos[0]
- * [spec specs/decode.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/decode.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
  * decode, position=device, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
  * [h * n_splits + split].
@@ -795,7 +795,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_decode_slots: multi-user split decode: per-slot rings and plans from pos[slot]
- * [spec specs/decode.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/decode.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
  * decode, position=slots, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
  * global head slot*n_head + h at [head * gridDim.x + split].
@@ -972,7 +972,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_decode_slots_q4: multi-user split decode over per-slot Q4_0 rings and shadows
- * [spec specs/decode.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/decode.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
  * decode, position=slots, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
  * global head slot*n_head + h at [head * gridDim.x + split].

@@ -4,7 +4,7 @@
  *
  * module:    attn_prefill
  * specs:     specs/prefill.kspec
- * templates: kernels/flash.cu.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/flash.cu.j2, kv/f32.j2, kv/q4.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   fc_attn_flash_prefill, fc_attn_flash_prefill_q4, fc_attn_flash_prefill_q4_kr, fc_attn_flash_prefill_q4_kvs, fc_attn_flash_prefill_q4_kh, fc_attn_flash_prefill_q4_kqh
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
@@ -79,7 +79,7 @@ __device__ __forceinline__ int kgen_tile_in_window(int j0, int tk, int cur_pos,
 extern "C" {
 
 /* fc_attn_flash_prefill: causal GQA prefill over the f32 cache; K tile in shared, V via the read-only path
- * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
  * prefill, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
  */
@@ -224,7 +224,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_prefill_q4: prefill over the Q4_0 cache with fp16 sink/window shadows
- * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
  * prefill, position=host, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=batch
  * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
  */
@@ -403,7 +403,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_prefill_q4_kr: q4 prefill with K in registers (hoisted lane dequant): no K tile, more blocks per SMX
- * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
  * prefill, position=host, kv=q4, q=f32, k=registers, v=global, ring_floor=batch
  * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
  */
@@ -584,7 +584,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_prefill_q4_kvs: register-K q4 prefill with each tile's raw q4 V rows staged in shared
- * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
  * prefill, position=host, kv=q4, q=f32, k=registers, v=shared_q4, ring_floor=batch
  * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
  */
@@ -802,7 +802,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_prefill_q4_kh: q4 prefill with an fp16 K tile (lossy, less shared memory)
- * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
  * prefill, position=host, kv=q4, q=f32, k=shared_f16, v=global, ring_floor=batch
  * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
  */
@@ -983,7 +983,7 @@ const float *pj_s = p_s + (size_t)j * G;
 }
 
 /* fc_attn_flash_prefill_q4_kqh: q4 prefill with fp16 K tile and fp16 q group (lossier still)
- * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2]
+ * [spec specs/prefill.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
  * prefill, position=host, kv=q4, q=f16, k=shared_f16, v=global, ring_floor=batch
  * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
  */

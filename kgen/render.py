@@ -82,7 +82,9 @@ def _needs(kernels: list[KernelView]) -> dict[str, bool]:
     q4 = [k for k in kernels if k.kv is KvFormat.Q4 and k.op in (Op.FLASH, Op.KV_APPEND)]
     return {
         "fp16": bool(q4) or any(k.byte_layout for k in kernels if k.op is Op.FLASH),
-        "q4": bool(q4),
+        # KV formats in use; each may have device helpers in lib/<kv>.cuh.j2.
+        "formats": sorted({k.kv.value for k in kernels
+                           if k.op in (Op.FLASH, Op.KV_APPEND)}),
         "q4_quant": any(k.op is Op.KV_APPEND for k in q4),
         "q4_elem": any(k.op is Op.FLASH and not (k.k_registers and k.v_tile) for k in q4),
         "q4_lane_chunk": any(k.op is Op.FLASH and k.k_registers for k in q4),
@@ -97,12 +99,17 @@ def render_module(env: jinja2.Environment, name: str, kernels: list[Kernel],
                   root: Path) -> Module:
     views = [KernelView(k) for k in kernels]
     used = sorted({"module.cu.j2", "lib/*.cuh.j2", *(f"kernels/{k.op.value}.cu.j2"
-                                                     for k in kernels)})
+                                                     for k in kernels),
+                   *(f"kv/{k.kv.value}.j2" for k in kernels
+                     if k.op in (Op.FLASH, Op.KV_APPEND))})
     spec_paths = sorted({_rel(k.spec_path, root) for k in kernels})
+    needs = _needs(views)
+    needs["format_libs"] = [f for f in needs["formats"]
+                            if (Path(env.loader.searchpath[0]) / "lib" / f"{f}.cuh.j2").is_file()]
     text = env.get_template(MODULE_TEMPLATE).render(
         module=name,
         kernels=views,
-        needs=_needs(views),
+        needs=needs,
         spec_paths=spec_paths,
         template_names=used,
         kgen_version=__version__,

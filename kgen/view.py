@@ -11,10 +11,7 @@ from functools import cached_property
 
 from kgen.signature import Param, params
 from kgen.spec.axes import (
-    Q4_BLOCK,
-    Q4_BLOCK_BYTES,
     KStage,
-    KvFormat,
     Mode,
     Op,
     Position,
@@ -36,10 +33,6 @@ class KernelView:
     @cached_property
     def params(self) -> tuple[Param, ...]:
         return params(self.k)
-
-    @property
-    def q4(self) -> bool:
-        return self.k.kv is KvFormat.Q4
 
     @property
     def prefill(self) -> bool:
@@ -86,10 +79,3 @@ class KernelView:
     def shared_symbol(self) -> str:
         return SHARED_SYMBOL[(self.byte_layout, self.k_tile, self.v_tile)]
 
-    @property
-    def q4_block(self) -> int:
-        return Q4_BLOCK
-
-    @property
-    def q4_block_bytes(self) -> int:
-        return Q4_BLOCK_BYTES
