@@ -370,9 +370,10 @@ def check_relation(kind: str, tolerance: float, ka: Kernel, fa, kb: Kernel, fb,
 
 # ---- contracts (host only) -------------------------------------------------------------
 
-def host_args(k: Kernel, case: Case) -> dict:
-    """A valid argument set of NumPy arrays for ``bind`` (contents irrelevant)."""
-    z = np.zeros
+def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
+    """A valid argument set of NumPy arrays for ``bind`` (contents irrelevant);
+    ``alloc(shape, dtype)`` makes each array."""
+    z = alloc
     hd, hk, ms = case.head_dim, case.n_head_kv, case.max_seq
     f32 = np.float32
     if k.op is Op.QZ_SPLIT:
@@ -487,7 +488,63 @@ def _pos_dev(k):
     return k.position is not Position.HOST and k.op in (Op.FLASH, Op.KV_APPEND)
 
 
+class ShapeOnly:
+    """An array stand-in with a shape and dtype but no storage, for launches too
+    large to allocate (bind reads only shape, dtype, ndim, size and flags)."""
+
+    class _Flags:
+        c_contiguous = True
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(shape) if np.iterable(shape) else (int(shape),)
+        self.dtype = np.dtype(dtype)
+        self.ndim, self.size, self.flags = len(self.shape), int(np.prod(self.shape)), self._Flags()
+
+
+def _shape_only(**case_kw):
+    """Every array of the case replaced by a ShapeOnly of the same shape."""
+    return lambda k, case: host_args(k, case.with_(**case_kw), alloc=ShapeOnly)
+
+
+def _int_scalar(k) -> str | None:
+    """A user-visible integer argument of the kernel, if it has one."""
+    if k.op in (Op.KV_APPEND, Op.FLASH) and k.position is Position.HOST:
+        return "pos0" if (k.op is Op.KV_APPEND or k.mode is Mode.PREFILL) else "seq_len"
+    if k.position is not Position.HOST:
+        return "kps" if k.op is not Op.KV_APPEND else None
+    return "n_splits" if k.op is Op.DECODE_COMBINE else None
+
+
+def _not_an_integer(k, case):
+    a = host_args(k, case)
+    name = _int_scalar(k)
+    a[name] = a[name] + 0.5
+    return a
+
+
+def _big_head_dim(k, case):
+    hd = 2048
+    return _shape_only(head_dim=hd)(k, case)
+
+
 MUTATIONS: dict[str, Mutation] = {
+    "not_an_array": Mutation("array", lambda k: True, lambda k, c: {
+        **host_args(k, c), _first_array(k): [0.0, 1.0]}),
+    "not_an_integer": Mutation("type", lambda k: _int_scalar(k) is not None, _not_an_integer),
+    "scale_not_finite": Mutation("scale", _flash, lambda k, c: {
+        **host_args(k, c), "scale": float("inf")}),
+    "head_dim_over_block": Mutation("block size", lambda k: k.op is not Op.QZ_SPLIT,
+                                    _big_head_dim),
+    "qz_int32_index": Mutation("int32 index", lambda k: k.op is Op.QZ_SPLIT,
+                               _shape_only(n=2**16, n_head=2**8, head_dim=2**8)),
+    "grid_y_over_limit": Mutation("grid", lambda k: k.op is Op.KV_APPEND and
+                                  k.position is not Position.SLOTS,
+                                  _shape_only(n_head_kv=70000)),
+    "max_seq_over_int": Mutation("max_seq", lambda k: k.op is Op.KV_APPEND and
+                                 k.position is Position.HOST, _shape_only(max_seq=2**31)),
+    "int32_position": Mutation("int32 position", lambda k: k.op is Op.KV_APPEND and
+                               k.position is Position.HOST, lambda k, c: {
+                                   **host_args(k, c), "pos0": 2**31 - 2}),
     "wrong_dtype": Mutation("dtype", lambda k: True, _wrong_dtype),
     "non_contiguous": Mutation("contiguous", lambda k: True, _non_contiguous),
     "qz_shape_mismatch": Mutation("shape", lambda k: k.op is Op.QZ_SPLIT, _set(

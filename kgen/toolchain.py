@@ -136,11 +136,3 @@ def find_toolchain() -> Toolchain:
         f"no CUDA {PINNED_RELEASE} toolchain (nvcc, ptxas, cuobjdump) in {where}{detail}; "
         + INSTALL_HINT
     )
-
-
-def have_toolchain() -> bool:
-    try:
-        find_toolchain()
-    except ToolchainError:
-        return False
-    return True

@@ -9,8 +9,6 @@ into chunks so the fp16 window ring is never lapped inside one batch.
 
 from __future__ import annotations
 
-import math
-
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.plan import decode_plan
 
@@ -222,6 +220,3 @@ class SlotKVCache:
         kk.fc_attn_flash_decode_combine(m, l, acc, out, n_splits=width, stream=stream)
         return out.reshape(self.nslots, n_head, self.head_dim)
 
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)

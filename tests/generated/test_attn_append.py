@@ -30,6 +30,12 @@ def test_fc_attn_kv_append(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "head_dim_over_block",
+    "grid_y_over_limit",
+    "max_seq_over_int",
+    "int32_position",
     "wrong_dtype",
     "non_contiguous",
     "negative_pos0",
@@ -54,6 +60,9 @@ def test_fc_attn_kv_append_dev(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "head_dim_over_block",
+    "grid_y_over_limit",
     "wrong_dtype",
     "non_contiguous",
     "device_append_rows",
@@ -77,6 +86,8 @@ def test_fc_attn_kv_append_slots(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "negative_device_pos",
@@ -101,6 +112,12 @@ def test_fc_attn_kv_append_q4(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "head_dim_over_block",
+    "grid_y_over_limit",
+    "max_seq_over_int",
+    "int32_position",
     "wrong_dtype",
     "non_contiguous",
     "q4_head_dim",
@@ -127,6 +144,9 @@ def test_fc_attn_kv_append_q4_dev(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "head_dim_over_block",
+    "grid_y_over_limit",
     "wrong_dtype",
     "non_contiguous",
     "q4_head_dim",
@@ -154,6 +174,8 @@ def test_fc_attn_kv_append_slots_q4(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "q4_head_dim",

@@ -30,6 +30,10 @@ def test_fc_attn_flash_decode(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -63,6 +67,10 @@ def test_fc_attn_flash_decode_dev(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -95,6 +103,10 @@ def test_fc_attn_flash_decode_q4(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -129,6 +141,10 @@ def test_fc_attn_flash_decode_q4_dev(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -159,6 +175,10 @@ def test_fc_attn_flash_decode_slots(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -189,6 +209,10 @@ def test_fc_attn_flash_decode_slots_q4(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -221,6 +245,9 @@ def test_fc_attn_flash_decode_combine(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "partials_too_small",
@@ -244,6 +271,9 @@ def test_fc_attn_flash_decode_combine_dev(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "partials_too_small",

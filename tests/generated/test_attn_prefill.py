@@ -32,6 +32,10 @@ def test_fc_attn_flash_prefill(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -65,6 +69,10 @@ def test_fc_attn_flash_prefill_q4(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -113,6 +121,10 @@ def test_fc_attn_flash_prefill_q4_kr_bit_exact_fc_attn_flash_prefill_q4(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -161,6 +173,10 @@ def test_fc_attn_flash_prefill_q4_kvs_bit_exact_fc_attn_flash_prefill_q4(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -211,6 +227,10 @@ def test_fc_attn_flash_prefill_q4_kh_close_to_fc_attn_flash_prefill_q4(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
@@ -261,6 +281,10 @@ def test_fc_attn_flash_prefill_q4_kqh_close_to_fc_attn_flash_prefill_q4(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",

@@ -28,6 +28,8 @@ def test_fc_attn_qz_split(case):
 
 
 @pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "qz_int32_index",
     "wrong_dtype",
     "non_contiguous",
     "qz_shape_mismatch",
