@@ -71,9 +71,9 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
     from kgen.render import render_modules, render_tests
 
     files, kernels = _kernels(settings, args.specs)
-    say(f"parse+check: {len(files)} spec files, {len(kernels)} kernels")
+    say(f"parse+check {len(files)} spec files, {len(kernels)} kernels")
     modules = render_modules(kernels, settings.templates, settings.root)
-    say(f"render: {len(modules)} modules")
+    say(f"render {len(modules)} modules")
     tc = find_toolchain()
     builds = pipeline.compile_modules(modules, tc, _cache(settings, args), args.jobs, say)
     compiled = {n: c for b in builds for n, c in b.kernels().items()}

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import json
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -78,11 +79,17 @@ class ModuleBuild:
         }
 
 
-def toolchain_stages(module: Module, tc: Toolchain, cache: Cache) -> ModuleBuild:
+def toolchain_stages(module: Module, tc: Toolchain, cache: Cache, progress=None) -> ModuleBuild:
     """ptx -> cubin for one module; sass (a disassembly, for showing differences)
     only when asked for."""
+    t0 = time.perf_counter()
     ptx_text = compile.ptx(module.source, tc, cache, name=module.name)
+    t1 = time.perf_counter()
+    if progress:
+        progress(f"ptx    {module.name:<14} {t1 - t0:5.2f}s")
     cub = compile.cubin(ptx_text, tc, cache, name=module.name)
+    if progress:
+        progress(f"cubin  {module.name:<14} {time.perf_counter() - t1:5.2f}s")
 
     @functools.cache
     def load_sass() -> dict[str, tuple[sass_listing.Instr, ...]]:
@@ -99,10 +106,7 @@ def compile_modules(modules: list[Module], tc: Toolchain, cache: Cache,
     order = sorted(range(len(modules)), key=lambda i: -len(modules[i].source))
 
     def one(m: Module) -> ModuleBuild:
-        b = toolchain_stages(m, tc, cache)
-        if progress:
-            progress(f"compiled {m.name} ({len(m.kernels)} kernels)")
-        return b
+        return toolchain_stages(m, tc, cache, progress)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         done = dict(zip(order, pool.map(one, [modules[i] for i in order]), strict=True))
