@@ -116,6 +116,11 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
     golden = load_golden(settings.golden)
     modules = pipeline.read_generated_modules(settings.generated)
     tc = find_toolchain()
+    made_with = golden.manifest.get("toolchain", {})
+    if made_with and made_with != dict(tc.versions):
+        # Another ptxas can schedule differently: differences would not be kgen's.
+        print(f"kgen: warning: golden/ was made with {made_with}, verifying with "
+              f"{dict(tc.versions)}; regenerate it with `kgen golden`", file=sys.stderr)
     builds = pipeline.compile_modules(modules, tc, _cache(settings, args), args.jobs, say)
     compiled = {n: c for b in builds for n, c in b.kernels().items()}
     if args.diff:
