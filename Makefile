@@ -13,7 +13,7 @@ STAMPS := .stamps
 APT_SOURCES := /etc/apt/sources.list.d/debian.sources
 
 .PHONY: setup build verify check-generated lint test test-cpu test-toolchain test-gpu \
-        gpu-bundle bench-build golden clean
+        bench-build bench-kernels golden clean
 
 setup: $(STAMPS)/venv $(STAMPS)/cuda
 
@@ -71,6 +71,10 @@ test-gpu:
 
 bench-build: setup
 	$(BIN)/python -m kgen.bench.build
+
+# On a machine with a GPU (like test-gpu: the committed PTX, CuPy, NumPy).
+bench-kernels:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m kgen.bench.kernels
 
 golden: setup
 	$(KGEN) golden

@@ -7,32 +7,13 @@ missing is skipped with the reason; the markers are declared in pyproject.toml.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from functools import cache
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from kgen.runtime.package import ensure_kgen_kernels
 
-
-def _alias_generated_package() -> None:
-    """Make generated/ importable as kgen_kernels where kgen is not installed
-    (e.g. a GPU machine that only has the checkout on PYTHONPATH)."""
-    if importlib.util.find_spec("kgen_kernels") is not None:
-        return
-    init = ROOT / "generated" / "__init__.py"
-    spec = importlib.util.spec_from_file_location(
-        "kgen_kernels", init, submodule_search_locations=[str(init.parent)])
-    if spec is None or not init.is_file():
-        return
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["kgen_kernels"] = mod
-    spec.loader.exec_module(mod)
-
-
-_alias_generated_package()
+ensure_kgen_kernels()
 
 
 @cache
