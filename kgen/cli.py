@@ -158,8 +158,19 @@ def cmd_golden(args, settings: Settings, say: Reporter) -> int:
 
 
 def cmd_check(args, settings: Settings, say: Reporter) -> int:
-    files, kernels = _kernels(settings, args.specs)
-    print(f"ok: {len(files)} spec files, {len(kernels)} kernels")
+    """Check the named files; definitions they inherit from other specs beside
+    them are read as context."""
+    from kgen import pipeline
+
+    paths = [Path(p) for p in args.specs] if args.specs else [settings.specs]
+    files = pipeline.parse(paths, settings.root)
+    context = pipeline.with_parents(files, settings.root)
+    kernels = pipeline.checked(context)
+    mine = {f.path for f in files}
+    count = sum(k.spec_path in mine for k in kernels)
+    extra = len(context) - len(files)
+    note = f" (parents from {extra} other spec file{'s' if extra != 1 else ''})" if extra else ""
+    print(f"ok: {len(files)} spec files, {count} kernels{note}")
     return 0
 
 

@@ -49,6 +49,44 @@ def parse(inputs: list[Path], root: Path | None = None) -> list[SpecFile]:
     return files
 
 
+def with_parents(files: list[SpecFile], root: Path | None = None) -> list[SpecFile]:
+    """``files`` plus, from the other specs beside them, the definitions their
+    kernels inherit from (transitively), so one file of a spec set can be checked
+    alone. A sibling that does not parse is no context and is skipped."""
+    defined = {d.name for f in files for d in f.kernels}
+    wanted = {d.parent for f in files for d in f.kernels if d.parent} - defined
+    if not wanted:
+        return files
+    named = {Path(f.path).resolve() for f in files}
+    dirs = {(root / f.path if root and not Path(f.path).is_absolute() else Path(f.path)).parent
+            for f in files}
+    pool: dict[str, tuple[SpecFile, object]] = {}
+    for d in sorted(dirs):
+        for sib in sorted(d.glob("*.kspec")):
+            if sib.resolve() in named:
+                continue
+            try:
+                sf = parse([sib], root)[0]
+            except SpecError:
+                continue
+            for kd in sf.kernels:
+                pool.setdefault(kd.name, (sf, kd))
+    picked: dict[str, tuple[SpecFile, object]] = {}
+    while wanted:
+        name = wanted.pop()
+        if name in picked or name not in pool:
+            continue
+        picked[name] = pool[name]
+        parent = pool[name][1].parent
+        if parent and parent not in defined:
+            wanted.add(parent)
+    by_file: dict[str, list] = {}
+    for sf, kd in picked.values():
+        by_file.setdefault(sf.path, [sf, []])[1].append(kd)
+    extra = [SpecFile(sf.path, tuple(kds), sf.lines) for sf, kds in by_file.values()]
+    return files + extra
+
+
 def checked(files: list[SpecFile]) -> list[Kernel]:
     return check(resolve(files), {f.path: f.lines for f in files})
 
