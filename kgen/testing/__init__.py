@@ -1,0 +1,16 @@
+"""Harness for the generated kernel tests (tests/generated/, from templates/tests/).
+
+case        the Case a test runs, and fresh random inputs (the seed goes into
+            every failure message)
+gpu         check_kernel / check_relation: NaN-poisoned outputs, every element
+            against the float64 NumPy reference
+contracts   host_args / check_mutation: each launcher contract broken on purpose,
+            refused before the GPU (so CI runs these)
+"""
+
+from kgen.testing.case import Case, rng
+from kgen.testing.contracts import MUTATIONS, check_mutation, host_args, mutations_for
+from kgen.testing.gpu import check_kernel, check_relation
+
+__all__ = ["MUTATIONS", "Case", "check_kernel", "check_mutation", "check_relation",
+           "host_args", "mutations_for", "rng"]

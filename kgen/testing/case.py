@@ -1,0 +1,43 @@
+"""One launch shape for the generated tests, and their random inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Case:
+    """One launch shape. Unused fields are ignored by ops that do not read them."""
+
+    name: str
+    n: int = 1                 # query/append rows (prefill, append) or slots
+    n_head: int = 8
+    n_head_kv: int = 2
+    head_dim: int = 256
+    max_seq: int = 64
+    pos0: int = 0              # first position of the batch (prefill/append)
+    seq_len: int = 1           # decode context length (host and device position)
+    positions: tuple[int, ...] = ()  # per-slot positions (slots kernels)
+    sink: int = 0              # fp16 sink rows written/read (q4)
+    win: int = 0               # fp16 window rows (q4)
+    attn_sink: int = 0
+    attn_win: int = 0
+    kps: int = 64
+    cap: int = 8
+    n_splits: int = 3          # combine only
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def with_(self, **kw) -> Case:
+        return replace(self, **kw)
+
+
+def rng() -> tuple[np.random.Generator, int]:
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    return np.random.default_rng(seed), seed
+
+

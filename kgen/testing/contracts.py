@@ -1,0 +1,269 @@
+"""Contract checks on the host: a valid argument set of NumPy arrays for each
+kernel, and mutations that each break one contract, so the launchers' refusals
+are tested without a GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kgen import numpy_ref as ref
+from kgen.geometry import q4_row_bytes
+from kgen.runtime.bind import bind
+from kgen.runtime.contracts import ContractError
+from kgen.spec.axes import KStage, KvFormat, Mode, Op, Position
+from kgen.spec.ir import Kernel
+from kgen.testing.case import Case
+
+
+def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
+    """A valid argument set of NumPy arrays for ``bind`` (contents irrelevant);
+    ``alloc(shape, dtype)`` makes each array."""
+    z = alloc
+    hd, hk, ms = case.head_dim, case.n_head_kv, case.max_seq
+    f32 = np.float32
+    if k.op is Op.QZ_SPLIT:
+        return dict(qg=z((case.n, case.n_head, 2 * hd), f32), q=z((case.n, case.n_head, hd), f32),
+                    z=z((case.n, case.n_head, hd), f32))
+    slots = k.position is Position.SLOTS
+    ns = len(case.positions) if slots else 0
+    lead = (ns, hk) if slots else (hk,)
+    a: dict = {}
+    if k.op in (Op.KV_APPEND, Op.FLASH):
+        row = q4_row_bytes(hd) if k.kv is KvFormat.Q4 else hd
+        dt = np.uint8 if k.kv is KvFormat.Q4 else f32
+        a.update(k_cache=z((*lead, ms, row), dt), v_cache=z((*lead, ms, row), dt))
+        if k.kv is KvFormat.Q4:
+            a.update(k_sink=z((*lead, k.sink_rows, hd), np.float16),
+                     v_sink=z((*lead, k.sink_rows, hd), np.float16),
+                     k_win=z((*lead, k.ring_rows, hd), np.float16),
+                     v_win=z((*lead, k.ring_rows, hd), np.float16), sink=case.sink, win=case.win)
+    pos = np.array(case.positions or (case.seq_len - 1,), dtype=np.int32)
+    if k.op is Op.KV_APPEND:
+        rows = ns if slots else (1 if k.position is Position.DEVICE else case.n)
+        a.update(k_new=z((rows, hk, hd), f32), v_new=z((rows, hk, hd), f32))
+        if k.position is Position.HOST:
+            a["pos0"] = case.pos0
+        else:
+            a["pos"] = np.array(case.positions or (case.pos0,), dtype=np.int32)
+        return a
+    if k.op is Op.FLASH:
+        a.update(attn_sink=0, attn_win=0, scale=None)
+        if k.mode is Mode.PREFILL:
+            a.update(q=z((case.n, case.n_head, hd), f32), out=z((case.n, case.n_head, hd), f32),
+                     pos0=case.pos0)
+            return a
+        heads = case.n_head * (ns or 1)
+        a["q"] = z((ns, case.n_head, hd), f32) if slots else z((case.n_head, hd), f32)
+        a.update(m_out=z(heads * case.cap, f32), l_out=z(heads * case.cap, f32),
+                 acc_out=z(heads * case.cap * hd, f32))
+        if k.position is Position.HOST:
+            plan = ref.decode_plan(case.seq_len, case.kps, case.cap)
+            a.update(seq_len=case.seq_len, n_splits=plan[0], split_len=plan[1])
+        else:
+            a.update(pos=pos, kps=case.kps, splits_cap=case.cap)
+        return a
+    S = case.cap
+    a.update(m_in=z(case.n_head * S, f32), l_in=z(case.n_head * S, f32),
+             acc_in=z(case.n_head * S * hd, f32), out=z((case.n_head, hd), f32))
+    if k.position is Position.HOST:
+        a["n_splits"] = S
+    else:
+        a.update(pos=pos, kps=case.kps, splits_cap=case.cap)
+    return a
+
+
+# ---- contract mutations: each breaks one contract of a valid launch ---------------------
+
+@dataclass(frozen=True)
+class Mutation:
+    contract: str
+    applies: object  # Kernel -> bool, from the kernel's axes
+    make: object     # (Kernel, Case) -> args dict breaking the contract
+
+
+def _flash(k):
+    return k.op is Op.FLASH
+
+
+def _q4(k):
+    return k.kv is KvFormat.Q4 and k.op in (Op.FLASH, Op.KV_APPEND)
+
+
+def _args_with(**case_kw):
+    return lambda k, case: host_args(k, case.with_(**case_kw))
+
+
+def _set(name, value_fn):
+    def make(k, case):
+        a = host_args(k, case)
+        a[name] = value_fn(a[name], k, case)
+        return a
+    return make
+
+
+def _strided(a, k, case):
+    wide = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)
+    return wide[..., ::2]
+
+
+def _first_array(k):
+    return {Op.QZ_SPLIT: "q", Op.KV_APPEND: "k_new", Op.FLASH: "q",
+            Op.DECODE_COMBINE: "out"}[k.op]
+
+
+def _non_contiguous(k, case):
+    a = host_args(k, case)
+    name = _first_array(k)
+    a[name] = _strided(a[name], k, case)
+    return a
+
+
+def _wrong_dtype(k, case):
+    a = host_args(k, case)
+    name = _first_array(k)
+    a[name] = a[name].astype(np.float64)
+    return a
+
+
+def _decode_host(k):
+    return _flash(k) and k.mode is Mode.DECODE and k.position is Position.HOST
+
+
+def _pos_dev(k):
+    return k.position is not Position.HOST and k.op in (Op.FLASH, Op.KV_APPEND)
+
+
+class ShapeOnly:
+    """An array stand-in with a shape and dtype but no storage, for launches too
+    large to allocate (bind reads only shape, dtype, ndim, size and flags)."""
+
+    class _Flags:
+        c_contiguous = True
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(shape) if np.iterable(shape) else (int(shape),)
+        self.dtype = np.dtype(dtype)
+        self.ndim, self.size, self.flags = len(self.shape), int(np.prod(self.shape)), self._Flags()
+
+
+def _shape_only(**case_kw):
+    """Every array of the case replaced by a ShapeOnly of the same shape."""
+    return lambda k, case: host_args(k, case.with_(**case_kw), alloc=ShapeOnly)
+
+
+def _int_scalar(k) -> str | None:
+    """A user-visible integer argument of the kernel, if it has one."""
+    if k.op in (Op.KV_APPEND, Op.FLASH) and k.position is Position.HOST:
+        return "pos0" if (k.op is Op.KV_APPEND or k.mode is Mode.PREFILL) else "seq_len"
+    if k.position is not Position.HOST:
+        return "kps" if k.op is not Op.KV_APPEND else None
+    return "n_splits" if k.op is Op.DECODE_COMBINE else None
+
+
+def _not_an_integer(k, case):
+    a = host_args(k, case)
+    name = _int_scalar(k)
+    a[name] = a[name] + 0.5
+    return a
+
+
+def _big_head_dim(k, case):
+    hd = 2048
+    return _shape_only(head_dim=hd)(k, case)
+
+
+MUTATIONS: dict[str, Mutation] = {
+    "not_an_array": Mutation("array", lambda k: True, lambda k, c: {
+        **host_args(k, c), _first_array(k): [0.0, 1.0]}),
+    "not_an_integer": Mutation("type", lambda k: _int_scalar(k) is not None, _not_an_integer),
+    "scale_not_finite": Mutation("scale", _flash, lambda k, c: {
+        **host_args(k, c), "scale": float("inf")}),
+    "head_dim_over_block": Mutation("block size", lambda k: k.op is not Op.QZ_SPLIT,
+                                    _big_head_dim),
+    "qz_int32_index": Mutation("int32 index", lambda k: k.op is Op.QZ_SPLIT,
+                               _shape_only(n=2**16, n_head=2**8, head_dim=2**8)),
+    "grid_y_over_limit": Mutation("grid", lambda k: k.op is Op.KV_APPEND and
+                                  k.position is not Position.SLOTS,
+                                  _shape_only(n_head_kv=70000)),
+    "max_seq_over_int": Mutation("max_seq", lambda k: k.op is Op.KV_APPEND and
+                                 k.position is Position.HOST, _shape_only(max_seq=2**31)),
+    "int32_position": Mutation("int32 position", lambda k: k.op is Op.KV_APPEND and
+                               k.position is Position.HOST, lambda k, c: {
+                                   **host_args(k, c), "pos0": 2**31 - 2}),
+    "wrong_dtype": Mutation("dtype", lambda k: True, _wrong_dtype),
+    "non_contiguous": Mutation("contiguous", lambda k: True, _non_contiguous),
+    "qz_shape_mismatch": Mutation("shape", lambda k: k.op is Op.QZ_SPLIT, _set(
+        "z", lambda a, k, c: np.zeros((*a.shape[:-1], a.shape[-1] - 1), a.dtype))),
+    "head_dim_below_tile": Mutation("every key scored", _flash, _args_with(head_dim=128)),
+    "head_dim_partial_warp": Mutation(
+        "whole warps", lambda k: _flash(k) and k.kv is KvFormat.F32, _args_with(head_dim=272)),
+    "q4_head_dim": Mutation("q4 head_dim", lambda k: k.op is Op.KV_APPEND and _q4(k),
+                            _args_with(head_dim=48)),
+    "kv_groups_over_max": Mutation("kv_groups", _flash, lambda k, c: host_args(
+        k, c.with_(n_head=2 * (k.max_groups + 1), n_head_kv=2))),
+    "gqa_mismatch": Mutation("GQA", _flash, _args_with(n_head=7, n_head_kv=2)),
+    "shared_memory": Mutation("shared memory", lambda k: _flash(k) and k.k_stage is not
+                              KStage.REGISTERS,
+                              _args_with(head_dim=1024, n_head=16, n_head_kv=2)),
+    "register_k_chunk": Mutation("register K chunk", lambda k: _flash(k) and k.k_stage is
+                                 KStage.REGISTERS, _args_with(head_dim=512, n_head=2,
+                                                              n_head_kv=2)),
+    "prefill_ring_wrap": Mutation("no ring wrap", lambda k: _flash(k) and k.mode is
+                                  Mode.PREFILL, lambda k, c: host_args(
+                                      k, c.with_(pos0=c.max_seq - c.n + 1))),
+    "negative_pos0": Mutation("range", lambda k: k.position is Position.HOST and
+                              (k.op is Op.KV_APPEND or (_flash(k) and k.mode is Mode.PREFILL)),
+                              _args_with(pos0=-1)),
+    "sink_rows": Mutation("sink rows", _q4, lambda k, c: host_args(
+        k, c.with_(sink=k.sink_rows + 1))),
+    "window_ring": Mutation("window ring", _q4, lambda k, c: host_args(
+        k, c.with_(win=k.ring_rows + 1))),
+    "append_ring_race": Mutation(
+        "ring write race", lambda k: k.op is Op.KV_APPEND and k.position is Position.HOST,
+        lambda k, c: host_args(k, c.with_(
+            n=(k.ring_rows if k.kv is KvFormat.Q4 else c.max_seq) + 1, pos0=0, win=8,
+            max_seq=(4 * k.ring_rows if k.kv is KvFormat.Q4 else c.max_seq)))),
+    "device_append_rows": Mutation(
+        "one decode row", lambda k: k.op is Op.KV_APPEND and k.position is Position.DEVICE,
+        lambda k, c: {**host_args(k, c), "k_new": np.zeros((2, c.n_head_kv, c.head_dim),
+                                                           np.float32),
+                      "v_new": np.zeros((2, c.n_head_kv, c.head_dim), np.float32)}),
+    "decode_past_max_seq": Mutation("no ring wrap", _decode_host, lambda k, c: {
+        **host_args(k, c), "seq_len": c.max_seq + 1}),
+    "decode_bad_plan": Mutation("split plan", _decode_host, lambda k, c: {
+        **host_args(k, c), "n_splits": host_args(k, c)["n_splits"] + 1}),
+    "split_len_not_tiles": Mutation("split plan", _decode_host, lambda k, c: {
+        **host_args(k, c), "split_len": k.tile_keys + 1}),
+    "negative_device_pos": Mutation("position", _pos_dev, _set(
+        "pos", lambda a, k, c: np.full_like(a, -1))),
+    "device_pos_past_max_seq": Mutation(
+        "no ring wrap", lambda k: _pos_dev(k) and (_flash(k) or k.kv is KvFormat.Q4),
+        _set("pos", lambda a, k, c: np.full_like(a, c.max_seq))),
+    "slots_launch_too_narrow": Mutation(
+        "slot plan coverage", lambda k: _flash(k) and k.position is Position.SLOTS,
+        lambda k, c: {**host_args(k, c), "launch_splits": 1}),
+    "partials_too_small": Mutation(
+        "partials size", lambda k: (_flash(k) and k.mode is Mode.DECODE) or
+        k.op is Op.DECODE_COMBINE,
+        lambda k, c: {**host_args(k, c), **({"acc_out": np.zeros(8, np.float32)} if _flash(k)
+                                            else {"acc_in": np.zeros(8, np.float32)})}),
+}
+
+
+def mutations_for(k: Kernel) -> list[str]:
+    return [name for name, m in MUTATIONS.items() if m.applies(k)]
+
+
+def check_mutation(k: Kernel, case: Case, mutation: str) -> None:
+    """The case binds; the mutated arguments raise the mutation's contract."""
+    m = MUTATIONS[mutation]
+    bind(k, host_args(k, case))
+    try:
+        bind(k, m.make(k, case))
+    except ContractError as exc:
+        assert exc.contract == m.contract, f"{mutation}: expected contract {m.contract!r}, " \
+                                           f"got {exc}"
+        return
+    raise AssertionError(f"{k.name}: {mutation} (breaks {m.contract!r}) was accepted")
