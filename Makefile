@@ -12,10 +12,10 @@ KGEN   := $(BIN)/kgen
 STAMPS := .stamps
 APT_SOURCES := /etc/apt/sources.list.d/debian.sources
 
-.PHONY: setup build verify check-generated lint test test-cpu test-toolchain test-gpu \
+.PHONY: setup cuda build verify check-generated lint test test-cpu test-toolchain test-gpu \
         bench-build bench-kernels golden clean
 
-setup: $(STAMPS)/venv $(STAMPS)/cuda
+setup: $(STAMPS)/venv cuda
 
 # Python environment, rebuilt only when pyproject.toml changes.
 $(STAMPS)/venv: pyproject.toml
@@ -25,11 +25,12 @@ $(STAMPS)/venv: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $@
 
-# CUDA 11.8 (the last toolkit that targets sm_37). Installed from Debian's
-# non-free component when no 11.8 toolchain is found; KGEN_CUDA_HOME skips this.
-$(STAMPS)/cuda:
-	@mkdir -p $(STAMPS)
-	@if [ -n "$${KGEN_CUDA_HOME:-}" ] || /usr/lib/nvidia-cuda-toolkit/bin/nvcc --version 2>/dev/null | grep -q 'release 11.8'; then \
+# CUDA 11.8 (the last toolkit that targets sm_37). Checked on every run (one
+# `nvcc --version`), installed from Debian's non-free component when missing;
+# KGEN_CUDA_HOME points at an install of your own instead.
+# kgen's own locator decides (KGEN_CUDA_HOME, then the known install locations).
+cuda: $(STAMPS)/venv
+	@if $(BIN)/python -c 'from kgen.toolchain import find_toolchain as f; f()' 2>/dev/null; then \
 	  echo "CUDA 11.8 present"; \
 	else \
 	  echo "installing CUDA 11.8 (nvidia-cuda-toolkit, Debian non-free; ~1.6 GB)"; \
@@ -38,7 +39,6 @@ $(STAMPS)/cuda:
 	  apt-get update -q; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nvidia-cuda-toolkit; \
 	fi
-	@touch $@
 
 build: setup
 	$(KGEN) build $(KGEN_FLAGS) specs/
