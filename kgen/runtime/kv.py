@@ -53,7 +53,8 @@ class KVCache:
     SINK_ROWS = 8
 
     def __init__(self, n_head_kv: int, head_dim: int, max_seq: int, kv: str = "f32",
-                 sink: int = 0, win: int = 0, prefill_kernel: str | None = None):
+                 sink: int = 0, win: int = 0, prefill_kernel: str | None = None,
+                 buffers: tuple | None = None):
         cp = _cp()
         if kv not in ("f32", "q4"):
             raise ValueError(f"kv must be 'f32' or 'q4', not {kv!r}")
@@ -61,6 +62,13 @@ class KVCache:
         self.sink, self.win = sink, win
         self.length = 0  # positions [0, length) hold keys
         self.scratch = _Scratch()
+        if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
+            self.k, self.v, *shadows = buffers
+            if kv == "q4":
+                self.k_sink, self.v_sink, self.k_win, self.v_win = shadows
+            self.prefill_kernel = prefill_kernel or (
+                "fc_attn_flash_prefill" if kv == "f32" else "fc_attn_flash_prefill_q4")
+            return
         if kv == "f32":
             shape = (n_head_kv, max_seq, head_dim)
             self.k, self.v = cp.zeros(shape, cp.float32), cp.zeros(shape, cp.float32)
@@ -189,6 +197,30 @@ class SlotKVCache:
         else:
             raise ValueError(f"kv must be 'f32' or 'q4', not {kv!r}")
 
+    def slot(self, u: int, prefill_kernel: str | None = None) -> KVCache:
+        """Slot ``u``'s rings as a single-sequence KVCache (views, no copy): its
+        slice of the per-slot layout is laid out exactly like one sequence's cache,
+        so prefill (chunked for q4) and append run on it unchanged."""
+        if not 0 <= u < self.nslots:
+            raise IndexError(f"slot {u} of {self.nslots}")
+        bufs = (self.k[u], self.v[u], *(s[u] for s in self.shadows))
+        return KVCache(self.n_head_kv, self.head_dim, self.max_seq, kv=self.kv, sink=self.sink,
+                       win=self.win, prefill_kernel=prefill_kernel, buffers=bufs)
+
+    def prefill(self, u: int, q, k_new, v_new, pos0: int, **kw):
+        """Prefill one user's prompt into its own ring; returns [n][n_head][head_dim]."""
+        return self.slot(u).prefill(q, k_new, v_new, pos0, **kw)
+
+    def append(self, k_new, v_new, pos, stream=None) -> None:
+        """Each slot's one new row at its own position (device or host int32 positions)."""
+        cp = _cp()
+        kk = _kernels()
+        pos_dev = pos if isinstance(pos, cp.ndarray) else cp.asarray(pos, dtype=cp.int32)
+        q4 = self.kv == "q4"
+        extra = {"sink": self.sink, "win": self.win} if q4 else {}
+        (kk.fc_attn_kv_append_slots_q4 if q4 else kk.fc_attn_kv_append_slots)(
+            k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **extra, stream=stream)
+
     def decode(self, q, k_new, v_new, pos, kps: int = 256, splits_cap: int = 16,
                attn_sink: int = 0, attn_win: int = 0, scale: float | None = None,
                stream=None):
@@ -207,8 +239,7 @@ class SlotKVCache:
         pos_dev = cp.asarray(pos_host, dtype=cp.int32)
         width = max(decode_plan(p + 1, kps, splits_cap).n_splits for p in pos_host)
         extra = {"sink": self.sink, "win": self.win} if q4 else {}
-        (kk.fc_attn_kv_append_slots_q4 if q4 else kk.fc_attn_kv_append_slots)(
-            k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **extra, stream=stream)
+        self.append(k_new, v_new, pos_dev, stream=stream)
         n_head = q.shape[1]
         heads = self.nslots * n_head
         m, l, acc = self.scratch.get(heads, width, self.head_dim)

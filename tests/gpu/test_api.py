@@ -199,3 +199,50 @@ def test_a_long_q4_append_is_split_into_ring_sized_launches(cp):
         got = getattr(cache, name).get()[:, :rows]
         assert np.array_equal(got.view(np.uint8), getattr(host, name)[:, :rows].view(np.uint8)), \
             f"{name} differs, seed={seed}"
+
+
+@pytest.mark.parametrize("kv", ["f32", "q4"])
+def test_slot_prefill_then_decode(cp, kv):
+    """Users prefill prompts of different lengths into their own rings (a slot is a
+    single-sequence cache view), then decode together at their own positions."""
+    from kgen.runtime.kv import SlotKVCache
+
+    g, seed = rng()
+    ns, hk, H, hd, ms, sink, win = 2, 2, 4, 256, 400, 4, 64
+    cache = SlotKVCache(ns, hk, hd, ms, kv=kv, sink=sink, win=win)
+    scale = 1 / math.sqrt(hd)
+    host_f32 = ref.empty_f32_cache(hk, ms, hd, nslots=ns)
+    host_q4 = ref.Q4Cache.empty(hk, ms, hd, nslots=ns)
+    lengths = [37, 300]
+    for u, n in enumerate(lengths):
+        q, kn, vn = _rand(g, n, H, hd), _rand(g, n, hk, hd), _rand(g, n, hk, hd)
+        out = cache.prefill(u, cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
+        if kv == "f32":
+            ref.kv_append(kn, vn, host_f32[0][u], host_f32[1][u], 0)
+            want = ref.prefill_attention(q, host_f32[0][u], host_f32[1][u], H // hk, 0, 0, 0,
+                                         scale)
+            np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
+        else:
+            step = cache.slot(u).max_prefill_chunk()
+            for lo in range(0, n, step):
+                hi = min(lo + step, n)
+                ref.kv_append_q4(kn[lo:hi], vn[lo:hi], host_q4.slot(u), lo, sink, win)
+                want = ref.prefill_attention_q4(q[lo:hi], host_q4.slot(u), H // hk, lo, sink,
+                                                win, 0, 0, scale)
+                np.testing.assert_allclose(out[lo:hi], want, rtol=RTOL, atol=ATOL,
+                                           err_msg=f"slot {u} rows {lo}:{hi} seed={seed}")
+    q = _rand(g, ns, H, hd)
+    kn, vn = _rand(g, ns, hk, hd), _rand(g, ns, hk, hd)
+    got = cache.decode(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), lengths, kps=32,
+                       splits_cap=8).get()
+    p = np.array(lengths, np.int32)
+    if kv == "f32":
+        ref.kv_append_slots(kn, vn, *host_f32, p)
+        want = ref.decode_attention_slots(q, host_f32[0], host_f32[1], p, H // hk, 32, 8, 0, 0,
+                                          scale)
+    else:
+        ref.kv_append_slots_q4(kn, vn, host_q4, p, sink, win)
+        want = ref.decode_attention_slots(
+            q, lambda u: ref.read_kv_rows_q4(host_q4.slot(u), int(p[u]), sink, win), None, p,
+            H // hk, 32, 8, 0, 0, scale)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
