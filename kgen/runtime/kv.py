@@ -9,6 +9,7 @@ into chunks so the fp16 window ring is never lapped inside one batch.
 
 from __future__ import annotations
 
+from kgen.geometry import q4_row_bytes
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.plan import decode_plan
 
@@ -17,6 +18,16 @@ def _kernels():
     import kgen_kernels
 
     return kgen_kernels
+
+
+def shadow_rows() -> tuple[int, int]:
+    """(ring_rows, sink_rows) of the fp16 shadows, as the q4 kernels were generated
+    (the specs' ring_rows / sink_rows): the cache layout every q4 kernel indexes."""
+    rows = {(k.ring_rows, k.sink_rows) for m in _kernels().MODULES.values()
+            for k in m.KERNELS.values() if k.kv.value == "q4"}
+    if len(rows) != 1:
+        raise ValueError(f"the q4 kernels disagree on the shadow layout: {sorted(rows)}")
+    return rows.pop()
 
 
 def _cp():
@@ -49,9 +60,6 @@ class KVCache:
     ``ring_rows``), which the attention kernels read instead of the q4 body.
     """
 
-    RING_ROWS = 256
-    SINK_ROWS = 8
-
     def __init__(self, n_head_kv: int, head_dim: int, max_seq: int, kv: str = "f32",
                  sink: int = 0, win: int = 0, prefill_kernel: str | None = None,
                  buffers: tuple | None = None):
@@ -62,6 +70,7 @@ class KVCache:
         self.sink, self.win = sink, win
         self.length = 0  # positions [0, length) hold keys
         self.scratch = _Scratch()
+        self.RING_ROWS, self.SINK_ROWS = shadow_rows() if kv == "q4" else (0, 0)
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
             self.k, self.v, *shadows = buffers
             if kv == "q4":
@@ -74,7 +83,7 @@ class KVCache:
             self.k, self.v = cp.zeros(shape, cp.float32), cp.zeros(shape, cp.float32)
             self.prefill_kernel = prefill_kernel or "fc_attn_flash_prefill"
         else:
-            row = head_dim // 32 * 18
+            row = q4_row_bytes(head_dim)
             self.k = cp.zeros((n_head_kv, max_seq, row), cp.uint8)
             self.v = cp.zeros((n_head_kv, max_seq, row), cp.uint8)
             self.k_sink = cp.zeros((n_head_kv, self.SINK_ROWS, head_dim), cp.float16)
@@ -190,10 +199,11 @@ class SlotKVCache:
             self.v = cp.zeros_like(self.k)
             self.shadows = ()
         elif kv == "q4":
-            self.k = cp.zeros((*lead, max_seq, head_dim // 32 * 18), cp.uint8)
+            self.k = cp.zeros((*lead, max_seq, q4_row_bytes(head_dim)), cp.uint8)
             self.v = cp.zeros_like(self.k)
-            self.shadows = tuple(cp.zeros((*lead, rows, head_dim), cp.float16) for rows in (
-                KVCache.SINK_ROWS, KVCache.SINK_ROWS, KVCache.RING_ROWS, KVCache.RING_ROWS))
+            ring, sink_rows = shadow_rows()
+            self.shadows = tuple(cp.zeros((*lead, rows, head_dim), cp.float16)
+                                 for rows in (sink_rows, sink_rows, ring, ring))
         else:
             raise ValueError(f"kv must be 'f32' or 'q4', not {kv!r}")
 

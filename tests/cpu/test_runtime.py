@@ -162,3 +162,10 @@ def test_contracts_no_shipped_kernel_reaches_yet():
     bind(small, host_args(small, case))
     with pytest.raises(ContractError, match=r"static staging"):
         bind(small, host_args(small, case.with_(head_dim=512)))
+
+
+def test_the_cache_objects_take_the_shadow_layout_from_the_specs(spec_kernels):
+    from kgen.runtime.kv import shadow_rows
+
+    q4 = [k for k in spec_kernels.values() if k.kv.value == "q4"]
+    assert shadow_rows() == (q4[0].ring_rows, q4[0].sink_rows) == (ref.WMAX, ref.SINKMAX)
