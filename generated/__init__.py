@@ -8,7 +8,9 @@ kgen_kernels: one launcher per generated kernel. Import a kernel by name,
 
 from . import attn_append
 from . import attn_decode
+from . import attn_f16
 from . import attn_prefill
+from . import attn_q8_0
 from . import attn_util
 from .attn_append import (
     fc_attn_kv_append,
@@ -28,6 +30,15 @@ from .attn_decode import (
     fc_attn_flash_decode_combine,
     fc_attn_flash_decode_combine_dev,
 )
+from .attn_f16 import (
+    attn_f16_append,
+    attn_f16_append_dev,
+    attn_f16_append_slots,
+    attn_f16_prefill,
+    attn_f16_decode,
+    attn_f16_decode_dev,
+    attn_f16_decode_slots,
+)
 from .attn_prefill import (
     fc_attn_flash_prefill,
     fc_attn_flash_prefill_q4,
@@ -36,6 +47,15 @@ from .attn_prefill import (
     fc_attn_flash_prefill_q4_kh,
     fc_attn_flash_prefill_q4_kqh,
 )
+from .attn_q8_0 import (
+    attn_q8_0_append,
+    attn_q8_0_append_dev,
+    attn_q8_0_append_slots,
+    attn_q8_0_prefill,
+    attn_q8_0_decode,
+    attn_q8_0_decode_dev,
+    attn_q8_0_decode_slots,
+)
 from .attn_util import (
     fc_attn_qz_split,
 )
@@ -43,7 +63,9 @@ from .attn_util import (
 MODULES = {
     "attn_append": attn_append,
     "attn_decode": attn_decode,
+    "attn_f16": attn_f16,
     "attn_prefill": attn_prefill,
+    "attn_q8_0": attn_q8_0,
     "attn_util": attn_util,
 }
 
@@ -65,6 +87,14 @@ __all__ = [
     "fc_attn_flash_decode_slots_q4",
     "fc_attn_flash_decode_combine",
     "fc_attn_flash_decode_combine_dev",
+    "attn_f16",
+    "attn_f16_append",
+    "attn_f16_append_dev",
+    "attn_f16_append_slots",
+    "attn_f16_prefill",
+    "attn_f16_decode",
+    "attn_f16_decode_dev",
+    "attn_f16_decode_slots",
     "attn_prefill",
     "fc_attn_flash_prefill",
     "fc_attn_flash_prefill_q4",
@@ -72,6 +102,14 @@ __all__ = [
     "fc_attn_flash_prefill_q4_kvs",
     "fc_attn_flash_prefill_q4_kh",
     "fc_attn_flash_prefill_q4_kqh",
+    "attn_q8_0",
+    "attn_q8_0_append",
+    "attn_q8_0_append_dev",
+    "attn_q8_0_append_slots",
+    "attn_q8_0_prefill",
+    "attn_q8_0_decode",
+    "attn_q8_0_decode_dev",
+    "attn_q8_0_decode_slots",
     "attn_util",
     "fc_attn_qz_split",
 ]

@@ -1,15 +1,39 @@
-"""Launch geometry derived from a kernel's axes: the one formula for the
-dynamic shared memory a flash kernel needs, used by the spec checks and by
-the Python launchers (the templates lay the regions out in the same order)."""
+"""Launch geometry derived from a kernel's axes: the one home of the derived
+quantities the spec checks, the launchers, the references and the cache objects
+share -- the flash kernels' dynamic shared memory, the smallest head_dim a block
+scores every key with, and a cache row's width (asked of the kernel's format)."""
 
 from __future__ import annotations
 
-from kgen.spec.axes import Q4_BLOCK, Q4_BLOCK_BYTES, KStage, QStage, VStage
+from kgen.spec.axes import KStage, QStage, VStage
 from kgen.spec.ir import Kernel
+from kgen.target import TARGET
 
 
-def q4_row_bytes(head_dim: int) -> int:
-    return head_dim // Q4_BLOCK * Q4_BLOCK_BYTES
+def row_width(k: Kernel, head_dim: int) -> int:
+    """Array elements of one cache row of ``k``'s KV format."""
+    return k.fmt.row_width(head_dim)
+
+
+def tile_threads(k: Kernel) -> int:
+    """Threads that score one tile: every key of a tile has its own dot lanes."""
+    return k.tile_keys * k.dot_lanes
+
+
+def head_dim_step(k: Kernel) -> int:
+    """head_dim must be a multiple of this: whole warps (the dot shuffles use
+    full-warp masks) and whole blocks of the format."""
+    step = TARGET.warp
+    while step % k.fmt.block:
+        step += TARGET.warp
+    return step
+
+
+def min_head_dim(k: Kernel) -> int:
+    """The smallest head_dim a flash block (head_dim threads) runs with: every key
+    of a tile scored, whole warps, whole format blocks."""
+    step = head_dim_step(k)
+    return -(-tile_threads(k) // step) * step
 
 
 def flash_shared_bytes(k: Kernel, groups: int, head_dim: int) -> int:
@@ -19,5 +43,5 @@ def flash_shared_bytes(k: Kernel, groups: int, head_dim: int) -> int:
     k_elem = {KStage.SHARED_F32: 4, KStage.SHARED_F16: 2, KStage.REGISTERS: 0}[k.k_stage]
     k_tile = T * (head_dim + k.k_pad) * k_elem
     state = 4 * (2 * groups * T + 3 * groups)
-    v_tile = T * q4_row_bytes(head_dim) if k.v_stage is VStage.SHARED_Q4 else 0
+    v_tile = T * k.fmt.row_bytes(head_dim) if k.v_stage is VStage.SHARED_Q4 else 0
     return q + k_tile + state + v_tile

@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from kgen import __version__
-from kgen.spec.axes import Q4_BLOCK, Q4_BLOCK_BYTES, KvFormat, Op, Position
+from kgen.spec.axes import Op, Position
 from kgen.spec.ir import Kernel
 from kgen.spellings import NEG_INF, convert
 from kgen.view import KernelView
@@ -78,16 +78,32 @@ def environment(templates: Path) -> jinja2.Environment:
     return env
 
 
-def _needs(kernels: list[KernelView]) -> dict[str, bool]:
-    q4 = [k for k in kernels if k.kv is KvFormat.Q4 and k.op in (Op.FLASH, Op.KV_APPEND)]
+def _uses(k: KernelView) -> set[str]:
+    """Which of its format's device helpers a kernel calls: the append quantizer,
+    the one-element reader (K tile staging, global V reads) and the lane-chunk
+    reader (register K). A format's lib file emits only the helpers in use."""
+    if k.op is Op.KV_APPEND:
+        return {"quant"}
+    if k.op is not Op.FLASH:
+        return set()
+    out = {"lane_chunk"} if k.k_registers else set()
+    if not (k.k_registers and k.v_tile):
+        out.add("elem")
+    return out
+
+
+def _needs(kernels: list[KernelView], templates: Path) -> dict:
+    cache_ops = [k for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND)]
+    formats: dict[str, set[str]] = {}
+    for k in cache_ops:
+        formats.setdefault(k.fmt.name, set()).update(_uses(k))
+    by_name = {k.fmt.name: k.fmt for k in cache_ops}
     return {
-        "fp16": bool(q4) or any(k.byte_layout for k in kernels if k.op is Op.FLASH),
-        # KV formats in use; each may have device helpers in lib/<kv>.cuh.j2.
-        "formats": sorted({k.kv.value for k in kernels
-                           if k.op in (Op.FLASH, Op.KV_APPEND)}),
-        "q4_quant": any(k.op is Op.KV_APPEND for k in q4),
-        "q4_elem": any(k.op is Op.FLASH and not (k.k_registers and k.v_tile) for k in q4),
-        "q4_lane_chunk": any(k.op is Op.FLASH and k.k_registers for k in q4),
+        "fp16": any(k.fmt.fp16 for k in cache_ops)
+        or any(k.byte_layout for k in kernels if k.op is Op.FLASH),
+        # Device helpers per format in use (templates/lib/<kv>.cuh.j2, if it has one).
+        "format_libs": [(by_name[n], uses) for n, uses in sorted(formats.items())
+                        if (templates / by_name[n].lib).is_file()],
         "window": any(k.op is Op.FLASH for k in kernels),
         "combine": any(k.op is Op.DECODE_COMBINE for k in kernels),
         "plan": any(k.position is not Position.HOST and k.op in (Op.FLASH, Op.DECODE_COMBINE)
@@ -100,12 +116,9 @@ def render_module(env: jinja2.Environment, name: str, kernels: list[Kernel],
     views = [KernelView(k) for k in kernels]
     used = sorted({"module.cu.j2", "lib/*.cuh.j2", *(f"kernels/{k.op.value}.cu.j2"
                                                      for k in kernels),
-                   *(f"kv/{k.kv.value}.j2" for k in kernels
-                     if k.op in (Op.FLASH, Op.KV_APPEND))})
+                   *(k.fmt.template for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND))})
     spec_paths = sorted({_rel(k.spec_path, root) for k in kernels})
-    needs = _needs(views)
-    needs["format_libs"] = [f for f in needs["formats"]
-                            if (Path(env.loader.searchpath[0]) / "lib" / f"{f}.cuh.j2").is_file()]
+    needs = _needs(views, Path(env.loader.searchpath[0]))
     text = env.get_template(MODULE_TEMPLATE).render(
         module=name,
         kernels=views,
@@ -113,8 +126,6 @@ def render_module(env: jinja2.Environment, name: str, kernels: list[Kernel],
         spec_paths=spec_paths,
         template_names=used,
         kgen_version=__version__,
-        q4_block=Q4_BLOCK,
-        q4_block_bytes=Q4_BLOCK_BYTES,
     )
     return Module(name, tuple(kernels), text)
 
@@ -186,7 +197,7 @@ def _case_literal(c) -> str:
 
 def render_tests(modules: list[Module], templates: Path, root: Path) -> dict[str, str]:
     """tests/generated/test_<module>.py for every module."""
-    from kgen.testgen import cases, shared_cases
+    from kgen.testgen import cases, plan_cases, shared_cases
     from kgen.testing import mutations_for
 
     env = environment(templates)
@@ -195,7 +206,8 @@ def render_tests(modules: list[Module], templates: Path, root: Path) -> dict[str
     for m in modules:
         out[f"test_{m.name}.py"] = env.get_template("tests/test_module.py.j2").render(
             module=m.name, kernels=list(m.kernels), kgen_version=__version__,
-            cases=cases, shared_cases=shared_cases, mutations_for=mutations_for,
+            cases=cases, plan_cases=plan_cases, shared_cases=shared_cases,
+            mutations_for=mutations_for,
             by_name=by_name,
             spec_paths=sorted({_rel(k.spec_path, root) for k in m.kernels}))
     return out

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.spec.axes import KvFormat, Mode, Op, Position
+from kgen.spec.axes import Mode, Op, Position
 from kgen.spec.ir import Kernel
-from kgen.spellings import CACHE_ELEM
 
 
 @dataclass(frozen=True)
@@ -40,23 +39,22 @@ def _position(k: Kernel, host: list[Param]) -> list[Param]:
 
 def params(k: Kernel) -> tuple[Param, ...]:
     out: list[Param] = []
-    q4 = k.kv is KvFormat.Q4
+    fmt = k.fmt
+    shadows = [s.name for s in fmt.shadow_buffers()]
+    shadow_scalars = list(fmt.shadow_scalars())
     if k.op is Op.QZ_SPLIT:
         out += _p("const float *", "qg") + _p("float *", "q", "z") + _p("int", "head_dim", "total")
     elif k.op is Op.KV_APPEND:
         out += _p("const float *", "k_new", "v_new")
-        out += _p(f"{CACHE_ELEM[k.kv]} *", "k_cache", "v_cache")
-        if q4:
-            out += _p("__half *", "k_sink", "v_sink", "k_win", "v_win")
+        out += _p(f"{fmt.ctype} *", "k_cache", "v_cache")
+        out += _p("__half *", *shadows)
         out += _p("int", "n_head_kv", "head_dim", "max_seq")
         out += _position(k, _p("int", "pos0"))
-        if q4:
-            out += _p("int", "sink", "win")
+        out += _p("int", *shadow_scalars)
     elif k.op is Op.FLASH:
         out += _p("const float *", "q")
-        out += _p(f"const {CACHE_ELEM[k.kv]} *", "k_cache", "v_cache")
-        if q4:
-            out += _p("const __half *", "k_sink", "v_sink", "k_win", "v_win")
+        out += _p(f"const {fmt.ctype} *", "k_cache", "v_cache")
+        out += _p("const __half *", *shadows)
         if k.mode is Mode.PREFILL:
             out += _p("float *", "out")
         else:
@@ -68,8 +66,7 @@ def params(k: Kernel) -> tuple[Param, ...]:
             out += _position(k, _p("int", "seq_len", "n_splits", "split_len"))
             if k.position is not Position.HOST:
                 out += _p("int", "kps", "splits_cap")
-        if q4:
-            out += _p("int", "sink", "win")
+        out += _p("int", *shadow_scalars)
         out += _p("int", "attn_sink", "attn_win")
         out += _p("float", "scale")
     elif k.op is Op.DECODE_COMBINE:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from kgen.spec.axes import KStage, KvFormat, QStage
-
-# Element type of a cache row, per KV format.
-CACHE_ELEM = {KvFormat.F32: "float", KvFormat.Q4: "unsigned char"}
+from kgen.spec.axes import KStage, QStage
 
 # Element type of a staged tile, per staging choice.
 Q_ELEM = {QStage.F32: "float", QStage.F16: "__half"}

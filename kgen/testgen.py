@@ -1,19 +1,25 @@
 """Which shapes each kernel's generated tests run, chosen from its axes.
 
-Every candidate below is bound (kgen.runtime.bind) against the kernel at build
-time and kept only if it is a legal launch, so e.g. register-K kernels get the
-head_dim = 256 cases and f32 kernels also the wider ones. The coverage the
-cases aim at: a partial last tile, lengths that are not multiples of 16,
-chunked prefill with pos0 > 0, kv_groups 1..8, windows on and off, ragged slot
-positions, long contexts, and the q4 window ring lapped by a long batch.
+Every kernel gets the shapes :func:`required` derives from its axes (its
+smallest legal head_dim, with one group and with its largest group count, over
+a partial last tile), then the candidates below. Each is bound
+(kgen.runtime.bind) against the kernel at build time; a candidate it refuses is
+retried at its smallest head_dim, and one still refused is listed with the
+contract it breaks in the generated test file. The coverage the candidates aim
+at: partial last tiles, lengths off the tile grid, chunked prefill with
+pos0 > 0, many group counts, windows on and off, ragged slot positions, long
+contexts, and an fp16 window ring lapped by a long batch.
 """
 
 from __future__ import annotations
 
+from kgen.errors import SpecError
+from kgen.geometry import flash_shared_bytes, min_head_dim
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import ContractError
-from kgen.spec.axes import KvFormat, Mode, Op, Position
+from kgen.spec.axes import Mode, Op, Position
 from kgen.spec.ir import Kernel
+from kgen.target import TARGET
 from kgen.testing import Case, host_args
 
 QZ = [
@@ -95,26 +101,104 @@ def candidates(k: Kernel) -> list[Case]:
     return DECODE_SLOTS if k.position is Position.SLOTS else DECODE
 
 
-def _legal(k: Kernel, case: Case) -> bool:
+def smallest_head_dim(k: Kernel) -> int:
+    """The smallest head_dim ``k`` launches with (from its axes and its format)."""
+    if k.op is Op.FLASH:
+        return min_head_dim(k)
+    if k.op is Op.KV_APPEND:
+        return k.fmt.block
+    return 1
+
+
+def required(k: Kernel) -> list[Case]:
+    """Shapes every kernel is tested at, derived from its axes: its smallest head_dim
+    with one group and with its largest group count, each over a partial last tile."""
+    hd, T = smallest_head_dim(k), k.tile_keys
+    if k.op is Op.QZ_SPLIT:
+        return [Case(f"hd{hd}_smallest", n=3, n_head=5, head_dim=hd)]
+    if k.op is Op.KV_APPEND:
+        if k.position is Position.SLOTS:
+            return [Case(f"hd{hd}_smallest", n=2, n_head_kv=2, head_dim=hd, max_seq=8,
+                         positions=(5, 0), sink=2, win=4)]
+        n = 1 if k.position is Position.DEVICE else 3
+        return [Case(f"hd{hd}_smallest", n=n, n_head_kv=2, head_dim=hd, max_seq=16, pos0=2,
+                     positions=(2,) if k.position is Position.DEVICE else (), sink=4, win=8)]
+    if k.op is Op.DECODE_COMBINE:
+        return [Case(f"hd{hd}_smallest", n_head=3, head_dim=hd, n_splits=2, seq_len=2 * T + 3,
+                     kps=T, cap=4)]
+    out = []
+    for groups in _group_counts(k, hd):
+        name = f"hd{hd}_g{groups}_partial_tile"
+        if k.mode is Mode.PREFILL:
+            out.append(Case(name, n=T + 3, n_head=2 * groups, n_head_kv=2, head_dim=hd,
+                            max_seq=4 * T + 8, pos0=T + 1, sink=2, win=T + 5))
+        elif k.position is Position.SLOTS:
+            out.append(Case(name, n_head=groups, n_head_kv=1, head_dim=hd, max_seq=4 * T + 8,
+                            positions=(2 * T + 2, 0, T), kps=T, cap=4, sink=2, win=T))
+        else:
+            out.append(Case(name, n_head=2 * groups, n_head_kv=2, head_dim=hd,
+                            max_seq=4 * T + 8, seq_len=3 * T + 3, kps=T, cap=4, sink=2,
+                            win=T))
+    return out
+
+
+def _group_counts(k: Kernel, hd: int) -> list[int]:
+    """1 and the largest group count whose shared memory fits at head_dim ``hd``."""
+    top = k.max_groups
+    while top > 1 and flash_shared_bytes(k, top, hd) > TARGET.shared_per_block:
+        top -= 1
+    return sorted({1, top})
+
+
+def refusal(k: Kernel, case: Case) -> str | None:
+    """Why ``k`` refuses ``case`` (the contract's message), or None if it binds."""
     try:
         bind(k, host_args(k, case))
-    except ContractError:
-        return False
-    return True
+    except ContractError as exc:
+        return str(exc)
+    return None
+
+
+def _fit(k: Kernel, c: Case) -> Case:
+    """The candidate as this kernel's format reads it (no shadow rows without shadows)."""
+    return c if k.fmt.shadows else c.with_(sink=0, win=0)
+
+
+def plan_cases(k: Kernel) -> tuple[list[Case], list[tuple[str, str]]]:
+    """(the cases ``k`` is tested at, the candidates it refuses with the reason).
+
+    A candidate written for the common head_dim is retried at the kernel's
+    smallest head_dim before it counts as refused; refused candidates are listed
+    in the generated test file, never dropped silently."""
+    out: list[Case] = []
+    refused: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for c in [*required(k), *candidates(k)]:
+        c = _fit(k, c)
+        why = refusal(k, c)
+        if why is not None and k.op is Op.FLASH and c.head_dim != smallest_head_dim(k):
+            alt = c.with_(name=f"{c.name}_hd{smallest_head_dim(k)}",
+                          head_dim=smallest_head_dim(k))
+            if refusal(k, alt) is None:
+                c, why = alt, None
+        if why is not None:
+            refused.append((c.name, why))
+        elif c.name not in seen:
+            seen.add(c.name)
+            out.append(c)
+    return out, refused
 
 
 def cases(k: Kernel) -> list[Case]:
-    """The candidates that are legal launches of ``k`` (q4 kernels use the q4 fields)."""
-    out = []
-    for c in candidates(k):
-        if k.kv is not KvFormat.Q4:
-            c = c.with_(sink=0, win=0)
-        if _legal(k, c):
-            out.append(c)
+    """The legal cases of ``k``; a kernel with none is a spec error (no empty test)."""
+    out, refused = plan_cases(k)
+    if not out:
+        reasons = "; ".join(f"{n}: {why}" for n, why in refused[:3])
+        raise SpecError(k.pos, f"'{k.name}' refuses every test shape kgen derives for it "
+                        f"({reasons}): the kernel has no legal launch to test")
     return out
 
 
 def shared_cases(a: Kernel, b: Kernel) -> list[Case]:
-    """Cases legal for both kernels of a relation."""
-    names = {c.name for c in cases(b)}
-    return [c for c in cases(a) if c.name in names]
+    """Cases of ``a`` that ``b`` also launches (the relation compares them)."""
+    return [c for c in cases(a) if refusal(b, c) is None]

@@ -17,9 +17,10 @@ from functools import cache
 from pathlib import Path
 
 from kgen.errors import ToolchainError, ToolError
+from kgen.target import TARGET
 
 PINNED_RELEASE = "11.8"
-TARGET_ARCH = "sm_37"
+TARGET_ARCH = TARGET.arch  # the target object owns it
 
 # Where CUDA 11.8 is found when KGEN_CUDA_HOME is not set: each entry is the
 # list of directories that together hold nvcc, ptxas and cuobjdump.

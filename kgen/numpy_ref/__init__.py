@@ -1,10 +1,11 @@
-"""NumPy reference for the attention kernels of the reference ``attention.cu``.
+"""NumPy reference for the generated attention kernels, for any KV format.
 
-* :mod:`.q4` -- the Q4_0 row format, bit-exact with the device quantizer.
-* :mod:`.cache` -- the append kernels on NumPy arrays, and which rows (q4 or
-  fp16 shadow) a q4 flash kernel reads for a query.
+* :mod:`.cache` -- the append kernels on NumPy arrays (through each format's
+  quantize model, ``kgen.formats``), and which rows (body or fp16 shadow) a
+  flash kernel reads for a query.
 * :mod:`.attention` -- prefill, decode split partials and combine, in float64
-  over the exact key set the kernels attend (whole 16-key tiles).
+  over the exact key set the kernels attend (whole tiles of the kernel's
+  ``tile_keys``).
 
 GPU tests compare the kernels against these functions: bytes exactly for the
 cache, float64 values within a tolerance for attention.
@@ -24,88 +25,32 @@ from .attention import (
     keys_scored_per_tile,
     nominal_window_keys,
     prefill_attention,
-    prefill_attention_q4,
+    prefill_attention_cache,
     prefill_attention_rows,
     qz_split,
     split_bounds,
     tile_in_window,
 )
 from .cache import (
-    SINKMAX,
-    SRC_Q4,
+    SRC_BODY,
     SRC_SINK,
     SRC_WINDOW,
-    WMAX,
-    Q4Cache,
-    empty_f32_cache,
-    is_fp16,
-    kv_append,
-    kv_append_dev,
-    kv_append_q4,
-    kv_append_q4_dev,
-    kv_append_slots,
-    kv_append_slots_q4,
+    HostCache,
+    append,
+    append_dev,
+    append_rows,
+    append_slots,
+    fill,
     prefill_live_floor,
-    read_key_rows_q4,
-    read_kv_rows_q4,
+    read_kv_rows,
     shadow_source,
-)
-from .q4 import (
-    BLOCK,
-    BLOCK_BYTES,
-    block_scales,
-    dequantize_row,
-    dequantize_rows,
-    head_dim_of,
-    quantize_row,
-    quantize_rows,
-    row_bytes,
 )
 
 __all__ = [
-    "BLOCK",
-    "BLOCK_BYTES",
-    "DOT_LANES",
-    "MAX_GROUPS",
-    "SINKMAX",
-    "SRC_Q4",
-    "SRC_SINK",
-    "SRC_WINDOW",
-    "TILE_KEYS",
-    "WMAX",
-    "Q4Cache",
-    "attended_keys",
-    "block_scales",
-    "combine",
-    "decode_attention",
-    "decode_attention_slots",
-    "decode_partials",
-    "decode_partials_slots",
-    "decode_plan",
-    "dequantize_row",
-    "dequantize_rows",
-    "empty_f32_cache",
-    "head_dim_of",
-    "is_fp16",
-    "keys_scored_per_tile",
-    "kv_append",
-    "kv_append_dev",
-    "kv_append_q4",
-    "kv_append_q4_dev",
-    "kv_append_slots",
-    "kv_append_slots_q4",
-    "nominal_window_keys",
-    "prefill_attention",
-    "prefill_attention_q4",
-    "prefill_attention_rows",
-    "prefill_live_floor",
-    "quantize_row",
-    "quantize_rows",
-    "qz_split",
-    "read_key_rows_q4",
-    "read_kv_rows_q4",
-    "row_bytes",
-    "shadow_source",
-    "split_bounds",
-    "tile_in_window",
+    "DOT_LANES", "MAX_GROUPS", "SRC_BODY", "SRC_SINK", "SRC_WINDOW", "TILE_KEYS", "HostCache",
+    "append", "append_dev", "append_rows", "append_slots", "attended_keys", "combine",
+    "decode_attention", "decode_attention_slots", "decode_partials", "decode_partials_slots",
+    "decode_plan", "fill", "keys_scored_per_tile", "nominal_window_keys", "prefill_attention",
+    "prefill_attention_cache", "prefill_attention_rows", "prefill_live_floor", "qz_split",
+    "read_kv_rows", "shadow_source", "split_bounds", "tile_in_window",
 ]

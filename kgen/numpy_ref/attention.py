@@ -19,17 +19,19 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .cache import Q4Cache, _assemble_rows, prefill_live_floor
-from .q4 import dequantize_rows
+from kgen.runtime.plan import decode_plan as _plan
+from kgen.spec.axes import KEYS
 
-TILE_KEYS = 16
-"""Keys per tile; the window predicate decides per tile."""
+from .cache import HostCache, read_kv_rows
 
-DOT_LANES = 16
-"""Threads cooperating on one q.k dot."""
+TILE_KEYS = KEYS["tile_keys"].default
+"""Keys per tile (the spec's default; kernels pass their own ``tile``)."""
 
-MAX_GROUPS = 8
-"""Largest ``kv_groups`` the kernels accumulate (``acc[FC_ATTN_MAX_GROUPS]``)."""
+DOT_LANES = KEYS["dot_lanes"].default
+"""Threads cooperating on one q.k dot (the spec's default)."""
+
+MAX_GROUPS = KEYS["max_groups"].default
+"""Largest ``kv_groups`` a kernel accumulates (the spec's default; ``max_groups``)."""
 
 RowsFn = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
 
@@ -56,7 +58,7 @@ def qz_split(qg: np.ndarray, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(-1), z.reshape(-1)
 
 
-def keys_scored_per_tile(head_dim: int) -> int:
+def keys_scored_per_tile(head_dim: int, tile: int = TILE_KEYS, lanes: int = DOT_LANES) -> int:
     """How many keys of a 16-key tile the QK dot actually scores with a block of
     ``head_dim`` threads.
 
@@ -65,7 +67,7 @@ def keys_scored_per_tile(head_dim: int) -> int:
     ``ky >= head_dim / 16``; the softmax fold then reads stale shared memory for
     them. The kernels are only well defined when this returns ``TILE_KEYS``.
     """
-    return min(TILE_KEYS, head_dim // DOT_LANES)
+    return min(tile, head_dim // lanes)
 
 
 def tile_in_window(j0: int, tk: int, cur_pos: int, attn_sink: int, attn_win: int) -> bool:
@@ -105,19 +107,11 @@ def nominal_window_keys(cur_pos: int, seq_len: int, attn_sink: int, attn_win: in
     return (kp < attn_sink) | ((kp > cur_pos - attn_win) & (kp <= cur_pos))
 
 
-def decode_plan(seq_len: int, kps: int, cap: int) -> tuple[int, int]:
-    """Mirror ``fc_attn_dec_plan``; returns ``(n_splits, split_len)``.
-
-    ``n = clamp(ceil(seq_len / kps), 1, cap)``, ``split_len = roundup16(ceil(seq_len / n))``,
-    ``n_splits = ceil(seq_len / split_len)`` (which can be below ``n`` after the
-    round-up).
-    """
-    if seq_len < 1 or kps < 1 or cap < 1:
-        raise ValueError(f"need seq_len, kps, cap >= 1, got {seq_len}, {kps}, {cap}")
-    n = min(max(-(-seq_len // kps), 1), cap)
-    split_len = -(-seq_len // n)
-    split_len = (split_len + 15) & ~15
-    return -(-seq_len // split_len), split_len
+def decode_plan(seq_len: int, kps: int, cap: int, tile: int = TILE_KEYS) -> tuple[int, int]:
+    """The host plan (:func:`kgen.runtime.plan.decode_plan`, the one formula the
+    device plan mirrors) as ``(n_splits, split_len)``."""
+    p = _plan(seq_len, kps, cap, tile)
+    return p.n_splits, p.split_len
 
 
 def split_bounds(split: int, split_len: int, seq_len: int) -> tuple[int, int]:
@@ -129,10 +123,10 @@ def split_bounds(split: int, split_len: int, seq_len: int) -> tuple[int, int]:
 # ---------------------------------------------------------------- softmax core
 
 
-def _check_gqa(n_head: int, n_head_kv: int, kv_groups: int) -> None:
-    if not 1 <= kv_groups <= MAX_GROUPS:
-        # Groups past MAX_GROUPS are never accumulated nor written by the kernels.
-        raise ValueError(f"kv_groups must be in [1, {MAX_GROUPS}], got {kv_groups}")
+def _check_gqa(n_head: int, n_head_kv: int, kv_groups: int, max_groups: int) -> None:
+    if not 1 <= kv_groups <= max_groups:
+        # Groups past max_groups are never accumulated nor written by the kernels.
+        raise ValueError(f"kv_groups must be in [1, {max_groups}], got {kv_groups}")
     if n_head != n_head_kv * kv_groups:
         raise ValueError(f"n_head={n_head} != n_head_kv={n_head_kv} * kv_groups={kv_groups}")
 
@@ -184,13 +178,14 @@ def _group_state(
 
 def prefill_attention_rows(
     q: np.ndarray, rows_fn: RowsFn, kv_groups: int, pos0: int, attn_sink: int, attn_win: int,
-    scale: float,
+    scale: float, tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
 ) -> np.ndarray:
     """Causal GQA prefill over caller-supplied K/V rows; float64 ``[n][n_head][hd]``.
 
     Query ``t`` (position ``cur_pos = pos0 + t``) attends keys ``[0, cur_pos]``
-    kept by the tile predicate. ``rows_fn(t, cur_pos)`` returns the float32
-    ``(K, V)`` rows ``[n_head_kv][>= cur_pos + 1][hd]`` that query sees.
+    kept by the tile predicate (``tile`` keys a tile). ``rows_fn(t, cur_pos)``
+    returns the float32 ``(K, V)`` rows ``[n_head_kv][>= cur_pos + 1][hd]`` that
+    query sees.
     """
     q = np.asarray(q, dtype=np.float32)
     n, n_head, hd = q.shape
@@ -199,8 +194,8 @@ def prefill_attention_rows(
     for t in range(n):
         cur_pos = pos0 + t
         k_rows, v_rows = rows_fn(t, cur_pos)
-        _check_gqa(n_head, k_rows.shape[0], kv_groups)
-        mask = attended_keys(cur_pos, cur_pos + 1, attn_sink, attn_win)
+        _check_gqa(n_head, k_rows.shape[0], kv_groups, max_groups)
+        mask = attended_keys(cur_pos, cur_pos + 1, attn_sink, attn_win, tile)
         m, lsum, acc = _group_state(q[t], k_rows, v_rows, mask, kv_groups, scale)
         out[t] = acc / lsum[:, None]
     return out
@@ -208,41 +203,38 @@ def prefill_attention_rows(
 
 def prefill_attention(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_groups: int, pos0: int,
-    attn_sink: int, attn_win: int, scale: float,
+    attn_sink: int, attn_win: int, scale: float, tile: int = TILE_KEYS,
+    max_groups: int = MAX_GROUPS,
 ) -> np.ndarray:
-    """What ``fc_attn_flash_prefill`` computes over the f32 cache
-    ``[n_head_kv][max_seq][hd]``, in float64. The kernel reads key ``kp`` at row
-    ``kp`` (no ring wrap), so ``pos0 + n <= max_seq`` is required."""
+    """Prefill over float32 K/V rows ``[n_head_kv][max_seq][hd]`` (an f32 cache as
+    it is), in float64. Key ``kp`` is row ``kp`` (no ring wrap), so
+    ``pos0 + n <= max_seq`` is required."""
     if pos0 < 0 or pos0 + q.shape[0] > k_cache.shape[1]:
         raise ValueError("prefill needs 0 <= pos0 and pos0 + n <= max_seq (no ring wrap)")
     return prefill_attention_rows(
-        q, lambda _t, _p: (k_cache, v_cache), kv_groups, pos0, attn_sink, attn_win, scale)
+        q, lambda _t, _p: (k_cache, v_cache), kv_groups, pos0, attn_sink, attn_win, scale,
+        tile, max_groups)
 
 
-def prefill_attention_q4(
-    q: np.ndarray, cache: Q4Cache, kv_groups: int, pos0: int, sink: int, win: int,
-    attn_sink: int, attn_win: int, scale: float, live_floor: bool = True,
+def prefill_attention_cache(
+    q: np.ndarray, cache: HostCache, kv_groups: int, pos0: int, sink: int, win: int,
+    attn_sink: int, attn_win: int, scale: float, live_floor: int | None = None,
+    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS, k_round=None,
 ) -> np.ndarray:
-    """What ``fc_attn_flash_prefill_q4`` (and the bit-exact ``_kr`` / ``_kvs``)
-    computes over a q4 cache, in float64.
-
-    Each query sees sink-shadow / window-ring / dequantized-body rows chosen
-    with the ring live floor of a batch of ``n = q.shape[0]`` rows at ``pos0``
-    (``live_floor=False`` drops it, to show what the floor prevents).
-    """
+    """Prefill over a cache of any format, in float64: each query sees the rows its
+    kernel reads (body, or for a shadowed format the sink/window shadows, with the
+    ring's batch ``live_floor`` where the kernel has one). ``k_round`` narrows K as
+    a staged tile does (an fp16 K tile)."""
     n = np.asarray(q).shape[0]
     if pos0 < 0 or pos0 + n > cache.max_seq:
         raise ValueError("prefill needs 0 <= pos0 and pos0 + n <= max_seq")
-    floor = prefill_live_floor(pos0, n) if live_floor else None
-    k_body = dequantize_rows(cache.k[:, :pos0 + n])  # decode the body once for all queries
-    v_body = dequantize_rows(cache.v[:, :pos0 + n])
 
     def rows(_t: int, cur_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        nk = cur_pos + 1
-        return (_assemble_rows(k_body, cache.k_sink, cache.k_win, cur_pos, sink, win, nk, floor),
-                _assemble_rows(v_body, cache.v_sink, cache.v_win, cur_pos, sink, win, nk, floor))
+        kk, vv = read_kv_rows(cache, cur_pos, sink, win, cur_pos + 1, live_floor)
+        return (k_round(kk) if k_round else kk), vv
 
-    return prefill_attention_rows(q, rows, kv_groups, pos0, attn_sink, attn_win, scale)
+    return prefill_attention_rows(q, rows, kv_groups, pos0, attn_sink, attn_win, scale, tile,
+                                  max_groups)
 
 
 # ---------------------------------------------------------------- decode
@@ -251,11 +243,12 @@ def prefill_attention_q4(
 def _split_states(
     q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, kv_groups: int, seq_len: int,
     n_splits: int, split_len: int, attn_sink: int, attn_win: int, scale: float,
+    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-split partials: ``m``, ``l`` ``[n_head][n_splits]``; ``acc [n_head][n_splits][hd]``."""
     q = np.asarray(q, dtype=np.float32)
     n_head, hd = q.shape
-    _check_gqa(n_head, k_rows.shape[0], kv_groups)
+    _check_gqa(n_head, k_rows.shape[0], kv_groups, max_groups)
     if k_rows.shape[1] < seq_len or v_rows.shape[1] < seq_len:
         raise ValueError(f"need at least seq_len={seq_len} K/V rows per head")
     scale = _scale64(scale)
@@ -266,7 +259,8 @@ def _split_states(
     for split in range(n_splits):
         # A split past seq_len runs no tile, and a split whose tiles are all
         # outside the window skips every one: both leave the initial state.
-        mask = attended_keys(cur_pos, split_bounds(split, split_len, seq_len), attn_sink, attn_win)
+        mask = attended_keys(cur_pos, split_bounds(split, split_len, seq_len), attn_sink,
+                             attn_win, tile)
         m[:, split], lsum[:, split], acc[:, split] = _group_state(
             q, k_rows, v_rows, mask, kv_groups, scale)
     return m, lsum, acc
@@ -275,23 +269,23 @@ def _split_states(
 def decode_partials(
     q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, kv_groups: int, seq_len: int,
     n_splits: int, split_len: int, attn_sink: int, attn_win: int, scale: float,
+    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The (m, l, acc) scratch the decode split kernels write, in float64.
 
-    Mirrors ``fc_attn_flash_decode`` / ``_dev`` (f32: pass the caches
-    ``[n_head_kv][max_seq][hd]`` as rows) and ``fc_attn_flash_decode_q4`` /
-    ``_dev`` (pass ``read_kv_rows_q4(cache, seq_len - 1, sink, win)``, no live
-    floor). ``q`` is ``[n_head][hd]`` for the query at ``seq_len - 1``. Returns
-    flat ``m``, ``l`` of length ``n_head * n_splits`` and ``acc`` of length
-    ``n_head * n_splits * hd`` in the kernels' layout.
+    ``k_rows``/``v_rows`` are the float32 rows the kernel reads for the query at
+    ``seq_len - 1`` (an f32 cache as it is; other formats: :func:`read_kv_rows`,
+    no live floor). ``q`` is ``[n_head][hd]``. Returns flat ``m``, ``l`` of length
+    ``n_head * n_splits`` and ``acc`` of length ``n_head * n_splits * hd`` in the
+    kernels' layout.
     """
     m, lsum, acc = _split_states(q, k_rows, v_rows, kv_groups, seq_len, n_splits, split_len,
-                                 attn_sink, attn_win, scale)
+                                 attn_sink, attn_win, scale, tile, max_groups)
     return m.reshape(-1), lsum.reshape(-1), acc.reshape(-1)
 
 
 def combine(m: np.ndarray, l: np.ndarray, acc: np.ndarray, n_splits: int) -> np.ndarray:  # noqa: E741
-    """Mirror ``fc_attn_flash_decode_combine`` (and ``_dev``) in float64.
+    """The combine kernels in float64.
 
     Per head: ``M = max(m)``, ``w_s = exp(m_s - M)`` (0 for an empty split),
     ``out = sum(acc_s * w_s) / sum(l_s * w_s)``. Heads are ``m.size // n_splits``
@@ -312,12 +306,13 @@ def combine(m: np.ndarray, l: np.ndarray, acc: np.ndarray, n_splits: int) -> np.
 def decode_attention(
     q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, kv_groups: int, seq_len: int,
     kps: int, cap: int, attn_sink: int, attn_win: int, scale: float,
+    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
 ) -> np.ndarray:
-    """Split decode with the ``fc_attn_dec_plan`` plan followed by the combine;
-    float64 ``[n_head][hd]``. Equals single-query attention over the attended keys."""
-    n_splits, split_len = decode_plan(seq_len, kps, cap)
+    """Split decode with the plan followed by the combine; float64 ``[n_head][hd]``.
+    Equals single-query attention over the attended keys."""
+    n_splits, split_len = decode_plan(seq_len, kps, cap, tile)
     m, lsum, acc = decode_partials(q, k_rows, v_rows, kv_groups, seq_len, n_splits, split_len,
-                                   attn_sink, attn_win, scale)
+                                   attn_sink, attn_win, scale, tile, max_groups)
     return combine(m, lsum, acc, n_splits).reshape(np.shape(q))
 
 
@@ -340,22 +335,22 @@ def _slot_rows(k_rows: SlotRows, v_rows: np.ndarray | None, u: int
 def decode_partials_slots(
     q: np.ndarray, k_rows: SlotRows, v_rows: np.ndarray | None, pos: np.ndarray, kv_groups: int,
     kps: int, cap: int, attn_sink: int, attn_win: int, scale: float,
-    launch_splits: int | None = None,
+    launch_splits: int | None = None, tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Partials of ``fc_attn_flash_decode_slots`` / ``_slots_q4``, in float64.
+    """Partials of the slots decode kernels, in float64.
 
     ``q [nslots][n_head][hd]``; user ``u`` decodes at ``pos[u]`` with its own
-    plan. K/V rows per slot come from arrays ``[nslots][n_head_kv][max_seq][hd]``
-    (f32 rings), or ``k_rows`` is a callable ``u -> (K, V)`` / a sequence of
-    ``(K, V)`` with ``v_rows=None`` (q4: ``read_kv_rows_q4(cache.slot(u), pos[u],
-    sink, win)``). The stride is the launch width (default: the largest plan);
-    splits past a user's plan are empty. Layout: index
-    ``(u * n_head + qh) * launch_splits + split``. Returns ``(m, l, acc, launch_splits)``.
+    plan. K/V rows per slot come from arrays ``[nslots][n_head_kv][max_seq][hd]``,
+    or ``k_rows`` is a callable ``u -> (K, V)`` / a sequence of ``(K, V)`` with
+    ``v_rows=None`` (``read_kv_rows(cache.slot(u), pos[u], sink, win)``). The
+    stride is the launch width (default: the largest plan); splits past a user's
+    plan are empty. Layout: index ``(u * n_head + qh) * launch_splits + split``.
+    Returns ``(m, l, acc, launch_splits)``.
     """
     q = np.asarray(q, dtype=np.float32)
     nslots, n_head, hd = q.shape
     pos = np.asarray(pos).reshape(-1)
-    plans = [decode_plan(int(pos[u]) + 1, kps, cap) for u in range(nslots)]
+    plans = [decode_plan(int(pos[u]) + 1, kps, cap, tile) for u in range(nslots)]
     width = max(p[0] for p in plans) if launch_splits is None else launch_splits
     if width < max(p[0] for p in plans):
         raise ValueError(f"launch_splits={width} is narrower than a user's plan")
@@ -365,7 +360,7 @@ def decode_partials_slots(
     for u, (n_splits, split_len) in enumerate(plans):
         k_u, v_u = _slot_rows(k_rows, v_rows, u)
         st = _split_states(q[u], k_u, v_u, kv_groups, int(pos[u]) + 1, n_splits, split_len,
-                           attn_sink, attn_win, scale)
+                           attn_sink, attn_win, scale, tile, max_groups)
         m[u, :, :n_splits], lsum[u, :, :n_splits], acc[u, :, :n_splits] = st
     return m.reshape(-1), lsum.reshape(-1), acc.reshape(-1), width
 
@@ -373,10 +368,11 @@ def decode_partials_slots(
 def decode_attention_slots(
     q: np.ndarray, k_rows: SlotRows, v_rows: np.ndarray | None, pos: np.ndarray, kv_groups: int,
     kps: int, cap: int, attn_sink: int, attn_win: int, scale: float,
-    launch_splits: int | None = None,
+    launch_splits: int | None = None, tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
 ) -> np.ndarray:
     """Slot partials merged by the combine over ``nslots * n_head`` heads;
     float64 ``[nslots][n_head][hd]``."""
     m, lsum, acc, width = decode_partials_slots(q, k_rows, v_rows, pos, kv_groups, kps, cap,
-                                                attn_sink, attn_win, scale, launch_splits)
+                                                attn_sink, attn_win, scale, launch_splits,
+                                                tile, max_groups)
     return combine(m, lsum, acc, width).reshape(np.shape(q))

@@ -13,25 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kgen.geometry import flash_shared_bytes, q4_row_bytes
-from kgen.runtime.contracts import Checker
+from kgen.geometry import flash_shared_bytes, tile_threads
+from kgen.runtime.contracts import Checker, ContractError
 from kgen.runtime.plan import decode_plan
 from kgen.signature import params
-from kgen.spec.axes import (
-    MAX_THREADS,
-    Q4_BLOCK,
-    SMEM_LIMIT,
-    KStage,
-    KvFormat,
-    Mode,
-    Op,
-    Position,
-    VStage,
-)
+from kgen.spec.axes import KStage, Mode, Op, Position, VStage
 from kgen.spec.ir import Kernel
+from kgen.target import TARGET
 
 INT_MAX = 2**31 - 1
-GRID_YZ_MAX = 65535
 QZ_BLOCK = 256  # threads per block of the 1-D qz_split launch
 
 
@@ -60,9 +50,9 @@ def _order(k: Kernel, values: dict) -> tuple[tuple, tuple[str, ...]]:
 
 
 def _grid(c: Checker, grid: tuple[int, int, int]) -> tuple[int, int, int]:
-    c.require(1 <= grid[0] <= INT_MAX, "grid", f"grid.x = {grid[0]} out of range")
-    c.require(grid[1] <= GRID_YZ_MAX and grid[2] <= GRID_YZ_MAX, "grid",
-              f"grid {grid} exceeds 65535 in y or z")
+    c.require(1 <= grid[0] <= TARGET.grid_x_max, "grid", f"grid.x = {grid[0]} out of range")
+    c.require(grid[1] <= TARGET.grid_yz_max and grid[2] <= TARGET.grid_yz_max, "grid",
+              f"grid {grid} exceeds {TARGET.grid_yz_max} in y or z")
     return grid
 
 
@@ -81,38 +71,43 @@ def bind(k: Kernel, a: dict) -> Launch:
 
 # ---- contracts shared by several ops ----------------------------------------
 
-def _head_dim(k: Kernel, c: Checker, hd: int, q4: bool) -> None:
-    c.require(1 <= hd <= MAX_THREADS, "block size",
-              f"head_dim = {hd}: a block is head_dim threads, at most {MAX_THREADS}")
-    if q4:
-        c.require(hd % Q4_BLOCK == 0, "q4 head_dim",
-                  f"head_dim = {hd} must be a multiple of {Q4_BLOCK} (whole Q4_0 blocks, a "
-                  "warp per block)")
+def _head_dim(k: Kernel, c: Checker, hd: int, rows: bool) -> None:
+    """A block is head_dim threads; ``rows``: head_dim also lays out cache rows."""
+    c.require(TARGET.fits_block(hd), "block size",
+              f"head_dim = {hd}: a block is head_dim threads, at most {TARGET.max_threads}")
+    if rows:
+        fmt = k.fmt
+        c.require(fmt.accepts_head_dim(hd), "row format",
+                  f"head_dim = {hd} must be a multiple of {fmt.block} (whole {fmt.name} "
+                  "blocks)")
 
 
 def _cache_arrays(k: Kernel, c: Checker, a: dict, lead: tuple[int, ...], hd: int) -> int:
-    """K/V cache (and q4 shadow) arrays; returns max_seq."""
-    q4 = k.kv is KvFormat.Q4
+    """K/V cache arrays and the format's shadows; returns max_seq."""
+    fmt = k.fmt
     kc, vc = a["k_cache"], a["v_cache"]
     ndim = len(lead) + 2
-    c.array("k_cache", kc, np.uint8 if q4 else np.float32, ndim)
-    c.array("v_cache", vc, np.uint8 if q4 else np.float32, ndim)
+    c.array("k_cache", kc, fmt.dtype, ndim)
+    c.array("v_cache", vc, fmt.dtype, ndim)
     max_seq = int(kc.shape[-2])
-    row = q4_row_bytes(hd) if q4 else hd
+    row = fmt.row_width(hd)
     c.shape("k_cache", kc, (*lead, max_seq, row))
     c.shape("v_cache", vc, (*lead, max_seq, row))
     c.require(1 <= max_seq <= INT_MAX, "max_seq", f"max_seq = {max_seq} out of int range")
-    if q4:
-        for name, rows in (("k_sink", k.sink_rows), ("v_sink", k.sink_rows),
-                           ("k_win", k.ring_rows), ("v_win", k.ring_rows)):
-            c.array(name, a[name], np.float16, ndim)
-            c.shape(name, a[name], (*lead, rows, hd))
+    for s in fmt.shadow_buffers():
+        rows = getattr(k, s.rows_key)
+        c.array(s.name, a[s.name], np.float16, ndim)
+        c.shape(s.name, a[s.name], (*lead, rows, hd))
     return max_seq
 
 
-def _q4_shadow_scalars(k: Kernel, c: Checker, a: dict, values: dict) -> None:
-    values["sink"] = c.integer("sink", a.get("sink", 0), 0, k.sink_rows, "sink rows")
-    values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
+def _cache_values(k: Kernel, c: Checker, a: dict, values: dict) -> None:
+    """The cache arguments, the shadows and their row counts (sink rows, window ring)."""
+    values.update(k_cache=a["k_cache"], v_cache=a["v_cache"])
+    values.update({s.name: a[s.name] for s in k.fmt.shadow_buffers()})
+    if k.fmt.shadows:
+        values["sink"] = c.integer("sink", a.get("sink", 0), 0, k.sink_rows, "sink rows")
+        values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
 
 
 # ---- qz_split -----------------------------------------------------------------
@@ -136,45 +131,45 @@ def _qz_split(k: Kernel, c: Checker, a: dict):
 
 # ---- kv_append ----------------------------------------------------------------
 
+def check_append_shape(k: Kernel, c: Checker, hd: int) -> None:
+    _head_dim(k, c, hd, rows=True)
+    if k.fmt.append_staging:
+        c.require(hd <= k.max_head_dim, "static staging",
+                  f"head_dim = {hd} exceeds the kernel's shared staging ({k.max_head_dim})")
+
+
 def _kv_append(k: Kernel, c: Checker, a: dict):
-    q4 = k.kv is KvFormat.Q4
+    fmt = k.fmt
     kn, vn = a["k_new"], a["v_new"]
     c.array("k_new", kn, np.float32, 3)
     c.array("v_new", vn, np.float32, 3)
     c.shape("v_new", vn, tuple(kn.shape))
     n, n_head_kv, hd = (int(x) for x in kn.shape)
-    _head_dim(k, c, hd, q4)
-    if q4:
-        c.require(hd <= k.max_head_dim, "static staging",
-                  f"head_dim = {hd} exceeds the kernel's shared staging ({k.max_head_dim})")
+    check_append_shape(k, c, hd)
     lead = (n, n_head_kv) if k.position is Position.SLOTS else (n_head_kv,)
     max_seq = _cache_arrays(k, c, a, lead, hd)
-    values = dict(k_new=kn, v_new=vn, k_cache=a["k_cache"], v_cache=a["v_cache"],
-                  n_head_kv=n_head_kv, head_dim=hd, max_seq=max_seq)
-    if q4:
-        values.update({x: a[x] for x in ("k_sink", "v_sink", "k_win", "v_win")})
-        _q4_shadow_scalars(k, c, a, values)
+    values = dict(k_new=kn, v_new=vn, n_head_kv=n_head_kv, head_dim=hd, max_seq=max_seq)
+    _cache_values(k, c, a, values)
     if k.position is Position.HOST:
         pos0 = c.integer("pos0", a["pos0"], 0)
         c.require(pos0 + n <= INT_MAX, "int32 position", "pos0 + n overflows int")
         c.require(n <= max_seq, "ring write race",
                   f"a batch of {n} rows laps the {max_seq}-row ring inside one launch (two "
                   "blocks write one row)")
-        if q4:
-            # The q4 body has no ring: rows land at pos0 + t.
+        if not fmt.append_wraps:
             c.require(pos0 + n <= max_seq, "no ring wrap",
-                      f"q4 rows land at pos0 + t without wrapping: pos0 + n = {pos0 + n} "
-                      f"> max_seq = {max_seq}")
+                      f"{fmt.name} rows land at pos0 + t without wrapping: pos0 + n = "
+                      f"{pos0 + n} > max_seq = {max_seq}")
         values["pos0"] = pos0
     else:
         _positions(k, c, a, n if k.position is Position.SLOTS else 1, max_seq,
-                   rows=1 if k.position is Position.SLOTS else n, wrap=not q4)
+                   rows=1 if k.position is Position.SLOTS else n, wrap=fmt.append_wraps)
         values["pos"] = a["pos"]
         if k.position is Position.DEVICE:
             c.require(n == 1, "one decode row",
                       f"the device-position append writes one row per launch (grid.x = 1); "
                       f"k_new has {n} rows")
-    if q4 and values["win"] > 0:
+    if values.get("win", 0) > 0:
         # Rows t and t + ring_rows of one batch share a ring slot and are written by
         # different blocks: the slot's final content would be a race.
         c.require(n <= k.ring_rows, "ring write race",
@@ -204,8 +199,58 @@ def _positions(k: Kernel, c: Checker, a: dict, count: int, max_seq: int, rows: i
 
 # ---- flash ---------------------------------------------------------------------
 
+def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
+    """The block is head_dim threads; every tile key is scored by its own dot lanes."""
+    _head_dim(k, c, hd, rows=True)
+    c.require(hd % TARGET.warp == 0, "whole warps",
+              f"head_dim = {hd}: the dot shuffles use full-warp masks, so a block must be "
+              f"whole warps (head_dim % {TARGET.warp} == 0)")
+    tt = tile_threads(k)
+    c.require(hd >= tt, "every key scored",
+              f"head_dim = {hd} < tile_keys * dot_lanes = {tt}: thread ky = tid / "
+              f"{k.dot_lanes} scores key ky, so keys {hd // k.dot_lanes}..{k.tile_keys - 1} "
+              "of each tile would keep stale scores")
+    if k.k_stage is KStage.REGISTERS:
+        c.require(hd <= k.kreg_max_chunk * k.dot_lanes, "register K chunk",
+                  f"head_dim = {hd} > kreg_max_chunk * dot_lanes = "
+                  f"{k.kreg_max_chunk * k.dot_lanes}: K would not fit the register chunk")
+    if k.v_stage is VStage.SHARED_Q4:
+        c.require(hd == tt, "shared-V shape",
+                  f"the shared-V tile is sized for head_dim = {tt}, not {hd}")
+
+
+def check_flash_groups(k: Kernel, c: Checker, G: int, hd: int) -> int:
+    """kv_groups within the compile-time bound, and the shared memory it needs fits;
+    returns that many bytes."""
+    c.require(1 <= G <= k.max_groups, "kv_groups",
+              f"kv_groups = {G} exceeds the compile-time bound max_groups = {k.max_groups}")
+    smem = flash_shared_bytes(k, G, hd)
+    limit = TARGET.shared_per_block
+    c.require(smem <= limit, "shared memory",
+              f"needs {smem} bytes of shared memory (kv_groups {G}, head_dim {hd}); a block "
+              f"may use {limit}")
+    return smem
+
+
+def shape_refusal(k: Kernel, head_dim: int, groups: int = 1) -> str | None:
+    """Why ``k`` cannot run ``head_dim`` with ``groups`` q heads per KV head (the
+    contract's message), or None: the launch contracts that depend on shapes alone,
+    for choosing a kernel before any array exists."""
+    c = Checker(k.name)
+    try:
+        if k.op is Op.FLASH:
+            check_flash_shape(k, c, head_dim)
+            check_flash_groups(k, c, groups, head_dim)
+        elif k.op is Op.KV_APPEND:
+            check_append_shape(k, c, head_dim)
+        else:
+            _head_dim(k, c, head_dim, rows=False)
+    except ContractError as exc:
+        return str(exc)
+    return None
+
+
 def _flash(k: Kernel, c: Checker, a: dict):
-    q4 = k.kv is KvFormat.Q4
     prefill = k.mode is Mode.PREFILL
     slots = k.position is Position.SLOTS
     q = a["q"]
@@ -219,40 +264,15 @@ def _flash(k: Kernel, c: Checker, a: dict):
     n_head_kv = int(kc.shape[-3])
     lead = (lead_q[0], n_head_kv) if slots else (n_head_kv,)
 
-    # The block: head_dim threads, every tile key scored by its own dot lanes.
-    _head_dim(k, c, hd, q4)
-    c.require(hd % 32 == 0, "whole warps",
-              f"head_dim = {hd}: the dot shuffles use full-warp masks, so a block must be "
-              "whole warps (head_dim % 32 == 0)")
-    tile_threads = k.tile_keys * k.dot_lanes
-    c.require(hd >= tile_threads, "every key scored",
-              f"head_dim = {hd} < tile_keys * dot_lanes = {tile_threads}: thread ky = tid / "
-              f"{k.dot_lanes} scores key ky, so keys {hd // k.dot_lanes}..{k.tile_keys - 1} "
-              "of each tile would keep stale scores")
-    if k.k_stage is KStage.REGISTERS:
-        c.require(hd <= k.kreg_max_chunk * k.dot_lanes, "register K chunk",
-                  f"head_dim = {hd} > kreg_max_chunk * dot_lanes = "
-                  f"{k.kreg_max_chunk * k.dot_lanes}: K would not fit the register chunk")
-    if k.v_stage is VStage.SHARED_Q4:
-        c.require(hd == tile_threads, "shared-V shape",
-                  f"the shared-V tile is sized for head_dim = {tile_threads}, not {hd}")
-
+    check_flash_shape(k, c, hd)
     c.require(n_head_kv >= 1 and n_head % n_head_kv == 0, "GQA",
               f"n_head = {n_head} is not a multiple of n_head_kv = {n_head_kv}")
     G = n_head // n_head_kv
-    c.require(1 <= G <= k.max_groups, "kv_groups",
-              f"kv_groups = {G} exceeds the compile-time bound max_groups = {k.max_groups}")
-    smem = flash_shared_bytes(k, G, hd)
-    c.require(smem <= SMEM_LIMIT, "shared memory",
-              f"needs {smem} bytes of shared memory (kv_groups {G}, head_dim {hd}); a block "
-              f"may use {SMEM_LIMIT}")
+    smem = check_flash_groups(k, c, G, hd)
 
     max_seq = _cache_arrays(k, c, a, lead, hd)
-    values = dict(q=q, k_cache=kc, v_cache=a["v_cache"], kv_groups=G, head_dim=hd,
-                  max_seq=max_seq)
-    if q4:
-        values.update({x: a[x] for x in ("k_sink", "v_sink", "k_win", "v_win")})
-        _q4_shadow_scalars(k, c, a, values)
+    values = dict(q=q, kv_groups=G, head_dim=hd, max_seq=max_seq)
+    _cache_values(k, c, a, values)
     values["attn_sink"] = c.integer("attn_sink", a.get("attn_sink", 0), 0)
     values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0))
     scale = a.get("scale")
@@ -324,7 +344,7 @@ def _combine(k: Kernel, c: Checker, a: dict):
     out = a["out"]
     c.array("out", out, np.float32, 2)
     heads, hd = (int(x) for x in out.shape)
-    _head_dim(k, c, hd, q4=False)
+    _head_dim(k, c, hd, rows=False)
     for name in ("m_in", "l_in", "acc_in"):
         c.array(name, a[name], np.float32)
     values = dict(m_in=a["m_in"], l_in=a["l_in"], acc_in=a["acc_in"], out=out, head_dim=hd)

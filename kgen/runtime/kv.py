@@ -1,39 +1,51 @@
-"""KV-cache objects: append, prefill and decode over the generated kernels.
+"""KV-cache objects: append, prefill and decode over the generated kernels, for
+any KV format and any generated variant.
 
 This is the layer a host engine would otherwise write by hand: it owns the
-cache buffers (f32; q4 with its fp16 sink and window shadows; one ring per
-slot), computes the decode split plan on the host, keeps scratch for the
-partials, runs decode as split kernel + combine, and splits a long q4 prefill
-into chunks so the fp16 window ring is never lapped inside one batch.
+cache buffers (laid out by the format object: body rows, and fp16 sink and
+window shadows where the format keeps them; one ring per slot), computes the
+decode split plan on the host, keeps scratch for the partials, runs decode as
+split kernel + combine, and splits long appends and prefills so an fp16 window
+ring is never lapped inside one launch. Kernels are chosen by their axes
+(``kgen.runtime.select``), or named with ``variants={"prefill": name, ...}``.
 """
 
 from __future__ import annotations
 
-from kgen.geometry import q4_row_bytes
+import math
+
+import numpy as np
+
+from kgen.formats import FORMATS
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.plan import decode_plan
+from kgen.runtime.select import Role, find
+from kgen.spec.axes import Mode, Op, Position
 
-
-def _kernels():
-    import kgen_kernels
-
-    return kgen_kernels
-
-
-def shadow_rows() -> tuple[int, int]:
-    """(ring_rows, sink_rows) of the fp16 shadows, as the q4 kernels were generated
-    (the specs' ring_rows / sink_rows): the cache layout every q4 kernel indexes."""
-    rows = {(k.ring_rows, k.sink_rows) for m in _kernels().MODULES.values()
-            for k in m.KERNELS.values() if k.kv.value == "q4"}
-    if len(rows) != 1:
-        raise ValueError(f"the q4 kernels disagree on the shadow layout: {sorted(rows)}")
-    return rows.pop()
+# What each role of a cache object needs a kernel for (kv is filled in per cache).
+ROLES = {
+    "append": Role(Op.KV_APPEND),
+    "append_dev": Role(Op.KV_APPEND, Position.DEVICE),
+    "append_slots": Role(Op.KV_APPEND, Position.SLOTS),
+    "prefill": Role(Op.FLASH, Position.HOST, Mode.PREFILL),
+    "decode": Role(Op.FLASH, Position.HOST, Mode.DECODE),
+    "decode_dev": Role(Op.FLASH, Position.DEVICE, Mode.DECODE),
+    "decode_slots": Role(Op.FLASH, Position.SLOTS, Mode.DECODE),
+    "combine": Role(Op.DECODE_COMBINE, Position.HOST),
+    "combine_dev": Role(Op.DECODE_COMBINE, Position.DEVICE),
+}
 
 
 def _cp():
     import cupy
 
     return cupy
+
+
+def _positive(name: str, v) -> int:
+    if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
+        raise ContractError("KVCache", "range", f"{name} must be a positive integer, not {v!r}")
+    return int(v)
 
 
 class _Scratch:
@@ -52,112 +64,205 @@ class _Scratch:
         return self.m[:need], self.l[:need], self.acc[: need * hd]
 
 
-class KVCache:
-    """One sequence's cache on the GPU: ``kv="f32"`` or ``kv="q4"``.
+class _Kernels:
+    """The kernels one cache uses, chosen per role on first use and cached. Every
+    kernel must lay the cache out alike: the same shadow rows as the append kernel,
+    and a device combine planning with the device decode's tile."""
 
-    q4 keeps the Q4_0 body for every position plus fp16 copies of the first
-    ``sink`` positions and of the last ``win`` positions (a ring of
-    ``ring_rows``), which the attention kernels read instead of the q4 body.
+    def __init__(self, kv: str, head_dim: int, variants: dict[str, str] | None):
+        self.kv, self.head_dim = kv, head_dim
+        self.variants = dict(variants or {})
+        unknown = set(self.variants) - set(ROLES)
+        if unknown:
+            raise ContractError("KVCache", "variant", f"unknown role(s) {sorted(unknown)}; "
+                                f"roles are {sorted(ROLES)}")
+        self._chosen: dict[tuple[str, int], tuple] = {}
+        self.layout = self.get("append")[0]  # fixes ring_rows / sink_rows
+
+    def _same_layout(self, k) -> bool:
+        if not FORMATS[self.kv].shadows or not hasattr(self, "layout"):
+            return True
+        return (k.ring_rows, k.sink_rows) == (self.layout.ring_rows, self.layout.sink_rows)
+
+    def get(self, role: str, groups: int = 1, tile: int | None = None):
+        key = (role, groups, tile)
+        if key not in self._chosen:
+            base = ROLES[role]
+            r = Role(base.op, base.position, base.mode,
+                     self.kv if base.op in (Op.FLASH, Op.KV_APPEND) else None)
+
+            def where(k):
+                return self._same_layout(k) and (tile is None or k.tile_keys == tile)
+            self._chosen[key] = find(r, self.head_dim, groups, self.variants.get(role), where)
+        return self._chosen[key]
+
+
+class KVCache:
+    """One sequence's cache on the GPU, in any registered KV format (``kv``).
+
+    A shadowed format (q4) also keeps fp16 copies of the first ``sink`` positions
+    and of the last ``win`` positions (a ring of the kernels' ``ring_rows``), which
+    the attention kernels read instead of the body.
     """
 
     def __init__(self, n_head_kv: int, head_dim: int, max_seq: int, kv: str = "f32",
-                 sink: int = 0, win: int = 0, prefill_kernel: str | None = None,
-                 buffers: tuple | None = None):
-        cp = _cp()
-        if kv not in ("f32", "q4"):
-            raise ValueError(f"kv must be 'f32' or 'q4', not {kv!r}")
-        self.kv, self.n_head_kv, self.head_dim, self.max_seq = kv, n_head_kv, head_dim, max_seq
-        self.sink, self.win = sink, win
+                 sink: int = 0, win: int = 0, variants: dict[str, str] | None = None,
+                 prefill_kernel: str | None = None, buffers: tuple | None = None):
+        if kv not in FORMATS:
+            raise ContractError("KVCache", "kv", f"kv must be one of {sorted(FORMATS)}, "
+                                f"not {kv!r}")
+        self.fmt = FORMATS[kv]
+        self.kv = kv
+        self.n_head_kv = _positive("n_head_kv", n_head_kv)
+        self.head_dim = _positive("head_dim", head_dim)
+        self.max_seq = _positive("max_seq", max_seq)
+        if prefill_kernel is not None:
+            variants = {**(variants or {}), "prefill": prefill_kernel}
+        self.kernels = _Kernels(kv, head_dim, variants)
+        lay = self.kernels.layout
+        self.RING_ROWS, self.SINK_ROWS = (lay.ring_rows, lay.sink_rows) if self.fmt.shadows \
+            else (0, 0)
+        self.sink, self.win = self._shadow_counts(sink, win)
         self.length = 0  # positions [0, length) hold keys
         self.scratch = _Scratch()
-        self.RING_ROWS, self.SINK_ROWS = shadow_rows() if kv == "q4" else (0, 0)
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
             self.k, self.v, *shadows = buffers
-            if kv == "q4":
-                self.k_sink, self.v_sink, self.k_win, self.v_win = shadows
-            self.prefill_kernel = prefill_kernel or (
-                "fc_attn_flash_prefill" if kv == "f32" else "fc_attn_flash_prefill_q4")
-            return
-        if kv == "f32":
-            shape = (n_head_kv, max_seq, head_dim)
-            self.k, self.v = cp.zeros(shape, cp.float32), cp.zeros(shape, cp.float32)
-            self.prefill_kernel = prefill_kernel or "fc_attn_flash_prefill"
         else:
-            row = q4_row_bytes(head_dim)
-            self.k = cp.zeros((n_head_kv, max_seq, row), cp.uint8)
-            self.v = cp.zeros((n_head_kv, max_seq, row), cp.uint8)
-            self.k_sink = cp.zeros((n_head_kv, self.SINK_ROWS, head_dim), cp.float16)
-            self.v_sink = cp.zeros_like(self.k_sink)
-            self.k_win = cp.zeros((n_head_kv, self.RING_ROWS, head_dim), cp.float16)
-            self.v_win = cp.zeros_like(self.k_win)
-            self.prefill_kernel = prefill_kernel or "fc_attn_flash_prefill_q4"
+            self.k, self.v, *shadows = allocate(self.fmt, (n_head_kv,), max_seq, head_dim,
+                                                self.RING_ROWS, self.SINK_ROWS)
+        self.shadows = tuple(shadows)
+
+    def _shadow_counts(self, sink, win) -> tuple[int, int]:
+        for name, v in (("sink", sink), ("win", win)):
+            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
+                raise ContractError("KVCache", "range", f"{name} must be an integer >= 0, "
+                                    f"not {v!r}")
+        if not self.fmt.shadows and (sink or win):
+            raise ContractError("KVCache", "shadows", f"kv = {self.kv} keeps no fp16 sink/"
+                                "window shadows; sink and win must be 0")
+        if sink > self.SINK_ROWS or win > self.RING_ROWS:
+            raise ContractError("KVCache", "shadows", f"sink <= {self.SINK_ROWS} and win <= "
+                                f"{self.RING_ROWS} (the kernels' shadow rows); got {sink}, {win}")
+        return int(sink), int(win)
 
     @property
-    def _shadows(self) -> tuple:
-        return (self.k_sink, self.v_sink, self.k_win, self.v_win) if self.kv == "q4" else ()
-
-    @property
-    def _q4_args(self) -> dict:
-        return {"sink": self.sink, "win": self.win} if self.kv == "q4" else {}
+    def _shadow_args(self) -> dict:
+        return {"sink": self.sink, "win": self.win} if self.fmt.shadows else {}
 
     def max_prefill_chunk(self) -> int:
-        """Rows one q4 prefill batch may have so no row's window key is lapped.
+        """Rows one prefill batch may have so no row's window key is lapped.
 
-        All rows of a batch are appended before any is read; the window ring
-        laps at RING_ROWS, so row 0 (needing keys > pos0 - win) stays exact
-        while the batch ends before pos0 - win + RING_ROWS.
+        All rows of a batch are appended before any is read; the window ring laps
+        at RING_ROWS, so row 0 (needing keys > pos0 - win) stays exact while the
+        batch ends before pos0 - win + RING_ROWS.
         """
-        if self.kv != "q4" or self.win <= 0:
+        if not self.fmt.shadows or self.win <= 0:
             return self.max_seq
         return self.RING_ROWS - self.win + 1
 
+    def _check_rows(self, name: str, x, rows: int | None = None) -> None:
+        want = (self.n_head_kv, self.head_dim)
+        if getattr(x, "ndim", 0) != 3 or tuple(x.shape[1:]) != want or x.dtype != np.float32:
+            raise ContractError("KVCache", "shape", f"{name} must be float32 [n][{want[0]}]"
+                                f"[{want[1]}], not {getattr(x, 'dtype', type(x))} "
+                                f"{tuple(getattr(x, 'shape', ()))}")
+        if rows is not None and x.shape[0] != rows:
+            raise ContractError("KVCache", "shape", f"{name} has {x.shape[0]} rows, not {rows}")
+
+    def _check_span(self, pos0: int, n: int) -> None:
+        if not isinstance(pos0, int | np.integer) or pos0 < 0 or pos0 + n > self.max_seq:
+            raise ContractError("KVCache", "range", f"positions [{pos0}, {pos0} + {n}) must "
+                                f"lie in [0, max_seq = {self.max_seq})")
+
     def append(self, k_new, v_new, pos0: int, stream=None) -> None:
-        """Append rows [pos0, pos0 + n). A q4 batch longer than the fp16 ring is
-        appended in ring-sized launches (in one launch, two blocks would race
-        for a ring slot); launches on one stream run in order."""
-        kk = _kernels()
-        name = "fc_attn_kv_append" if self.kv == "f32" else "fc_attn_kv_append_q4"
+        """Append rows [pos0, pos0 + n). A batch longer than the fp16 ring is
+        appended in ring-sized launches (in one launch, two blocks would race for a
+        ring slot); launches on one stream run in order."""
+        self._check_rows("k_new", k_new)
+        self._check_rows("v_new", v_new, k_new.shape[0])
         n = k_new.shape[0]
-        step = self.RING_ROWS if self.kv == "q4" and self.win > 0 else max(n, 1)
+        self._check_span(pos0, n)
+        _, fn = self.kernels.get("append")
+        step = self.RING_ROWS if self.fmt.shadows and self.win > 0 else max(n, 1)
         for lo in range(0, n, step):
             hi = min(lo + step, n)
-            getattr(kk, name)(k_new[lo:hi], v_new[lo:hi], self.k, self.v, *self._shadows,
-                              pos0=pos0 + lo, **self._q4_args, stream=stream)
+            fn(k_new[lo:hi], v_new[lo:hi], self.k, self.v, *self.shadows, pos0=pos0 + lo,
+               **self._shadow_args, stream=stream)
         self.length = max(self.length, pos0 + n)
+
+    def _groups(self, q) -> int:
+        n_head = int(q.shape[-2])
+        if n_head < 1 or n_head % self.n_head_kv:
+            raise ContractError("KVCache", "GQA", f"n_head = {n_head} is not a multiple of "
+                                f"n_head_kv = {self.n_head_kv}")
+        return n_head // self.n_head_kv
+
+    def _attn_args(self, attn_sink, attn_win, scale) -> dict:
+        for name, v in (("attn_sink", attn_sink), ("attn_win", attn_win)):
+            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
+                raise ContractError("KVCache", "range", f"{name} must be an integer >= 0 "
+                                    f"(0 = off), not {v!r}")
+            if v > 2**31 - 1:
+                raise ContractError("KVCache", "range", f"{name} = {v} exceeds int32")
+        if scale is not None:
+            s32 = float(np.float32(scale)) if math.isfinite(float(scale)) else math.inf
+            if not (math.isfinite(s32) and s32 != 0):
+                raise ContractError("KVCache", "scale", f"scale must be finite and nonzero "
+                                    f"in float32, not {scale!r}")
+        return dict(attn_sink=int(attn_sink), attn_win=int(attn_win), scale=scale)
 
     def prefill(self, q, k_new, v_new, pos0: int, attn_sink: int = 0, attn_win: int = 0,
                 scale: float | None = None, stream=None):
-        """Append rows [pos0, pos0+n) and attend each query row causally; returns out."""
+        """Append rows [pos0, pos0+n) and attend each query row causally; returns out.
+        Everything is checked before the first row is written."""
         cp = _cp()
         n = q.shape[0]
+        if getattr(q, "ndim", 0) != 3 or q.dtype != np.float32 or q.shape[-1] != self.head_dim:
+            raise ContractError("KVCache", "shape", f"q must be float32 [n][n_head]"
+                                f"[{self.head_dim}], not {q.dtype} {tuple(q.shape)}")
+        self._check_rows("k_new", k_new, n)
+        self._check_rows("v_new", v_new, n)
+        self._check_span(pos0, n)
+        attn = self._attn_args(attn_sink, attn_win, scale)
+        _, fn = self.kernels.get("prefill", self._groups(q))
         out = cp.empty(q.shape, cp.float32)
         step = self.max_prefill_chunk()
-        kk = _kernels()
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             self.append(k_new[lo:hi], v_new[lo:hi], pos0 + lo, stream=stream)
-            getattr(kk, self.prefill_kernel)(
-                q[lo:hi], self.k, self.v, *self._shadows, out[lo:hi], pos0=pos0 + lo,
-                **self._q4_args, attn_sink=attn_sink, attn_win=attn_win, scale=scale,
-                stream=stream)
+            fn(q[lo:hi], self.k, self.v, *self.shadows, out[lo:hi], pos0=pos0 + lo,
+               **self._shadow_args, **attn, stream=stream)
         return out
+
+    def _check_decode(self, q, k_new, v_new) -> int:
+        if getattr(q, "ndim", 0) != 2 or q.dtype != np.float32 or q.shape[-1] != self.head_dim:
+            raise ContractError("KVCache", "shape", f"q must be float32 [n_head]"
+                                f"[{self.head_dim}], not {q.dtype} {tuple(q.shape)}")
+        self._check_rows("k_new", k_new, 1)
+        self._check_rows("v_new", v_new, 1)
+        return self._groups(q)
 
     def decode(self, q, k_new, v_new, pos: int, kps: int = 256, splits_cap: int = 16,
                attn_sink: int = 0, attn_win: int = 0, scale: float | None = None,
                stream=None):
-        """Append the token at ``pos``, then split decode + combine; returns [n_head, hd]."""
+        """Append the token at ``pos``, then split decode + combine; returns [n_head, hd].
+        Everything is checked before the row is appended."""
         cp = _cp()
+        G = self._check_decode(q, k_new, v_new)
+        self._check_span(pos, 1)
+        attn = self._attn_args(attn_sink, attn_win, scale)
+        kdec, fdec = self.kernels.get("decode", G)
+        _, fcomb = self.kernels.get("combine")
+        plan = decode_plan(pos + 1, _positive("kps", kps), _positive("splits_cap", splits_cap),
+                           kdec.tile_keys)
         self.append(k_new, v_new, pos, stream=stream)
-        plan = decode_plan(pos + 1, kps, splits_cap)
         n_head = q.shape[0]
         m, l, acc = self.scratch.get(n_head, plan.n_splits, self.head_dim)
-        kk = _kernels()
-        name = "fc_attn_flash_decode" if self.kv == "f32" else "fc_attn_flash_decode_q4"
-        getattr(kk, name)(q, self.k, self.v, *self._shadows, m, l, acc, seq_len=plan.seq_len,
-                          n_splits=plan.n_splits, split_len=plan.split_len, **self._q4_args,
-                          attn_sink=attn_sink, attn_win=attn_win, scale=scale, stream=stream)
+        fdec(q, self.k, self.v, *self.shadows, m, l, acc, seq_len=plan.seq_len,
+             n_splits=plan.n_splits, split_len=plan.split_len, **self._shadow_args, **attn,
+             stream=stream)
         out = cp.empty((n_head, self.head_dim), cp.float32)
-        kk.fc_attn_flash_decode_combine(m, l, acc, out, n_splits=plan.n_splits, stream=stream)
+        fcomb(m, l, acc, out, n_splits=plan.n_splits, stream=stream)
         return out
 
     def decode_device(self, q, k_new, v_new, pos_dev, kps: int = 256, splits_cap: int = 16,
@@ -166,70 +271,96 @@ class KVCache:
         """decode with the position in device memory (capturable in a CUDA graph):
         every launch argument and grid is position-invariant."""
         cp = _cp()
-        kk = _kernels()
-        q4 = self.kv == "q4"
+        G = self._check_decode(q, k_new, v_new)
+        attn = self._attn_args(attn_sink, attn_win, scale)
+        kdec, fdec = self.kernels.get("decode_dev", G)
+        _, fapp = self.kernels.get("append_dev")
+        _, fcomb = self.kernels.get("combine_dev", tile=kdec.tile_keys)
+        kps, splits_cap = _positive("kps", kps), _positive("splits_cap", splits_cap)
         n_head = q.shape[0]
         m, l, acc = self.scratch.get(n_head, splits_cap, self.head_dim)
-        (kk.fc_attn_kv_append_q4_dev if q4 else kk.fc_attn_kv_append_dev)(
-            k_new, v_new, self.k, self.v, *self._shadows, pos_dev, **self._q4_args,
-            validate_pos=validate_pos, stream=stream)
-        (kk.fc_attn_flash_decode_q4_dev if q4 else kk.fc_attn_flash_decode_dev)(
-            q, self.k, self.v, *self._shadows, m, l, acc, pos_dev, kps=kps,
-            splits_cap=splits_cap, **self._q4_args, attn_sink=attn_sink, attn_win=attn_win,
-            scale=scale, validate_pos=validate_pos, stream=stream)
+        fapp(k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **self._shadow_args,
+             validate_pos=validate_pos, stream=stream)
+        fdec(q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
+             splits_cap=splits_cap, **self._shadow_args, **attn, validate_pos=validate_pos,
+             stream=stream)
         out = cp.empty((n_head, self.head_dim), cp.float32) if out is None else out
-        kk.fc_attn_flash_decode_combine_dev(m, l, acc, out, pos_dev, kps=kps,
-                                            splits_cap=splits_cap, validate_pos=validate_pos,
-                                            stream=stream)
+        fcomb(m, l, acc, out, pos_dev, kps=kps, splits_cap=splits_cap,
+              validate_pos=validate_pos, stream=stream)
         return out
+
+
+def allocate(fmt, lead: tuple[int, ...], max_seq: int, head_dim: int, ring_rows: int,
+             sink_rows: int) -> list:
+    """Zeroed body (K, V) and shadow arrays in ``fmt``'s layout, argument order."""
+    cp = _cp()
+    if not fmt.accepts_head_dim(head_dim):
+        raise ContractError("KVCache", "row format", f"head_dim = {head_dim} is not whole "
+                            f"{fmt.name} blocks of {fmt.block}")
+    body = (*lead, max_seq, fmt.row_width(head_dim))
+    rows = {"ring_rows": ring_rows, "sink_rows": sink_rows}
+    return [cp.zeros(body, fmt.dtype), cp.zeros(body, fmt.dtype),
+            *(cp.zeros((*lead, rows[s.rows_key], head_dim), cp.float16)
+              for s in fmt.shadow_buffers())]
 
 
 class SlotKVCache:
     """Independent users, one ring per slot, each decoding at its own position."""
 
     def __init__(self, nslots: int, n_head_kv: int, head_dim: int, max_seq: int,
-                 kv: str = "f32", sink: int = 0, win: int = 0):
-        cp = _cp()
-        self.kv, self.nslots, self.n_head_kv = kv, nslots, n_head_kv
-        self.head_dim, self.max_seq, self.sink, self.win = head_dim, max_seq, sink, win
+                 kv: str = "f32", sink: int = 0, win: int = 0,
+                 variants: dict[str, str] | None = None):
+        self.nslots = _positive("nslots", nslots)
+        # Slot 0 as a plain cache validates every argument and fixes the layout.
+        probe = KVCache(n_head_kv, head_dim, max_seq, kv, sink, win, variants,
+                        buffers=(None, None))
+        self.kv, self.fmt, self.kernels = kv, probe.fmt, probe.kernels
+        self.n_head_kv, self.head_dim, self.max_seq = n_head_kv, head_dim, max_seq
+        self.sink, self.win = probe.sink, probe.win
+        self.RING_ROWS, self.SINK_ROWS = probe.RING_ROWS, probe.SINK_ROWS
+        self.variants = variants
         self.scratch = _Scratch()
-        lead = (nslots, n_head_kv)
-        if kv == "f32":
-            self.k = cp.zeros((*lead, max_seq, head_dim), cp.float32)
-            self.v = cp.zeros_like(self.k)
-            self.shadows = ()
-        elif kv == "q4":
-            self.k = cp.zeros((*lead, max_seq, q4_row_bytes(head_dim)), cp.uint8)
-            self.v = cp.zeros_like(self.k)
-            ring, sink_rows = shadow_rows()
-            self.shadows = tuple(cp.zeros((*lead, rows, head_dim), cp.float16)
-                                 for rows in (sink_rows, sink_rows, ring, ring))
-        else:
-            raise ValueError(f"kv must be 'f32' or 'q4', not {kv!r}")
+        self.k, self.v, *shadows = allocate(self.fmt, (nslots, n_head_kv), max_seq, head_dim,
+                                            self.RING_ROWS, self.SINK_ROWS)
+        self.shadows = tuple(shadows)
+
+    @property
+    def _shadow_args(self) -> dict:
+        return {"sink": self.sink, "win": self.win} if self.fmt.shadows else {}
 
     def slot(self, u: int, prefill_kernel: str | None = None) -> KVCache:
         """Slot ``u``'s rings as a single-sequence KVCache (views, no copy): its
         slice of the per-slot layout is laid out exactly like one sequence's cache,
-        so prefill (chunked for q4) and append run on it unchanged."""
+        so prefill (chunked) and append run on it unchanged."""
         if not 0 <= u < self.nslots:
             raise IndexError(f"slot {u} of {self.nslots}")
         bufs = (self.k[u], self.v[u], *(s[u] for s in self.shadows))
         return KVCache(self.n_head_kv, self.head_dim, self.max_seq, kv=self.kv, sink=self.sink,
-                       win=self.win, prefill_kernel=prefill_kernel, buffers=bufs)
+                       win=self.win, variants=self.variants, prefill_kernel=prefill_kernel,
+                       buffers=bufs)
 
     def prefill(self, u: int, q, k_new, v_new, pos0: int, **kw):
         """Prefill one user's prompt into its own ring; returns [n][n_head][head_dim]."""
         return self.slot(u).prefill(q, k_new, v_new, pos0, **kw)
 
+    def _positions(self, pos) -> list[int]:
+        host = [int(p) for p in (pos.get() if hasattr(pos, "get") else pos)]
+        if len(host) != self.nslots:
+            raise ContractError("SlotKVCache", "shape",
+                                f"{len(host)} positions for {self.nslots} slots")
+        bad = [p for p in host if not 0 <= p < self.max_seq]
+        if bad:
+            raise ContractError("SlotKVCache", "range", f"positions {bad} outside "
+                                f"[0, max_seq = {self.max_seq})")
+        return host
+
     def append(self, k_new, v_new, pos, stream=None) -> None:
         """Each slot's one new row at its own position (device or host int32 positions)."""
         cp = _cp()
-        kk = _kernels()
-        pos_dev = pos if isinstance(pos, cp.ndarray) else cp.asarray(pos, dtype=cp.int32)
-        q4 = self.kv == "q4"
-        extra = {"sink": self.sink, "win": self.win} if q4 else {}
-        (kk.fc_attn_kv_append_slots_q4 if q4 else kk.fc_attn_kv_append_slots)(
-            k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **extra, stream=stream)
+        if not isinstance(pos, cp.ndarray):
+            pos = cp.asarray(self._positions(pos), dtype=cp.int32)
+        _, fn = self.kernels.get("append_slots")
+        fn(k_new, v_new, self.k, self.v, *self.shadows, pos, **self._shadow_args, stream=stream)
 
     def decode(self, q, k_new, v_new, pos, kps: int = 256, splits_cap: int = 16,
                attn_sink: int = 0, attn_win: int = 0, scale: float | None = None,
@@ -237,27 +368,30 @@ class SlotKVCache:
         """Each slot appends its row at pos[slot] and attends its own ring.
 
         ``pos``: host ints (one per slot) or a device int32 array. Returns
-        [nslots, n_head, head_dim].
+        [nslots, n_head, head_dim]. Everything is checked before any row is written.
         """
         cp = _cp()
-        kk = _kernels()
-        q4 = self.kv == "q4"
-        pos_host = [int(p) for p in (pos.get() if hasattr(pos, "get") else pos)]
-        if len(pos_host) != self.nslots:
-            raise ContractError("SlotKVCache.decode", "shape",
-                                f"{len(pos_host)} positions for {self.nslots} slots")
-        pos_dev = cp.asarray(pos_host, dtype=cp.int32)
-        width = max(decode_plan(p + 1, kps, splits_cap).n_splits for p in pos_host)
-        extra = {"sink": self.sink, "win": self.win} if q4 else {}
-        self.append(k_new, v_new, pos_dev, stream=stream)
+        pos_host = self._positions(pos)
+        if getattr(q, "ndim", 0) != 3 or q.shape[0] != self.nslots:
+            raise ContractError("SlotKVCache", "shape", f"q must be [nslots = {self.nslots}]"
+                                f"[n_head][head_dim], not {tuple(getattr(q, 'shape', ()))}")
         n_head = q.shape[1]
+        if n_head % self.n_head_kv:
+            raise ContractError("SlotKVCache", "GQA", f"n_head = {n_head} is not a multiple "
+                                f"of n_head_kv = {self.n_head_kv}")
+        kdec, fdec = self.kernels.get("decode_slots", n_head // self.n_head_kv)
+        _, fcomb = self.kernels.get("combine")
+        attn = KVCache._attn_args(self, attn_sink, attn_win, scale)
+        kps, splits_cap = _positive("kps", kps), _positive("splits_cap", splits_cap)
+        width = max(decode_plan(p + 1, kps, splits_cap, kdec.tile_keys).n_splits
+                    for p in pos_host)
+        pos_dev = cp.asarray(pos_host, dtype=cp.int32)
+        self.append(k_new, v_new, pos_dev, stream=stream)
         heads = self.nslots * n_head
         m, l, acc = self.scratch.get(heads, width, self.head_dim)
-        (kk.fc_attn_flash_decode_slots_q4 if q4 else kk.fc_attn_flash_decode_slots)(
-            q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
-            splits_cap=splits_cap, **extra, attn_sink=attn_sink, attn_win=attn_win,
-            scale=scale, launch_splits=width, stream=stream)
+        fdec(q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
+             splits_cap=splits_cap, **self._shadow_args, **attn, launch_splits=width,
+             stream=stream)
         out = cp.empty((heads, self.head_dim), cp.float32)
-        kk.fc_attn_flash_decode_combine(m, l, acc, out, n_splits=width, stream=stream)
+        fcomb(m, l, acc, out, n_splits=width, stream=stream)
         return out.reshape(self.nslots, n_head, self.head_dim)
-

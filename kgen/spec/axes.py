@@ -1,13 +1,16 @@
 """The spec's vocabulary: every key a kernel may set, its values and default.
 
-Adding a value to an axis (another KV format, staging mode, window policy) is
-an entry here, a row in ``kgen/spellings.py`` and a template piece.
+Adding a value to an axis (a staging mode, window policy) is an entry here, a
+row in ``kgen/spellings.py`` and a template piece; the ``kv`` axis takes the
+names registered in ``kgen.formats``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+
+from kgen.formats import KvFormatName
 
 
 class Op(StrEnum):
@@ -26,11 +29,6 @@ class Position(StrEnum):
     HOST = "host"      # position passed as a kernel argument
     DEVICE = "device"  # read from pos[0] (CUDA-graph capture)
     SLOTS = "slots"    # read from pos[slot]; one KV ring per slot
-
-
-class KvFormat(StrEnum):
-    F32 = "f32"  # float rows
-    Q4 = "q4"    # Q4_0 blocks + fp16 sink and recent-window shadows
 
 
 class QStage(StrEnum):
@@ -81,7 +79,7 @@ KEYS: dict[str, Key] = {
     "position": Key(Position, Position.HOST, frozenset({Op.FLASH, Op.KV_APPEND,
                                                         Op.DECODE_COMBINE}),
                     "where the current position comes from"),
-    "kv": Key(KvFormat, KvFormat.F32, CACHE_OPS, "KV-cache row format"),
+    "kv": Key(KvFormatName, KvFormatName("f32"), CACHE_OPS, "KV-cache row format"),
     "q_stage": Key(QStage, QStage.F32, FLASH, "element type of the staged q group"),
     "k_stage": Key(KStage, KStage.SHARED_F32, FLASH, "where a K tile lives"),
     "v_stage": Key(VStage, VStage.GLOBAL, FLASH, "where V rows are read from"),
@@ -99,9 +97,3 @@ KEYS: dict[str, Key] = {
 }
 
 RESOURCES = ("registers", "stack_frame", "spill_stores", "spill_loads", "static_smem")
-
-# Q4_0: a block of 32 elements is an fp16 scale and 16 code bytes.
-Q4_BLOCK = 32
-Q4_BLOCK_BYTES = 18
-SMEM_LIMIT = 48 * 1024
-MAX_THREADS = 1024

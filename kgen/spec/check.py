@@ -10,16 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kgen.errors import SourcePos, SpecError
-from kgen.geometry import flash_shared_bytes
+from kgen.geometry import flash_shared_bytes, min_head_dim, tile_threads
 from kgen.spec.axes import (
     KEYS,
-    MAX_THREADS,
-    Q4_BLOCK,
-    Q4_BLOCK_BYTES,
     RESOURCES,
-    SMEM_LIMIT,
     KStage,
-    KvFormat,
     Mode,
     Op,
     Position,
@@ -28,6 +23,7 @@ from kgen.spec.axes import (
 )
 from kgen.spec.ir import Kernel
 from kgen.spec.resolve import did_you_mean
+from kgen.target import TARGET
 
 Lines = dict[str, tuple[str, ...]]
 
@@ -81,11 +77,11 @@ def check_mode_position(k: Kernel, ctx: _Ctx) -> None:
 
 
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:
-    """The batch live floor exists only for q4 shadows read by a batched prefill."""
+    """The batch live floor exists only for fp16 window shadows read by a batched prefill."""
     if k.op is Op.FLASH and k.ring_floor is RingFloor.BATCH:
-        if k.kv is not KvFormat.Q4:
-            raise ctx.error(k.where("ring_floor"), "ring_floor = batch needs kv = q4 "
-                            "(only the q4 format has an fp16 window ring)")
+        if not k.fmt.shadows:
+            raise ctx.error(k.where("ring_floor"), f"ring_floor = batch needs a format with "
+                            f"an fp16 window ring; kv = {k.fmt.name} has none")
         if k.mode is not Mode.PREFILL:
             raise ctx.error(k.where("ring_floor"), "ring_floor = batch needs mode = prefill "
                             "(the floor is derived from the batch's last row)")
@@ -96,53 +92,57 @@ def check_dot_shape(k: Kernel, ctx: _Ctx) -> None:
     if k.op is not Op.FLASH:
         return
     lanes = k.dot_lanes
-    if lanes & (lanes - 1) or lanes > 32:
+    if lanes & (lanes - 1) or lanes > TARGET.warp:
         raise ctx.error(k.where("dot_lanes"), f"dot_lanes = {lanes}: the shuffle reduction "
-                        "needs a power of two no larger than the warp (32)")
-    if k.tile_keys * lanes > MAX_THREADS:
-        raise ctx.error(k.where("tile_keys"), f"tile_keys * dot_lanes = {k.tile_keys * lanes} "
-                        f"threads exceeds a block ({MAX_THREADS}); every key of a tile needs "
-                        "its own dot lanes")
+                        f"needs a power of two no larger than the warp ({TARGET.warp})")
+    if tile_threads(k) > TARGET.max_threads:
+        raise ctx.error(k.where("tile_keys"), f"tile_keys * dot_lanes = {tile_threads(k)} "
+                        f"threads exceeds a block ({TARGET.max_threads}); every key of a tile "
+                        "needs its own dot lanes")
     if k.tile_keys & (k.tile_keys - 1):
         raise ctx.error(k.where("tile_keys"), f"tile_keys = {k.tile_keys} must be a power of "
                         "two (the split plan rounds split lengths with a mask)")
-    if k.max_groups > 32:
-        raise ctx.error(k.where("max_groups"), "max_groups > 32: the softmax fold runs one "
-                        "thread per head inside the first warp")
+    if k.max_groups > TARGET.warp:
+        raise ctx.error(k.where("max_groups"), f"max_groups > {TARGET.warp}: the softmax fold "
+                        "runs one thread per head inside the first warp")
 
 
 def check_register_k(k: Kernel, ctx: _Ctx) -> None:
-    """Register K: the chunk bound must cover head_dim = tile_keys * dot_lanes, and
-    the q4 lane dequant maps 16 lanes onto a 32-element block, two chunks a block."""
+    """Register K: the chunk bound must cover the smallest legal head_dim, and a
+    format's lane dequant may fix the lanes (q4: 16 lanes onto a 32-element block,
+    two chunks a block)."""
     if k.op is not Op.FLASH or k.k_stage is not KStage.REGISTERS:
         return
-    need = k.tile_keys
+    need = -(-min_head_dim(k) // k.dot_lanes)
     if k.kreg_max_chunk < need:
         raise ctx.error(k.where("kreg_max_chunk"), f"register K: kreg_max_chunk = "
-                        f"{k.kreg_max_chunk} must be >= tile_keys ({need}), the smallest "
-                        "head_dim/dot_lanes a block runs with")
-    if k.kv is KvFormat.Q4:
-        if k.dot_lanes * 2 != Q4_BLOCK:
-            raise ctx.error(k.where("dot_lanes"), f"register K over q4 needs dot_lanes = "
-                            f"{Q4_BLOCK // 2} (the lane dequant reads one code byte per lane "
-                            "for two chunks)")
-        if k.kreg_max_chunk % 2:
-            raise ctx.error(k.where("kreg_max_chunk"), "register K over q4 needs an even "
-                            "kreg_max_chunk (one scale serves two chunks)")
+                        f"{k.kreg_max_chunk} must be >= {need}, head_dim / dot_lanes at the "
+                        f"smallest head_dim a block runs with ({min_head_dim(k)})")
+    fmt = k.fmt
+    if fmt.register_k_lanes is not None and k.dot_lanes != fmt.register_k_lanes:
+        raise ctx.error(k.where("dot_lanes"), f"register K over {fmt.name} needs dot_lanes = "
+                        f"{fmt.register_k_lanes} (the format's lane dequant is laid out for "
+                        "it)")
+    if k.kreg_max_chunk % fmt.register_k_chunk_multiple:
+        raise ctx.error(k.where("kreg_max_chunk"), f"register K over {fmt.name} needs "
+                        f"kreg_max_chunk a multiple of {fmt.register_k_chunk_multiple} (one "
+                        "scale serves that many chunks)")
 
 
 def check_shared_v(k: Kernel, ctx: _Ctx) -> None:
-    """The shared-V tile stages raw Q4_0 rows at head_dim = tile_keys * dot_lanes as
+    """The shared-V tile stages raw rows at head_dim = tile_keys * dot_lanes as
     whole 32-bit words, in exactly v_rounds blockDim-strided rounds."""
     if k.op is not Op.FLASH or k.v_stage is not VStage.SHARED_Q4:
         return
-    if k.kv is not KvFormat.Q4:
-        raise ctx.error(k.where("v_stage"), "v_stage = shared_q4 needs kv = q4")
-    head_dim = k.tile_keys * k.dot_lanes
-    if head_dim % Q4_BLOCK:
+    fmt = k.fmt
+    if not fmt.raw_v_tile:
+        raise ctx.error(k.where("v_stage"), f"v_stage = {k.v_stage.value}: kv = {fmt.name} "
+                        "has no raw V tile reader")
+    head_dim = tile_threads(k)
+    if not fmt.accepts_head_dim(head_dim):
         raise ctx.error(k.where("tile_keys"), f"shared-V pins head_dim = tile_keys * "
-                        f"dot_lanes = {head_dim}, not a whole number of Q4_0 blocks")
-    row_bytes = head_dim // Q4_BLOCK * Q4_BLOCK_BYTES
+                        f"dot_lanes = {head_dim}, not a whole number of {fmt.name} blocks")
+    row_bytes = fmt.row_bytes(head_dim)
     tile_bytes = k.tile_keys * row_bytes
     if tile_bytes % 4:
         raise ctx.error(k.where("v_stage"), f"the shared-V tile ({tile_bytes} bytes) is not "
@@ -155,14 +155,16 @@ def check_shared_v(k: Kernel, ctx: _Ctx) -> None:
 
 
 def check_shared_budget(k: Kernel, ctx: _Ctx) -> None:
-    """At least the smallest legal launch (one group, head_dim = tile_keys * dot_lanes)
-    must fit the 48 KB a block may use."""
+    """At least the smallest legal launch (one group, the smallest head_dim) must fit
+    the shared memory a block may use."""
     if k.op is not Op.FLASH:
         return
-    need = flash_shared_bytes(k, 1, k.tile_keys * k.dot_lanes)
-    if need > SMEM_LIMIT:
+    hd = min_head_dim(k)
+    need = flash_shared_bytes(k, 1, hd)
+    limit = TARGET.shared_per_block
+    if need > limit:
         raise ctx.error(k.pos, f"needs {need} bytes of shared memory at kv_groups = 1, "
-                        f"head_dim = {k.tile_keys * k.dot_lanes}; a block may use {SMEM_LIMIT}")
+                        f"head_dim = {hd}; a block may use {limit}")
 
 
 def check_expectations(k: Kernel, ctx: _Ctx) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kgen.errors import SourcePos
+from kgen.formats import KvFormat, KvFormatName
 from kgen.spec.ast import ExpectRelation, ExpectResource
-from kgen.spec.axes import KStage, KvFormat, Mode, Op, Position, QStage, RingFloor, VStage, Window
+from kgen.spec.axes import KStage, Mode, Op, Position, QStage, RingFloor, VStage, Window
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class Kernel:
     op: Op
     mode: Mode
     position: Position
-    kv: KvFormat
+    kv: KvFormatName
     q_stage: QStage
     k_stage: KStage
     v_stage: VStage
@@ -46,6 +47,11 @@ class Kernel:
     def where(self, key: str) -> SourcePos:
         """The position of the assignment that set ``key`` (else the kernel's name)."""
         return dict(self.origin).get(key, self.pos)
+
+    @property
+    def fmt(self) -> KvFormat:
+        """The KV format object the ``kv`` axis names (its layout and rules)."""
+        return self.kv.fmt
 
     @property
     def explicit_keys(self) -> frozenset[str]:

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.geometry import q4_row_bytes
+from kgen.geometry import flash_shared_bytes, head_dim_step, tile_threads
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import ContractError
-from kgen.spec.axes import KStage, KvFormat, Mode, Op, Position
+from kgen.spec.axes import KStage, Mode, Op, Position, VStage
 from kgen.spec.ir import Kernel
+from kgen.target import TARGET
 from kgen.testing.case import Case
 
 
@@ -31,14 +32,13 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
     lead = (ns, hk) if slots else (hk,)
     a: dict = {}
     if k.op in (Op.KV_APPEND, Op.FLASH):
-        row = q4_row_bytes(hd) if k.kv is KvFormat.Q4 else hd
-        dt = np.uint8 if k.kv is KvFormat.Q4 else f32
-        a.update(k_cache=z((*lead, ms, row), dt), v_cache=z((*lead, ms, row), dt))
-        if k.kv is KvFormat.Q4:
-            a.update(k_sink=z((*lead, k.sink_rows, hd), np.float16),
-                     v_sink=z((*lead, k.sink_rows, hd), np.float16),
-                     k_win=z((*lead, k.ring_rows, hd), np.float16),
-                     v_win=z((*lead, k.ring_rows, hd), np.float16), sink=case.sink, win=case.win)
+        fmt = k.fmt
+        row = fmt.row_width(hd) if fmt.accepts_head_dim(hd) else hd
+        a.update(k_cache=z((*lead, ms, row), fmt.dtype), v_cache=z((*lead, ms, row), fmt.dtype))
+        for s in fmt.shadow_buffers():
+            a[s.name] = z((*lead, getattr(k, s.rows_key), hd), np.float16)
+        if fmt.shadows:
+            a.update(sink=case.sink, win=case.win)
     pos = np.array(case.positions or (case.seq_len - 1,), dtype=np.int32)
     if k.op is Op.KV_APPEND:
         rows = ns if slots else (1 if k.position is Position.DEVICE else case.n)
@@ -87,8 +87,41 @@ def _flash(k):
     return k.op is Op.FLASH
 
 
-def _q4(k):
-    return k.kv is KvFormat.Q4 and k.op in (Op.FLASH, Op.KV_APPEND)
+def _cache_op(k):
+    return k.op in (Op.FLASH, Op.KV_APPEND)
+
+
+def _shadowed(k):
+    return _cache_op(k) and k.fmt.shadows
+
+
+def _blocked(k):
+    return _cache_op(k) and k.fmt.block > 1
+
+
+def _below_tile(k) -> int | None:
+    """A head_dim that passes the warp and block rules but leaves keys unscored."""
+    step = head_dim_step(k)
+    hd = (tile_threads(k) - 1) // step * step
+    return hd if hd >= step else None
+
+
+def _partial_warp(k) -> int | None:
+    """A head_dim above the tile that is whole format blocks but not whole warps."""
+    hd = -(-tile_threads(k) // TARGET.warp) * TARGET.warp + TARGET.warp // 2
+    return hd if k.fmt.accepts_head_dim(hd) else None
+
+
+def _over_chunk(k) -> int | None:
+    """The smallest legal-looking head_dim past the register-K chunk bound."""
+    step = head_dim_step(k)
+    hd = (k.kreg_max_chunk * k.dot_lanes // step + 1) * step
+    return hd if hd <= TARGET.max_threads else None
+
+
+def _over_shared(k) -> bool:
+    return (k.k_stage is not KStage.REGISTERS and k.v_stage is VStage.GLOBAL and
+            flash_shared_bytes(k, k.max_groups, TARGET.max_threads) > TARGET.shared_per_block)
 
 
 def _args_with(**case_kw):
@@ -196,35 +229,41 @@ MUTATIONS: dict[str, Mutation] = {
     "non_contiguous": Mutation("contiguous", lambda k: True, _non_contiguous),
     "qz_shape_mismatch": Mutation("shape", lambda k: k.op is Op.QZ_SPLIT, _set(
         "z", lambda a, k, c: np.zeros((*a.shape[:-1], a.shape[-1] - 1), a.dtype))),
-    "head_dim_below_tile": Mutation("every key scored", _flash, _args_with(head_dim=128)),
+    "head_dim_below_tile": Mutation(
+        "every key scored", lambda k: _flash(k) and _below_tile(k) is not None,
+        lambda k, c: host_args(k, c.with_(head_dim=_below_tile(k)))),
     "head_dim_partial_warp": Mutation(
-        "whole warps", lambda k: _flash(k) and k.kv is KvFormat.F32, _args_with(head_dim=272)),
-    "q4_head_dim": Mutation("q4 head_dim", lambda k: k.op is Op.KV_APPEND and _q4(k),
-                            _args_with(head_dim=48)),
+        "whole warps", lambda k: _flash(k) and _partial_warp(k) is not None,
+        lambda k, c: host_args(k, c.with_(head_dim=_partial_warp(k)))),
+    "row_format_head_dim": Mutation(
+        "row format", _blocked,
+        lambda k, c: host_args(k, c.with_(head_dim=k.fmt.block + k.fmt.block // 2))),
     "kv_groups_over_max": Mutation("kv_groups", _flash, lambda k, c: host_args(
         k, c.with_(n_head=2 * (k.max_groups + 1), n_head_kv=2))),
     "gqa_mismatch": Mutation("GQA", _flash, _args_with(n_head=7, n_head_kv=2)),
-    "shared_memory": Mutation("shared memory", lambda k: _flash(k) and k.k_stage is not
-                              KStage.REGISTERS,
-                              _args_with(head_dim=1024, n_head=16, n_head_kv=2)),
+    "shared_memory": Mutation("shared memory", lambda k: _flash(k) and _over_shared(k),
+                              lambda k, c: host_args(k, c.with_(
+                                  head_dim=TARGET.max_threads, n_head=k.max_groups,
+                                  n_head_kv=1))),
     "register_k_chunk": Mutation("register K chunk", lambda k: _flash(k) and k.k_stage is
-                                 KStage.REGISTERS, _args_with(head_dim=512, n_head=2,
-                                                              n_head_kv=2)),
+                                 KStage.REGISTERS and _over_chunk(k) is not None,
+                                 lambda k, c: host_args(k, c.with_(
+                                     head_dim=_over_chunk(k), n_head=2, n_head_kv=2))),
     "prefill_ring_wrap": Mutation("no ring wrap", lambda k: _flash(k) and k.mode is
                                   Mode.PREFILL, lambda k, c: host_args(
                                       k, c.with_(pos0=c.max_seq - c.n + 1))),
     "negative_pos0": Mutation("range", lambda k: k.position is Position.HOST and
                               (k.op is Op.KV_APPEND or (_flash(k) and k.mode is Mode.PREFILL)),
                               _args_with(pos0=-1)),
-    "sink_rows": Mutation("sink rows", _q4, lambda k, c: host_args(
+    "sink_rows": Mutation("sink rows", _shadowed, lambda k, c: host_args(
         k, c.with_(sink=k.sink_rows + 1))),
-    "window_ring": Mutation("window ring", _q4, lambda k, c: host_args(
+    "window_ring": Mutation("window ring", _shadowed, lambda k, c: host_args(
         k, c.with_(win=k.ring_rows + 1))),
     "append_ring_race": Mutation(
         "ring write race", lambda k: k.op is Op.KV_APPEND and k.position is Position.HOST,
         lambda k, c: host_args(k, c.with_(
-            n=(k.ring_rows if k.kv is KvFormat.Q4 else c.max_seq) + 1, pos0=0, win=8,
-            max_seq=(4 * k.ring_rows if k.kv is KvFormat.Q4 else c.max_seq)))),
+            n=(k.ring_rows if k.fmt.shadows else c.max_seq) + 1, pos0=0, win=8,
+            max_seq=(4 * k.ring_rows if k.fmt.shadows else c.max_seq)))),
     "device_append_rows": Mutation(
         "one decode row", lambda k: k.op is Op.KV_APPEND and k.position is Position.DEVICE,
         lambda k, c: {**host_args(k, c), "k_new": np.zeros((2, c.n_head_kv, c.head_dim),
@@ -239,7 +278,7 @@ MUTATIONS: dict[str, Mutation] = {
     "negative_device_pos": Mutation("position", _pos_dev, _set(
         "pos", lambda a, k, c: np.full_like(a, -1))),
     "device_pos_past_max_seq": Mutation(
-        "no ring wrap", lambda k: _pos_dev(k) and (_flash(k) or k.kv is KvFormat.Q4),
+        "no ring wrap", lambda k: _pos_dev(k) and (_flash(k) or not k.fmt.append_wraps),
         _set("pos", lambda a, k, c: np.full_like(a, c.max_seq))),
     "slots_launch_too_narrow": Mutation(
         "slot plan coverage", lambda k: _flash(k) and k.position is Position.SLOTS,

@@ -11,6 +11,7 @@ import pytest
 
 from kgen import pipeline
 from kgen.render import environment, render_modules
+from kgen.spec.axes import Op
 from kgen.spec.parser import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,11 +56,12 @@ def test_every_kernel_names_its_spec_and_templates(modules):
 
 
 def test_the_flash_skeleton_is_written_once(modules):
-    """The online-softmax fold is one template line and appears in all 12 flash kernels."""
+    """The online-softmax fold is one template line and appears once per flash kernel."""
     fold = "float corr = expf(m_s[tid] - m_new);"
     in_templates = [p for p in TEMPLATES.rglob("*.j2") if fold in p.read_text()]
     assert [p.name for p in in_templates] == ["flash.cu.j2"]
-    assert sum(m.source.count(fold) for m in modules) == 12
+    flash = sum(k.op is Op.FLASH for m in modules for k in m.kernels)
+    assert flash > 0 and sum(m.source.count(fold) for m in modules) == flash
 
 
 def test_a_missing_template_value_is_an_error_not_an_empty_string(tmp_path):

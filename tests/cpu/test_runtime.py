@@ -16,10 +16,12 @@ import pytest
 
 from kgen import numpy_ref as ref
 from kgen import pipeline
-from kgen.geometry import flash_shared_bytes
+from kgen.formats import FORMATS
+from kgen.geometry import flash_shared_bytes, min_head_dim
 from kgen.pyapi import py_args
 from kgen.runtime import ContractError, bind, decode_plan
 from kgen.runtime.spec import axes_of
+from kgen.spec.axes import Mode, Op, Position
 from kgen.testing import Case, host_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,18 +93,19 @@ def test_host_plan_is_the_device_formula():
             assert (p.n_splits - 1) * p.split_len < seq_len <= p.n_splits * p.split_len
 
 
-@pytest.mark.parametrize("win", [1, 17, 100, 255, 256])
-def test_q4_prefill_chunk_is_the_largest_batch_the_ring_keeps_exact(win):
+@pytest.mark.parametrize("ring,win", [(256, 1), (256, 17), (256, 100), (256, 255), (256, 256),
+                                      (64, 1), (64, 40), (64, 64)])
+def test_prefill_chunk_is_the_largest_batch_the_ring_keeps_exact(ring, win):
     """KVCache.max_prefill_chunk: the longest batch in which no query's window key
-    falls below the ring's live floor (so no row falls back to the q4 body)."""
+    falls below the ring's live floor (so no row falls back to the body)."""
     from kgen.runtime.kv import KVCache
 
-    chunk = KVCache.max_prefill_chunk(type("C", (), {"kv": "q4", "win": win,
-                                                     "RING_ROWS": ref.WMAX,
+    chunk = KVCache.max_prefill_chunk(type("C", (), {"fmt": FORMATS["q4"], "win": win,
+                                                     "RING_ROWS": ring,
                                                      "max_seq": 10**6})())
 
     def lapped(n: int, pos0: int = 500) -> bool:
-        floor = ref.prefill_live_floor(pos0, n)
+        floor = ref.prefill_live_floor(pos0, n, ring)
         return any(cur - win + 1 <= floor for cur in range(pos0, pos0 + n))
 
     assert not lapped(chunk) and lapped(chunk + 1)
@@ -164,8 +167,24 @@ def test_contracts_no_shipped_kernel_reaches_yet():
         bind(small, host_args(small, case.with_(head_dim=512)))
 
 
-def test_the_cache_objects_take_the_shadow_layout_from_the_specs(spec_kernels):
-    from kgen.runtime.kv import shadow_rows
+def test_kernel_choice_follows_the_axes(spec_kernels):
+    """The cache objects name no kernel: each role is served by a generated kernel
+    whose axes match, at the shapes asked for; none serving is a clear error."""
+    from kgen.runtime.kv import ROLES
+    from kgen.runtime.select import Role, find
 
-    q4 = [k for k in spec_kernels.values() if k.kv.value == "q4"]
-    assert shadow_rows() == (q4[0].ring_rows, q4[0].sink_rows) == (ref.WMAX, ref.SINKMAX)
+    for kv, fmt in FORMATS.items():
+        for role_name, base in ROLES.items():
+            role = Role(base.op, base.position, base.mode,
+                        kv if base.op in (Op.FLASH, Op.KV_APPEND) else None)
+            have = [k for k in spec_kernels.values() if role.matches(k)]
+            if not have:
+                continue
+            hd = max(min_head_dim(k) if k.op is Op.FLASH else fmt.block for k in have)
+            k, _ = find(role, hd)
+            assert role.matches(k) and k.name in {h.name for h in have}, (kv, role_name)
+    with pytest.raises(ContractError, match="no generated kernel serves"):
+        find(Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32"), head_dim=8)
+    with pytest.raises(ContractError, match="cannot serve"):
+        find(Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32"), 256,
+             variant=next(k.name for k in spec_kernels.values() if k.op is Op.KV_APPEND))

@@ -15,6 +15,7 @@ K = mod.KERNELS
 # ---- fc_attn_kv_append: append n f32 rows at (pos0 + t) % max_seq
 
 FC_ATTN_KV_APPEND_CASES = [
+    Case('hd1_smallest', n=3, head_dim=1, max_seq=16, pos0=2),
     Case('n5_pos3', n=5, pos0=3),
     Case('n9_ring_wrap', n=9, n_head_kv=1, max_seq=32, pos0=28),
     Case('n2_hd1024', n=2, n_head_kv=1, head_dim=1024, max_seq=8, pos0=1),
@@ -47,6 +48,7 @@ def test_fc_attn_kv_append_refuses(mutation):
 # ---- fc_attn_kv_append_dev: append one f32 row at pos[0] (CUDA-graph capture)
 
 FC_ATTN_KV_APPEND_DEV_CASES = [
+    Case('hd1_smallest', head_dim=1, max_seq=16, pos0=2, positions=(2,)),
     Case('pos40', positions=(40,)),
     Case('pos300_ring', n_head_kv=1, head_dim=128, max_seq=320, positions=(300,)),
     Case('pos70_wraps', n_head_kv=1, positions=(70,)),
@@ -74,6 +76,7 @@ def test_fc_attn_kv_append_dev_refuses(mutation):
 # ---- fc_attn_kv_append_slots: append each slot's row to its own f32 ring at pos[slot]
 
 FC_ATTN_KV_APPEND_SLOTS_CASES = [
+    Case('hd1_smallest', n=2, head_dim=1, max_seq=8, positions=(5, 0)),
     Case('ragged3', n=3, max_seq=320, positions=(0, 7, 300)),
     Case('two_slots_hd64', n=2, n_head_kv=1, head_dim=64, max_seq=16, positions=(15, 3)),
 ]
@@ -98,11 +101,14 @@ def test_fc_attn_kv_append_slots_refuses(mutation):
 # ---- fc_attn_kv_append_q4: quantize n rows to Q4_0 at pos0 + t and mirror them into the fp16 shadows
 
 FC_ATTN_KV_APPEND_Q4_CASES = [
+    Case('hd32_smallest', n=3, head_dim=32, max_seq=16, pos0=2, sink=4, win=8),
     Case('n5_pos3', n=5, pos0=3, sink=4, win=16),
     Case('n2_hd1024', n=2, n_head_kv=1, head_dim=1024, max_seq=8, pos0=1, sink=8, win=4),
     Case('n40_window_ring_laps', n=40, head_dim=128, max_seq=320, pos0=250, sink=8, win=256),
     Case('n3_no_shadows_hd64', n=3, n_head_kv=3, head_dim=64, max_seq=16),
 ]
+# Candidate shapes this kernel refuses (not run):
+#   n9_ring_wrap: fc_attn_kv_append_q4: q4 rows land at pos0 + t without wrapping: pos0 + n = 37 > max_seq = 32 [contract: no ring wrap]
 
 
 @pytest.mark.gpu
@@ -120,7 +126,7 @@ def test_fc_attn_kv_append_q4(case):
     "int32_position",
     "wrong_dtype",
     "non_contiguous",
-    "q4_head_dim",
+    "row_format_head_dim",
     "negative_pos0",
     "sink_rows",
     "window_ring",
@@ -132,9 +138,12 @@ def test_fc_attn_kv_append_q4_refuses(mutation):
 # ---- fc_attn_kv_append_q4_dev: Q4_0 append of one row at pos[0] (CUDA-graph capture)
 
 FC_ATTN_KV_APPEND_Q4_DEV_CASES = [
+    Case('hd32_smallest', head_dim=32, max_seq=16, pos0=2, positions=(2,), sink=4, win=8),
     Case('pos40', positions=(40,), sink=4, win=16),
     Case('pos300_ring', n_head_kv=1, head_dim=128, max_seq=320, positions=(300,), sink=8, win=64),
 ]
+# Candidate shapes this kernel refuses (not run):
+#   pos70_wraps: fc_attn_kv_append_q4_dev: position 70 + 1 row(s) exceeds max_seq = 64 [contract: no ring wrap]
 
 
 @pytest.mark.gpu
@@ -149,7 +158,7 @@ def test_fc_attn_kv_append_q4_dev(case):
     "grid_y_over_limit",
     "wrong_dtype",
     "non_contiguous",
-    "q4_head_dim",
+    "row_format_head_dim",
     "sink_rows",
     "window_ring",
     "device_append_rows",
@@ -162,6 +171,7 @@ def test_fc_attn_kv_append_q4_dev_refuses(mutation):
 # ---- fc_attn_kv_append_slots_q4: per-slot Q4_0 append with per-slot fp16 shadows
 
 FC_ATTN_KV_APPEND_SLOTS_Q4_CASES = [
+    Case('hd32_smallest', n=2, head_dim=32, max_seq=8, positions=(5, 0), sink=2, win=4),
     Case('ragged3', n=3, max_seq=320, positions=(0, 7, 300), sink=8, win=32),
     Case('two_slots_hd64', n=2, n_head_kv=1, head_dim=64, max_seq=16, positions=(15, 3)),
 ]
@@ -178,7 +188,7 @@ def test_fc_attn_kv_append_slots_q4(case):
     "head_dim_over_block",
     "wrong_dtype",
     "non_contiguous",
-    "q4_head_dim",
+    "row_format_head_dim",
     "sink_rows",
     "window_ring",
     "negative_device_pos",

@@ -15,6 +15,8 @@ K = mod.KERNELS
 # ---- fc_attn_flash_decode: split decode over the f32 cache, plan from the host
 
 FC_ATTN_FLASH_DECODE_CASES = [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
@@ -52,6 +54,8 @@ def test_fc_attn_flash_decode_refuses(mutation):
 # ---- fc_attn_flash_decode_dev: split decode with the plan recomputed from pos[0] (CUDA-graph capture)
 
 FC_ATTN_FLASH_DECODE_DEV_CASES = [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
@@ -88,6 +92,8 @@ def test_fc_attn_flash_decode_dev_refuses(mutation):
 # ---- fc_attn_flash_decode_q4: split decode over the Q4_0 cache with fp16 shadows, plan from the host
 
 FC_ATTN_FLASH_DECODE_Q4_CASES = [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, sink=4, win=8, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, sink=8, win=64, attn_sink=4, attn_win=50),
@@ -110,6 +116,7 @@ def test_fc_attn_flash_decode_q4(case):
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
+    "row_format_head_dim",
     "kv_groups_over_max",
     "gqa_mismatch",
     "shared_memory",
@@ -126,6 +133,8 @@ def test_fc_attn_flash_decode_q4_refuses(mutation):
 # ---- fc_attn_flash_decode_q4_dev: q4 split decode with the plan recomputed from pos[0]
 
 FC_ATTN_FLASH_DECODE_Q4_DEV_CASES = [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, sink=4, win=8, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, sink=8, win=64, attn_sink=4, attn_win=50),
@@ -148,6 +157,7 @@ def test_fc_attn_flash_decode_q4_dev(case):
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
+    "row_format_head_dim",
     "kv_groups_over_max",
     "gqa_mismatch",
     "shared_memory",
@@ -163,6 +173,8 @@ def test_fc_attn_flash_decode_q4_dev_refuses(mutation):
 # ---- fc_attn_flash_decode_slots: multi-user split decode: per-slot rings and plans from pos[slot]
 
 FC_ATTN_FLASH_DECODE_SLOTS_CASES = [
+    Case('hd256_g1_partial_tile', n_head=1, n_head_kv=1, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
     Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
 ]
@@ -197,6 +209,8 @@ def test_fc_attn_flash_decode_slots_refuses(mutation):
 # ---- fc_attn_flash_decode_slots_q4: multi-user split decode over per-slot Q4_0 rings and shadows
 
 FC_ATTN_FLASH_DECODE_SLOTS_Q4_CASES = [
+    Case('hd256_g1_partial_tile', n_head=1, n_head_kv=1, max_seq=72, positions=(34, 0, 16), sink=2, win=16, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=72, positions=(34, 0, 16), sink=2, win=16, kps=16, cap=4),
     Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), sink=4, win=64),
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), sink=4, win=40, attn_sink=4, attn_win=40, kps=32, cap=16),
 ]
@@ -216,6 +230,7 @@ def test_fc_attn_flash_decode_slots_q4(case):
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
+    "row_format_head_dim",
     "kv_groups_over_max",
     "gqa_mismatch",
     "shared_memory",
@@ -232,6 +247,7 @@ def test_fc_attn_flash_decode_slots_q4_refuses(mutation):
 # ---- fc_attn_flash_decode_combine: merge the n_splits partials of each head (grid n_head, or nslots * n_head)
 
 FC_ATTN_FLASH_DECODE_COMBINE_CASES = [
+    Case('hd1_smallest', n_head=3, head_dim=1, seq_len=35, kps=16, cap=4, n_splits=2),
     Case('h16_s5', n_head=16, seq_len=300, n_splits=5),
     Case('h3_s1_hd64', n_head=3, head_dim=64, seq_len=10, n_splits=1),
     Case('h8_s8', head_dim=128, seq_len=1000, n_splits=8),
@@ -258,6 +274,7 @@ def test_fc_attn_flash_decode_combine_refuses(mutation):
 # ---- fc_attn_flash_decode_combine_dev: combine with the plan recomputed from pos[0]
 
 FC_ATTN_FLASH_DECODE_COMBINE_DEV_CASES = [
+    Case('hd1_smallest', n_head=3, head_dim=1, seq_len=35, kps=16, cap=4, n_splits=2),
     Case('h16_s5', n_head=16, seq_len=300, n_splits=5),
     Case('h3_s1_hd64', n_head=3, head_dim=64, seq_len=10, n_splits=1),
     Case('h8_s8', head_dim=128, seq_len=1000, n_splits=8),

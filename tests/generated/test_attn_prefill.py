@@ -15,6 +15,8 @@ K = mod.KERNELS
 # ---- fc_attn_flash_prefill: causal GQA prefill over the f32 cache; K tile in shared, V via the read-only path
 
 FC_ATTN_FLASH_PREFILL_CASES = [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
@@ -52,6 +54,8 @@ def test_fc_attn_flash_prefill_refuses(mutation):
 # ---- fc_attn_flash_prefill_q4: prefill over the Q4_0 cache with fp16 sink/window shadows
 
 FC_ATTN_FLASH_PREFILL_Q4_CASES = [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
@@ -76,6 +80,7 @@ def test_fc_attn_flash_prefill_q4(case):
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
+    "row_format_head_dim",
     "kv_groups_over_max",
     "gqa_mismatch",
     "shared_memory",
@@ -90,9 +95,12 @@ def test_fc_attn_flash_prefill_q4_refuses(mutation):
 # ---- fc_attn_flash_prefill_q4_kr: q4 prefill with K in registers (hoisted lane dequant): no K tile, more blocks per SMX
 
 FC_ATTN_FLASH_PREFILL_Q4_KR_CASES = [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window_hd256', n=20, max_seq=160, pos0=100, sink=4, win=40, attn_sink=4, attn_win=40),
     Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, sink=2, win=128),
     Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
@@ -107,17 +115,20 @@ def test_fc_attn_flash_prefill_q4_kr(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window_hd256', n=20, max_seq=160, pos0=100, sink=4, win=40, attn_sink=4, attn_win=40),
     Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, sink=2, win=128),
     Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
 ], ids=str)
 def test_fc_attn_flash_prefill_q4_kr_bit_exact_fc_attn_flash_prefill_q4(case):
-    other = mod.fc_attn_flash_prefill_q4
+    other = mod
     check_relation("bit_exact", 0.0, K["fc_attn_flash_prefill_q4_kr"], mod.fc_attn_flash_prefill_q4_kr,
-                   K["fc_attn_flash_prefill_q4"], other, case)
+                   other.KERNELS["fc_attn_flash_prefill_q4"], other.fc_attn_flash_prefill_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -128,6 +139,7 @@ def test_fc_attn_flash_prefill_q4_kr_bit_exact_fc_attn_flash_prefill_q4(case):
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
+    "row_format_head_dim",
     "kv_groups_over_max",
     "gqa_mismatch",
     "register_k_chunk",
@@ -142,9 +154,12 @@ def test_fc_attn_flash_prefill_q4_kr_refuses(mutation):
 # ---- fc_attn_flash_prefill_q4_kvs: register-K q4 prefill with each tile's raw q4 V rows staged in shared
 
 FC_ATTN_FLASH_PREFILL_Q4_KVS_CASES = [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window_hd256', n=20, max_seq=160, pos0=100, sink=4, win=40, attn_sink=4, attn_win=40),
     Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, sink=2, win=128),
     Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
@@ -159,17 +174,20 @@ def test_fc_attn_flash_prefill_q4_kvs(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window_hd256', n=20, max_seq=160, pos0=100, sink=4, win=40, attn_sink=4, attn_win=40),
     Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, sink=2, win=128),
     Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
 ], ids=str)
 def test_fc_attn_flash_prefill_q4_kvs_bit_exact_fc_attn_flash_prefill_q4(case):
-    other = mod.fc_attn_flash_prefill_q4
+    other = mod
     check_relation("bit_exact", 0.0, K["fc_attn_flash_prefill_q4_kvs"], mod.fc_attn_flash_prefill_q4_kvs,
-                   K["fc_attn_flash_prefill_q4"], other, case)
+                   other.KERNELS["fc_attn_flash_prefill_q4"], other.fc_attn_flash_prefill_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -180,6 +198,7 @@ def test_fc_attn_flash_prefill_q4_kvs_bit_exact_fc_attn_flash_prefill_q4(case):
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
+    "row_format_head_dim",
     "kv_groups_over_max",
     "gqa_mismatch",
     "register_k_chunk",
@@ -194,6 +213,8 @@ def test_fc_attn_flash_prefill_q4_kvs_refuses(mutation):
 # ---- fc_attn_flash_prefill_q4_kh: q4 prefill with an fp16 K tile (lossy, less shared memory)
 
 FC_ATTN_FLASH_PREFILL_Q4_KH_CASES = [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
@@ -212,6 +233,8 @@ def test_fc_attn_flash_prefill_q4_kh(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
@@ -221,9 +244,9 @@ def test_fc_attn_flash_prefill_q4_kh(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
 ], ids=str)
 def test_fc_attn_flash_prefill_q4_kh_close_to_fc_attn_flash_prefill_q4(case):
-    other = mod.fc_attn_flash_prefill_q4
+    other = mod
     check_relation("close_to", 0.001, K["fc_attn_flash_prefill_q4_kh"], mod.fc_attn_flash_prefill_q4_kh,
-                   K["fc_attn_flash_prefill_q4"], other, case)
+                   other.KERNELS["fc_attn_flash_prefill_q4"], other.fc_attn_flash_prefill_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -234,6 +257,7 @@ def test_fc_attn_flash_prefill_q4_kh_close_to_fc_attn_flash_prefill_q4(case):
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
+    "row_format_head_dim",
     "kv_groups_over_max",
     "gqa_mismatch",
     "shared_memory",
@@ -248,6 +272,8 @@ def test_fc_attn_flash_prefill_q4_kh_refuses(mutation):
 # ---- fc_attn_flash_prefill_q4_kqh: q4 prefill with fp16 K tile and fp16 q group (lossier still)
 
 FC_ATTN_FLASH_PREFILL_Q4_KQH_CASES = [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
@@ -266,6 +292,8 @@ def test_fc_attn_flash_prefill_q4_kqh(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
@@ -275,9 +303,9 @@ def test_fc_attn_flash_prefill_q4_kqh(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
 ], ids=str)
 def test_fc_attn_flash_prefill_q4_kqh_close_to_fc_attn_flash_prefill_q4(case):
-    other = mod.fc_attn_flash_prefill_q4
+    other = mod
     check_relation("close_to", 0.001, K["fc_attn_flash_prefill_q4_kqh"], mod.fc_attn_flash_prefill_q4_kqh,
-                   K["fc_attn_flash_prefill_q4"], other, case)
+                   other.KERNELS["fc_attn_flash_prefill_q4"], other.fc_attn_flash_prefill_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -288,6 +316,7 @@ def test_fc_attn_flash_prefill_q4_kqh_close_to_fc_attn_flash_prefill_q4(case):
     "wrong_dtype",
     "non_contiguous",
     "head_dim_below_tile",
+    "row_format_head_dim",
     "kv_groups_over_max",
     "gqa_mismatch",
     "shared_memory",

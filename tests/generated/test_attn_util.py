@@ -15,6 +15,7 @@ K = mod.KERNELS
 # ---- fc_attn_qz_split: split the joint q+gate projection into contiguous q and z
 
 FC_ATTN_QZ_SPLIT_CASES = [
+    Case('hd1_smallest', n=3, n_head=5, head_dim=1),
     Case('n3_h8_hd64', n=3, head_dim=64),
     Case('n7_h3_hd40_partial_block', n=7, n_head=3, head_dim=40),
     Case('n2_h16_hd256', n=2, n_head=16),

@@ -1,4 +1,5 @@
-"""Q4_0 row format of the 4-bit KV cache, bit for bit as the GPU writes and reads it.
+"""KV format q4: Q4_0 rows plus fp16 sink/window shadows, and its NumPy model,
+bit for bit as the GPU writes and reads it.
 
 A row of ``head_dim`` float32 values is ``head_dim // 32`` blocks of 18 bytes:
 two bytes of binary16 scale ``d`` (little-endian) then 16 code bytes, where
@@ -18,6 +19,8 @@ other codes for them, so build with nvcc and no ``-ftz=true`` / fast math.
 from __future__ import annotations
 
 import numpy as np
+
+from kgen.formats.base import KvFormat
 
 BLOCK = 32
 """Elements per Q4_0 block."""
@@ -147,3 +150,19 @@ def dequantize_row(row: np.ndarray) -> np.ndarray:
     if row.ndim != 1:
         raise ValueError(f"dequantize_row takes one row, got shape {row.shape}")
     return dequantize_rows(row)
+
+
+class _Q4(KvFormat):
+    def quantize_rows(self, x: np.ndarray) -> np.ndarray:
+        return quantize_rows(x)
+
+    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+        return dequantize_rows(rows)
+
+
+FORMAT = _Q4(
+    name="q4", doc="Q4_0 blocks (fp16 scale + 16 code bytes per 32 values) with fp16 "
+    "sink rows and a recent-window ring", ctype="unsigned char", dtype="uint8",
+    block=BLOCK, block_width=BLOCK_BYTES, shadows=True, append_wraps=False,
+    append_staging=True, register_k_lanes=BLOCK // 2, register_k_chunk_multiple=2,
+    raw_v_tile=True, fp16=True, exact_elements=False)

@@ -1,0 +1,30 @@
+"""The KV-cache formats, registered by name.
+
+A new format is a module here (its ``FORMAT`` object), a line below, and
+``templates/kv/<name>.j2`` (plus ``templates/lib/<name>.cuh.j2`` for helpers).
+The spec axis ``kv`` takes exactly these names.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from kgen.formats import f16, f32, q4, q8_0
+from kgen.formats.base import KvFormat, Shadow
+
+# Registration: the one place that lists the formats.
+FORMATS: dict[str, KvFormat] = {m.FORMAT.name: m.FORMAT for m in (f32, q4, f16, q8_0)}
+
+
+class _FormatName(StrEnum):
+    @property
+    def fmt(self) -> KvFormat:
+        """The format object this spelling names."""
+        return FORMATS[self.value]
+
+
+# The spec axis: an enum of the registered names, so specs, `kgen show` and the
+# generated launchers spell a format like any other axis value.
+KvFormatName = _FormatName("KvFormatName", [(n.upper(), n) for n in FORMATS])
+
+__all__ = ["FORMATS", "KvFormat", "KvFormatName", "Shadow"]

@@ -1,0 +1,102 @@
+"""What a KV-cache format is: its row layout, its rules and its NumPy model.
+
+Everything a launcher, a check, a reference, a test or a cache object asks of
+a format is a field or a method here; the code that asks never branches on a
+format's name. A format is this object (``kgen/formats/<name>.py``), its
+template file (``templates/kv/<name>.j2``, the macros listed in
+``templates/kernels/flash.cu.j2``) and, if it needs device helpers,
+``templates/lib/<name>.cuh.j2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FP16_SHADOW_DTYPE = np.float16  # sink rows and the recent-window ring
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """One fp16 shadow buffer: its argument name and the spec key sizing its rows."""
+
+    name: str
+    rows_key: str  # "sink_rows" or "ring_rows" (a compile-time constant of the kernel)
+
+
+# The fp16 mirrors a shadowed format keeps: the first `sink` positions and a ring of
+# the last `win` positions, read instead of the (lossy) body. Order = argument order.
+SHADOWS = (Shadow("k_sink", "sink_rows"), Shadow("v_sink", "sink_rows"),
+           Shadow("k_win", "ring_rows"), Shadow("v_win", "ring_rows"))
+SHADOW_SCALARS = ("sink", "win")
+
+
+@dataclass(frozen=True)
+class KvFormat:
+    name: str                   # the spec's spelling: kv = <name>
+    doc: str
+    ctype: str                  # C element type of a cache row
+    dtype: str                  # NumPy dtype of the cache arrays
+    block: int = 1              # head_dim must be a multiple of this (elements per block)
+    block_width: int = 1        # array elements one block occupies
+    shadows: bool = False       # fp16 sink rows + recent-window ring beside the body
+    append_wraps: bool = True   # rows land at pos % max_seq (else pos < max_seq is required)
+    append_staging: bool = False  # the append quantizer reads whole blocks: the row is
+    #                               staged in shared memory, sized by max_head_dim
+    register_k_lanes: int | None = None  # register K needs exactly this many dot lanes
+    register_k_chunk_multiple: int = 1   # ... and kreg_max_chunk a multiple of this
+    raw_v_tile: bool = False    # v_stage = shared_q4 can stage its raw V rows in shared
+    fp16: bool = False          # its device code uses cuda_fp16.h
+    exact_elements: bool = True  # the body holds the float32 values appended, bit for bit
+
+    # ---- layout ---------------------------------------------------------------
+
+    @property
+    def template(self) -> str:
+        return f"kv/{self.name}.j2"
+
+    @property
+    def lib(self) -> str:
+        return f"lib/{self.name}.cuh.j2"
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    def accepts_head_dim(self, head_dim: int) -> bool:
+        return head_dim >= self.block and head_dim % self.block == 0
+
+    def row_width(self, head_dim: int) -> int:
+        """Array elements of one cache row."""
+        return head_dim // self.block * self.block_width
+
+    def row_bytes(self, head_dim: int) -> int:
+        return self.row_width(head_dim) * self.itemsize
+
+    def shadow_buffers(self) -> tuple[Shadow, ...]:
+        return SHADOWS if self.shadows else ()
+
+    def shadow_scalars(self) -> tuple[str, ...]:
+        return SHADOW_SCALARS if self.shadows else ()
+
+    # ---- NumPy model: bit for bit what the append kernels write and the readers see
+
+    def quantize_rows(self, x: np.ndarray) -> np.ndarray:
+        """float32 ``[..., head_dim]`` -> cache rows ``[..., row_width]``."""
+        raise NotImplementedError
+
+    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Cache rows ``[..., row_width]`` -> the float32 values a kernel computes with."""
+        raise NotImplementedError
+
+    def poison(self) -> object:
+        """A fill value for rows nobody wrote: it decodes to NaN."""
+        return np.nan if np.dtype(self.dtype).kind == "f" else 0xFF
+
+    @property
+    def value(self) -> str:  # read like the other axes' enum values
+        return self.name
+
+    def __str__(self) -> str:
+        return self.name

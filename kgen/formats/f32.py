@@ -1,0 +1,18 @@
+"""KV format f32: cache rows are head_dim floats, read back exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kgen.formats.base import KvFormat
+
+
+class _F32(KvFormat):
+    def quantize_rows(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32).copy()
+
+    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(rows, dtype=np.float32)
+
+
+FORMAT = _F32(name="f32", doc="float rows", ctype="float", dtype="float32")

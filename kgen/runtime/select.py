@@ -1,0 +1,86 @@
+"""Choose a generated kernel by its axes and the shapes it must serve.
+
+The cache objects never name a kernel: they ask for a role (an op, mode and
+position over a KV format) and the shapes at hand, and get the first generated
+kernel that serves them -- exact staging before lossy staging (fp16 q or K
+tiles), then the generated order. An explicit variant name overrides the
+choice and is checked like any other. When nothing serves, the error names the
+closest variants and what each refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kgen.runtime.bind import shape_refusal
+from kgen.runtime.contracts import ContractError
+from kgen.spec.axes import KStage, Mode, Op, Position, QStage
+from kgen.spec.ir import Kernel
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a caller needs a kernel for."""
+
+    op: Op
+    position: Position = Position.HOST
+    mode: Mode | None = None      # flash only
+    kv: str | None = None         # cache ops only
+
+    def matches(self, k: Kernel) -> bool:
+        return (k.op is self.op and k.position is self.position
+                and (self.mode is None or k.mode is self.mode)
+                and (self.kv is None or k.kv.value == self.kv))
+
+    def __str__(self) -> str:
+        parts = [self.op.value, *([self.mode.value] if self.mode else []),
+                 f"position={self.position.value}", *([f"kv={self.kv}"] if self.kv else [])]
+        return " ".join(parts)
+
+
+def generated() -> list[tuple[Kernel, Callable]]:
+    """Every generated kernel with its launcher, in the generated package's order."""
+    from kgen.runtime.package import ensure_kgen_kernels
+
+    ensure_kgen_kernels()
+    import kgen_kernels
+
+    return [(k, getattr(mod, name)) for mod in kgen_kernels.MODULES.values()
+            for name, k in mod.KERNELS.items()]
+
+
+def _lossy(k: Kernel) -> bool:
+    return k.op is Op.FLASH and (k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16)
+
+
+def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
+         where: Callable[[Kernel], bool] | None = None,
+         kernels: list[tuple[Kernel, Callable]] | None = None) -> tuple[Kernel, Callable]:
+    """The kernel (and its launcher) that serves ``role`` at ``head_dim`` with
+    ``groups`` q heads per KV head; ``where`` adds a layout constraint (e.g. the
+    shadow rows or tile size another kernel already fixed)."""
+    pool = generated() if kernels is None else kernels
+    if variant is not None:
+        hit = [(k, f) for k, f in pool if k.name == variant]
+        if not hit:
+            raise ContractError(variant, "variant", f"no generated kernel '{variant}'")
+        k, f = hit[0]
+        why = (None if role.matches(k) else f"it is {Role(k.op, k.position, k.mode, k.kv.value)}"
+               f", not {role}") or shape_refusal(k, head_dim, groups)
+        if why is None and where is not None and not where(k):
+            why = "its layout differs from the cache's other kernels"
+        if why:
+            raise ContractError(variant, "variant", f"cannot serve {role}: {why}")
+        return k, f
+    fits = [(k, f) for k, f in pool if role.matches(k) and (where is None or where(k))]
+    ok = [(k, f) for k, f in fits if shape_refusal(k, head_dim, groups) is None]
+    if ok:
+        return min(ok, key=lambda kf: _lossy(kf[0]))  # min is stable: generated order
+    near = fits or [(k, f) for k, f in pool if k.op is role.op]
+    reasons = "; ".join(f"{k.name}: {shape_refusal(k, head_dim, groups) or 'layout'}"
+                        for k, _ in near[:4])
+    raise ContractError("kgen.runtime", "no kernel",
+                        f"no generated kernel serves {role} at head_dim {head_dim}, kv_groups "
+                        f"{groups}" + (f"; closest: {reasons}" if reasons else
+                                       " (none has these axes; add a spec)"))
