@@ -111,16 +111,17 @@ def append_rows(k_new: np.ndarray, v_new: np.ndarray, cache: HostCache, position
             raise IndexError(f"{fmt.name} append positions {positions.min()}.."
                              f"{positions.max()} outside [0, {max_seq})")
         rows = positions
+    if fmt.shadows and not 0 <= sink <= cache.sink_rows:
+        # The kernel would write past this head's sink rows into the next head's.
+        # (Checked before any write, so a rejected append leaves the cache as it was.)
+        raise ValueError(f"sink must be in [0, {cache.sink_rows}], got {sink}")
     kx = np.asarray(k_new, dtype=np.float32)
     vx = np.asarray(v_new, dtype=np.float32)
     cache.k[:, rows, :] = np.swapaxes(fmt.quantize_rows(kx), 0, 1)
     cache.v[:, rows, :] = np.swapaxes(fmt.quantize_rows(vx), 0, 1)
     if not fmt.shadows:
         return
-    ring, sink_rows = cache.ring_rows, cache.sink_rows
-    if not 0 <= sink <= sink_rows:
-        # The kernel would write past this head's sink rows into the next head's.
-        raise ValueError(f"sink must be in [0, {sink_rows}], got {sink}")
+    ring = cache.ring_rows
     with np.errstate(over="ignore"):
         k_half, v_half = kx.astype(np.float16), vx.astype(np.float16)  # __float2half
     if win > 0 and positions.size:

@@ -2,6 +2,9 @@
 
 Random inputs are fresh on every run; each test records its seed in every
 assertion message. Set KGEN_TEST_SEED=<seed> to replay a failure.
+
+The format models themselves (every registered format, generically) are tested
+in test_formats.py; the q4 bit-level cases stay here next to the shadows they feed.
 """
 
 from __future__ import annotations
@@ -12,13 +15,27 @@ import os
 import numpy as np
 import pytest
 
+from kgen.formats import FORMATS
+from kgen.formats.q4 import (
+    BLOCK,
+    BLOCK_BYTES,
+    block_scales,
+    dequantize_row,
+    dequantize_rows,
+    head_dim_of,
+    quantize_row,
+    quantize_rows,
+    row_bytes,
+)
 from kgen.numpy_ref import (
-    SINKMAX,
-    SRC_Q4,
+    SRC_BODY,
     SRC_SINK,
     SRC_WINDOW,
-    WMAX,
-    Q4Cache,
+    HostCache,
+    append,
+    append_dev,
+    append_rows,
+    append_slots,
     attended_keys,
     combine,
     decode_attention,
@@ -26,31 +43,29 @@ from kgen.numpy_ref import (
     decode_partials,
     decode_partials_slots,
     decode_plan,
-    dequantize_row,
-    dequantize_rows,
-    empty_f32_cache,
-    is_fp16,
+    fill,
     keys_scored_per_tile,
-    kv_append,
-    kv_append_dev,
-    kv_append_q4,
-    kv_append_q4_dev,
-    kv_append_slots,
-    kv_append_slots_q4,
     nominal_window_keys,
     prefill_attention,
-    prefill_attention_q4,
+    prefill_attention_cache,
     prefill_live_floor,
-    quantize_row,
-    quantize_rows,
     qz_split,
-    read_key_rows_q4,
-    read_kv_rows_q4,
-    row_bytes,
+    read_kv_rows,
     shadow_source,
     split_bounds,
     tile_in_window,
 )
+from kgen.spec.axes import KEYS
+
+Q4 = FORMATS["q4"]
+FMTS = list(FORMATS.values())
+WRAPPING = [f for f in FMTS if f.append_wraps]
+
+# The reference kernels' spec values (what WMAX / SINKMAX used to be) ...
+RING_ROWS, SINK_ROWS = 256, 8
+# ... and another geometry, to show the model is parametric in both.
+CACHE_GEOMETRIES = [(RING_ROWS, SINK_ROWS), (64, 16)]
+TILES = (8, 16, 32)
 
 
 @pytest.fixture
@@ -75,6 +90,16 @@ def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
                 and np.array_equal(a.view(np.uint32)[~na], b.view(np.uint32)[~nb]))
 
 
+def _f16(x: np.ndarray) -> np.ndarray:
+    """float32 -> binary16 -> float32, as __float2half then __half2float."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def _snapshot(cache: HostCache) -> list[bytes]:
+    return [a.tobytes() for a in cache.arrays]
+
+
 # Outputs are convex combinations of V rows (|v| ~ 1); a component that cancels to
 # ~1e-5 cannot keep 1e-12 relative accuracy, hence a small absolute floor too.
 RTOL, ATOL = 1e-12, 1e-13
@@ -86,6 +111,13 @@ def _direct_attention(qv: np.ndarray, keys: np.ndarray, vals: np.ndarray, scale:
     s = keys.astype(np.float64) @ qv.astype(np.float64) * float(np.float32(scale))
     p = np.exp(s - s.max())
     return (p @ vals.astype(np.float64)) / p.sum()
+
+
+def test_spec_geometry_values() -> None:
+    # The explicit sizes used here are the reference kernels' spec defaults.
+    assert KEYS["ring_rows"].default == RING_ROWS
+    assert KEYS["sink_rows"].default == SINK_ROWS
+    assert KEYS["tile_keys"].default == 16 and 16 in TILES
 
 
 # ============================================================== q4 format
@@ -101,11 +133,17 @@ HAND_DECODED = [-14, -14, -14, -12, -12, -12, -10, -8, -8, -8, -6, -4, -4, -4, -
 
 
 def test_row_bytes() -> None:
+    assert (BLOCK, BLOCK_BYTES) == (32, 18)
     assert row_bytes(32) == 18
     assert row_bytes(128) == 72
     assert row_bytes(256) == 144
+    for hd in (32, 64, 128, 256):
+        assert head_dim_of(row_bytes(hd)) == hd
+        assert Q4.row_bytes(hd) == Q4.row_width(hd) == row_bytes(hd)  # uint8 rows
     with pytest.raises(ValueError):
         row_bytes(48)
+    with pytest.raises(ValueError):
+        head_dim_of(20)
 
 
 def test_hand_block_rounding_clamping_and_nibbles() -> None:
@@ -113,6 +151,9 @@ def test_hand_block_rounding_clamping_and_nibbles() -> None:
     assert q.dtype == np.uint8
     assert q.tolist() == HAND_BYTES
     assert dequantize_row(q).tolist() == HAND_DECODED
+    assert np.array_equal(Q4.quantize_rows(HAND_X), q)  # the format object is the model
+    assert Q4.dequantize_rows(q).tolist() == HAND_DECODED
+    assert block_scales(HAND_X).tolist() == [-2.0]
     # Low nibble = element j, high nibble = element j + 16.
     assert [b & 0xF for b in q[2:]] == [15, 15, 15, 14, 14, 14, 13, 12, 12, 12, 11, 10, 10, 10, 9,
                                         8]
@@ -141,6 +182,8 @@ def test_scale_is_negative_and_positive_extreme_is_exact(rng) -> None:
     d = (q[..., 0].astype(np.uint16) | (q[..., 1].astype(np.uint16) << 8)).view(np.float16)
     np.testing.assert_allclose(d.astype(np.float64), -amax / 8.0, rtol=2.0**-11,
                                err_msg=f"seed={seed}")
+    # The stored scale is block_scales (float32) rounded to binary16.
+    assert np.array_equal(d, block_scales(x).astype(np.float16)), f"seed={seed}"
     # The element with the largest positive value in a block whose max is positive
     # gets code 0 and decodes to -8 * d ~ +amax.
     deq = dequantize_rows(q.reshape(64, 144)).reshape(64, 8, 32)
@@ -265,145 +308,332 @@ def test_batched_shapes_match_single_rows(rng) -> None:
         dequantize_row(q[0])
 
 
+# ============================================================== host caches
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+def test_host_cache_layout_and_poison(fmt) -> None:
+    n_kv, max_seq, hd, ring, sink_rows = 3, 20, 64, 32, 4
+    c = HostCache.empty(fmt.name, n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows)
+    assert c.fmt is fmt
+    for body in (c.k, c.v):
+        assert body.shape == (n_kv, max_seq, fmt.row_width(hd))
+        assert body.dtype == np.dtype(fmt.dtype)
+        assert np.all(np.isnan(fmt.dequantize_rows(body))), "unwritten rows decode to NaN"
+    assert (c.head_dim, c.max_seq, c.n_head_kv) == (hd, max_seq, n_kv)
+    names = [s.name for s in fmt.shadow_buffers()]
+    assert list(c.shadows) == names
+    assert len(c.arrays) == 2 + len(names)
+    assert c.arrays[0] is c.k and c.arrays[1] is c.v
+    for a, name in zip(c.arrays[2:], names, strict=True):
+        assert a is c.shadows[name]
+        rows = sink_rows if name.endswith("_sink") else ring
+        assert a.shape == (n_kv, rows, hd) and a.dtype == np.float16 and np.all(np.isnan(a))
+    assert (c.ring_rows, c.sink_rows) == ((ring, sink_rows) if fmt.shadows else (0, 0))
+    # The object and its name make the same cache.
+    same = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows)
+    assert [a.tobytes() for a in same.arrays] == _snapshot(c)
+    # Every unwritten key reads as NaN through the reader too.
+    kr, vr = read_kv_rows(c, max_seq - 1, sink=2, win=8)
+    assert kr.shape == vr.shape == (n_kv, max_seq, hd)
+    assert np.all(np.isnan(kr)) and np.all(np.isnan(vr))
+
+    slots = HostCache.empty(fmt.name, n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows,
+                            nslots=2)
+    assert slots.k.shape == (2, n_kv, max_seq, fmt.row_width(hd))
+    assert all(a.shape[0] == 2 for a in slots.arrays)
+    view = slots.slot(1)
+    assert (view.head_dim, view.max_seq, view.n_head_kv) == (hd, max_seq, n_kv)
+    assert (view.ring_rows, view.sink_rows) == (c.ring_rows, c.sink_rows)
+    view.k[0, 0] = 0  # views write through
+    assert np.all(slots.k[1, 0, 0] == 0) and not np.any(slots.k[0, 0, 0] == 0)
+    with pytest.raises(ValueError):
+        c.slot(0)
+
+
 # ============================================================== cache appends
 
 
-def test_f32_append_ring_dev_and_slots(rng) -> None:
+@pytest.mark.parametrize("fmt", WRAPPING, ids=str)
+def test_wrapping_append_ring_dev_and_slots(rng, fmt) -> None:
     r, seed = rng
-    n_kv, max_seq, hd = 2, 20, 16
-    k_cache, v_cache = empty_f32_cache(n_kv, max_seq, hd)
+    n_kv, max_seq, hd = 2, 20, 32
+    cache = HostCache.empty(fmt, n_kv, max_seq, hd)
     k_new, v_new = _normal(r, (8, n_kv, hd)), _normal(r, (8, n_kv, hd))
-    kv_append(k_new, v_new, k_cache, v_cache, pos0=15)
-    slots = [15, 16, 17, 18, 19, 0, 1, 2]  # (pos0 + t) % max_seq
-    for t, s in enumerate(slots):
-        assert np.array_equal(k_cache[:, s], k_new[t]), f"seed={seed}"
-        assert np.array_equal(v_cache[:, s], v_new[t]), f"seed={seed}"
-    untouched = sorted(set(range(max_seq)) - set(slots))
-    assert np.all(np.isnan(k_cache[:, untouched])), f"seed={seed}"
+    append(k_new, v_new, cache, pos0=15)
+    rows = [15, 16, 17, 18, 19, 0, 1, 2]  # (pos0 + t) % max_seq
+    for t, s in enumerate(rows):
+        assert np.array_equal(cache.k[:, s], fmt.quantize_rows(k_new[t])), f"seed={seed}"
+        assert np.array_equal(cache.v[:, s], fmt.quantize_rows(v_new[t])), f"seed={seed}"
+        if fmt.exact_elements:
+            assert _bits_equal(fmt.dequantize_rows(cache.k[:, s]), k_new[t]), f"seed={seed}"
+    untouched = sorted(set(range(max_seq)) - set(rows))
+    assert np.all(np.isnan(fmt.dequantize_rows(cache.k[:, untouched]))), f"seed={seed}"
 
-    kv_append_dev(k_new[3:], v_new[3:], k_cache, v_cache, np.array([45], np.int32))
-    assert np.array_equal(k_cache[:, 45 % max_seq], k_new[3]), f"seed={seed}"
-    assert np.all(np.isnan(k_cache[:, 6])), f"only row 0 lands, seed={seed}"
+    append_dev(k_new[3:], v_new[3:], cache, np.array([45], np.int32))
+    assert np.array_equal(cache.k[:, 45 % max_seq], fmt.quantize_rows(k_new[3])), f"seed={seed}"
+    assert np.all(np.isnan(fmt.dequantize_rows(cache.k[:, 6]))), f"only row 0 lands, seed={seed}"
 
-    ks, vs = empty_f32_cache(n_kv, max_seq, hd, nslots=3)
+    slots = HostCache.empty(fmt, n_kv, max_seq, hd, nslots=3)
     pos = np.array([3, 27, 0], np.int32)
-    kv_append_slots(k_new[:3], v_new[:3], ks, vs, pos)
+    append_slots(k_new[:3], v_new[:3], slots, pos)
     for u in range(3):
-        assert np.array_equal(ks[u, :, pos[u] % max_seq], k_new[u]), f"seed={seed}"
-        assert np.array_equal(vs[u, :, pos[u] % max_seq], v_new[u]), f"seed={seed}"
-    assert np.isnan(ks).sum() == ks.size - 3 * n_kv * hd, f"seed={seed}"
+        assert np.array_equal(slots.k[u, :, pos[u] % max_seq], fmt.quantize_rows(k_new[u]))
+        assert np.array_equal(slots.v[u, :, pos[u] % max_seq], fmt.quantize_rows(v_new[u]))
+    nan_rows = np.isnan(fmt.dequantize_rows(slots.k)).all(-1)
+    assert nan_rows.sum() == nan_rows.size - 3 * n_kv, f"seed={seed}"
 
-    with pytest.raises(ValueError):
-        kv_append(_normal(r, (21, n_kv, hd)), _normal(r, (21, n_kv, hd)), k_cache, v_cache, 0)
+    with pytest.raises(ValueError):  # two rows of one batch would race for one ring row
+        append(_normal(r, (21, n_kv, hd)), _normal(r, (21, n_kv, hd)), cache, 0)
 
 
-def test_q4_append_body_window_and_sink(rng) -> None:
+@pytest.mark.parametrize("geometry", CACHE_GEOMETRIES, ids=lambda g: f"ring{g[0]}-sink{g[1]}")
+def test_q4_append_body_window_and_sink(rng, geometry) -> None:
     r, seed = rng
+    ring, sink_rows = geometry
     n_kv, max_seq, hd, sink, win = 2, 40, 64, 4, 8
-    cache = Q4Cache.empty(n_kv, max_seq, hd)
+    cache = HostCache.empty("q4", n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows)
     k_new, v_new = _normal(r, (6, n_kv, hd)), _normal(r, (6, n_kv, hd))
-    kv_append_q4(k_new, v_new, cache, pos0=2, sink=sink, win=win)
+    append(k_new, v_new, cache, pos0=2, sink=sink, win=win)
+    sh = cache.shadows
     for t in range(6):
         p = 2 + t
         assert np.array_equal(cache.k[:, p], quantize_rows(k_new[t])), f"seed={seed}"
         assert np.array_equal(cache.v[:, p], quantize_rows(v_new[t])), f"seed={seed}"
-        assert np.array_equal(cache.k_win[:, p % WMAX], k_new[t].astype(np.float16)), seed
-        assert np.array_equal(cache.v_win[:, p % WMAX], v_new[t].astype(np.float16)), seed
-    assert np.array_equal(cache.k_sink[:, 2:4], np.swapaxes(k_new[:2], 0, 1).astype(np.float16))
-    assert np.all(np.isnan(cache.k_sink[:, [0, 1, 4, 5, 6, 7]])), f"seed={seed}"
+        assert np.array_equal(sh["k_win"][:, p % ring], k_new[t].astype(np.float16)), seed
+        assert np.array_equal(sh["v_win"][:, p % ring], v_new[t].astype(np.float16)), seed
+    assert np.array_equal(sh["k_sink"][:, 2:4], np.swapaxes(k_new[:2], 0, 1).astype(np.float16))
+    assert np.array_equal(sh["v_sink"][:, 2:4], np.swapaxes(v_new[:2], 0, 1).astype(np.float16))
+    others = [i for i in range(sink_rows) if i not in (2, 3)]
+    assert np.all(np.isnan(sh["k_sink"][:, others])), f"seed={seed}"
     assert np.all(cache.k[:, 8:] == 0xFF), f"rows past the batch untouched, seed={seed}"
 
-    # The ring slot is pos % WMAX, not pos % win.
-    big = Q4Cache.empty(1, 400, 32)
+    # The ring slot is pos % ring_rows, not pos % win.
+    big = HostCache.empty("q4", 1, 400, 32, ring_rows=ring, sink_rows=sink_rows)
     row = _normal(r, (1, 1, 32))
-    kv_append_q4_dev(row, row, big, np.array([270]), sink=0, win=100)
-    assert np.array_equal(big.k_win[0, 270 % WMAX], row[0, 0].astype(np.float16)), seed
-    assert np.all(np.isnan(big.k_win[0, 270 % 100])), f"seed={seed}"
+    w = ring * 3 // 8 + 4  # 100 (ring 256) or 28 (ring 64): <= ring, 270 % w != 270 % ring
+    append_dev(row, row, big, np.array([270]), sink=0, win=w)
+    assert np.array_equal(big.shadows["k_win"][0, 270 % ring], row[0, 0].astype(np.float16))
+    assert np.isnan(big.shadows["k_win"][0]).all(-1).sum() == ring - 1, f"seed={seed}"
+    assert np.all(np.isnan(big.shadows["k_win"][0, 270 % w])), f"seed={seed}"
 
-    # win = 0: no window mirror at all.
-    off = Q4Cache.empty(n_kv, max_seq, hd)
-    kv_append_q4(k_new, v_new, off, pos0=0, sink=0, win=0)
-    assert np.all(np.isnan(off.k_win)) and np.all(np.isnan(off.k_sink)), f"seed={seed}"
+    # win = 0: no window mirror at all; sink = 0: no sink mirror.
+    off = HostCache.empty("q4", n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows)
+    append(k_new, v_new, off, pos0=0, sink=0, win=0)
+    assert all(np.all(np.isnan(a)) for a in off.shadows.values()), f"seed={seed}"
 
-    with pytest.raises(IndexError):
-        kv_append_q4(k_new, v_new, cache, pos0=max_seq - 3, sink=sink, win=win)
+    # The whole sink buffer can be used, not one row more.
+    full = HostCache.empty("q4", n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows)
+    rows = _normal(r, (sink_rows + 2, n_kv, hd))
+    append(rows, rows, full, 0, sink=sink_rows, win=0)
+    assert np.array_equal(full.shadows["k_sink"], np.swapaxes(rows[:sink_rows], 0, 1)
+                          .astype(np.float16)), f"seed={seed}"
+
+    with pytest.raises(IndexError):  # the q4 body does not wrap
+        append(k_new, v_new, cache, pos0=max_seq - 3, sink=sink, win=win)
     with pytest.raises(ValueError):
-        kv_append_q4(k_new, v_new, cache, pos0=0, sink=SINKMAX + 1, win=win)
+        append(k_new, v_new, cache, pos0=0, sink=sink_rows + 1, win=win)
 
 
-def test_q4_slots_append_matches_single_user(rng) -> None:
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+def test_rejected_append_leaves_the_cache_untouched(rng, fmt) -> None:
     r, seed = rng
-    n_kv, max_seq, hd = 2, 300, 32
-    slots = Q4Cache.empty(n_kv, max_seq, hd, nslots=3)
+    n_kv, max_seq, hd = 2, 12, 32
+    cache = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=16, sink_rows=4)
+    k, v = _normal(r, (6, n_kv, hd)), _normal(r, (6, n_kv, hd))
+    append(k[:3], v[:3], cache, 0, sink=2, win=4)
+    before = _snapshot(cache)
+    bad: list[tuple[type[Exception], dict]] = [
+        (ValueError, dict(positions=np.array([-1, 0]))),
+        (ValueError, dict(positions=np.arange(2), k_new=k[3:5, :1])),  # k/v shapes differ
+    ]
+    if fmt.append_wraps:
+        big = _normal(r, (max_seq + 1, n_kv, hd))
+        bad.append((ValueError, dict(positions=np.arange(max_seq + 1), k_new=big, v_new=big)))
+    else:
+        bad.append((IndexError, dict(positions=np.arange(max_seq - 2, max_seq + 1))))
+    if fmt.shadows:
+        bad.append((ValueError, dict(positions=np.arange(3), sink=5)))
+    for exc, kw in bad:
+        # Rows other than the ones appended, so any stray write shows.
+        args = dict(k_new=k[3:3 + len(kw["positions"])], v_new=v[3:3 + len(kw["positions"])],
+                    sink=2, win=4) | kw
+        with pytest.raises(exc):
+            append_rows(args["k_new"], args["v_new"], cache, args["positions"], args["sink"],
+                        args["win"])
+        assert _snapshot(cache) == before, f"{exc.__name__} {sorted(kw)} wrote, seed={seed}"
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+def test_append_rows_at_scattered_positions(rng, fmt) -> None:
+    r, seed = rng
+    n_kv, max_seq, hd = 2, 30, 32
+    k, v = _normal(r, (4, n_kv, hd)), _normal(r, (4, n_kv, hd))
+    positions = np.array([9, 2, 14, 3])  # unordered, within one ring span (no slot race)
+    a = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=16, sink_rows=4)
+    b = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=16, sink_rows=4)
+    append_rows(k, v, a, positions, sink=4, win=8)
+    for t, p in enumerate(positions):
+        append(k[t:t + 1], v[t:t + 1], b, int(p), sink=4, win=8)
+    assert _snapshot(a) == _snapshot(b), f"seed={seed}"
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+def test_slots_append_matches_single_user(rng, fmt) -> None:
+    r, seed = rng
+    n_kv, max_seq, hd, ring, sink_rows = 2, 300, 32, 64, 8
+    slots = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows,
+                            nslots=3)
     k_new, v_new = _normal(r, (3, n_kv, hd)), _normal(r, (3, n_kv, hd))
     pos = np.array([1, 260, 17])
-    kv_append_slots_q4(k_new, v_new, slots, pos, sink=4, win=32)
+    append_slots(k_new, v_new, slots, pos, sink=4, win=32)
     for u in range(3):
-        single = Q4Cache.empty(n_kv, max_seq, hd)
-        kv_append_q4(k_new[u:u + 1], v_new[u:u + 1], single, int(pos[u]), sink=4, win=32)
+        single = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows)
+        append(k_new[u:u + 1], v_new[u:u + 1], single, int(pos[u]), sink=4, win=32)
         view = slots.slot(u)
-        for name in ("k", "v"):
-            assert np.array_equal(getattr(view, name), getattr(single, name)), f"seed={seed}"
-        for name in ("k_sink", "v_sink", "k_win", "v_win"):
-            a, b = getattr(view, name), getattr(single, name)
-            assert np.array_equal(a, b, equal_nan=True), f"{name} slot {u}, seed={seed}"
+        assert np.array_equal(view.k, single.k, equal_nan=fmt.dtype != "uint8"), f"seed={seed}"
+        assert np.array_equal(view.v, single.v, equal_nan=fmt.dtype != "uint8"), f"seed={seed}"
+        assert list(view.shadows) == list(single.shadows)
+        for name, a in view.shadows.items():
+            assert np.array_equal(a, single.shadows[name], equal_nan=True), \
+                f"{name} slot {u}, seed={seed}"
+
+
+def _truth_rows(fmt, x: np.ndarray, cur_pos: int, sink: int, win: int,
+                floor: int | None = None) -> np.ndarray:
+    """What a reader at ``cur_pos`` must see if every row is the row *of that position*:
+    its fp16 value where :func:`shadow_source` picks a shadow, else its body decode.
+    ``x`` is ``[positions][n_head_kv][hd]``; returns ``[n_head_kv][cur_pos + 1][hd]``."""
+    xs = np.swapaxes(x[:cur_pos + 1], 0, 1)
+    body = fmt.dequantize_rows(fmt.quantize_rows(xs))
+    if not fmt.shadows:
+        return body
+    src = shadow_source(np.arange(cur_pos + 1), cur_pos, sink, win, floor)
+    return np.where((src != SRC_BODY)[None, :, None], _f16(xs), body)
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+@pytest.mark.parametrize("ring", [RING_ROWS, 64])
+def test_fill_equals_token_by_token_appends(rng, fmt, ring) -> None:
+    """fill (race-free history batches, then the batch) leaves the cache a decode
+    loop of single-row appends leaves, and a decode read sees every position's own row."""
+    r, seed = rng
+    n_kv, hd, sink, win = 2, 32, 4, ring // 2
+    max_seq = 3 * ring
+    for pos0, upto in ((2 * ring + 5, 2 * ring + 5), (ring + 3, ring + 20), (7, 7 + ring)):
+        x = _normal(r, (upto, n_kv, hd))
+        y = _normal(r, (upto, n_kv, hd))
+        a = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=ring, sink_rows=SINK_ROWS)
+        b = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=ring, sink_rows=SINK_ROWS)
+        fill(a, x, y, pos0, upto, sink, win)
+        for p in range(upto):
+            append_dev(x[p:p + 1], y[p:p + 1], b, np.array([p]), sink, win)
+        msg = f"pos0={pos0} upto={upto} seed={seed}"
+        assert _snapshot(a) == _snapshot(b), msg
+        kr, vr = read_kv_rows(a, upto - 1, sink, win)
+        assert _bits_equal(kr, _truth_rows(fmt, x, upto - 1, sink, win)), msg
+        assert _bits_equal(vr, _truth_rows(fmt, y, upto - 1, sink, win)), msg
+
+
+def _is_fp16(s: int, cur_pos: int, sink: int, win: int) -> bool:
+    """Transcription of ``fc_kvq4_is_fp16``: key ``s`` comes from a shadow (no floor)."""
+    return s < sink or (win > 0 and s > cur_pos - win)
 
 
 def test_shadow_source_hand_cases() -> None:
     kp = np.arange(41)
     src = shadow_source(kp, cur_pos=40, sink=4, win=8)
     assert np.all(src[:4] == SRC_SINK)
-    assert np.all(src[4:33] == SRC_Q4)
+    assert np.all(src[4:33] == SRC_BODY)
     assert np.all(src[33:] == SRC_WINDOW)  # kp > 40 - 8
     floored = shadow_source(kp, cur_pos=40, sink=4, win=8, win_live_lo=35)
-    assert np.all(floored[33:36] == SRC_Q4) and np.all(floored[36:] == SRC_WINDOW)
-    assert np.all(shadow_source(kp, 40, sink=0, win=0) == SRC_Q4)
+    assert np.all(floored[33:36] == SRC_BODY) and np.all(floored[36:] == SRC_WINDOW)
+    assert np.all(floored[:4] == SRC_SINK), "the floor never hides the sink"
+    assert np.all(shadow_source(kp, 40, sink=0, win=0) == SRC_BODY)
     for s in range(41):
-        assert is_fp16(s, 40, 4, 8) == (src[s] != SRC_Q4)
+        assert _is_fp16(s, 40, 4, 8) == (src[s] != SRC_BODY)
+        assert shadow_source(s, 40, 4, 8) == src[s]  # scalar key
 
 
-def test_q4_ring_laps_at_wmax_and_live_floor_falls_back(rng) -> None:
-    """A batch longer than WMAX - win overwrites ring slots that its own early
+@pytest.mark.parametrize("fmt", [f for f in FMTS if not f.shadows], ids=str)
+def test_unshadowed_formats_read_the_body_whatever_sink_and_win(rng, fmt) -> None:
+    r, seed = rng
+    n_kv, hd = 2, 32
+    x, y = _normal(r, (40, n_kv, hd)), _normal(r, (40, n_kv, hd))
+    cache = HostCache.empty(fmt, n_kv, 64, hd)
+    append(x, y, cache, 0, sink=4, win=8)  # sink/win are no-ops without shadows
+    assert cache.shadows == {} and len(cache.arrays) == 2
+    plain = read_kv_rows(cache, 39)
+    for sink, win, floor in ((4, 8, None), (4, 8, 30), (0, 16, None)):
+        kr, vr = read_kv_rows(cache, 39, sink, win, win_live_lo=floor)
+        assert _bits_equal(kr, plain[0]) and _bits_equal(vr, plain[1]), f"seed={seed}"
+    assert _bits_equal(plain[0], fmt.dequantize_rows(fmt.quantize_rows(np.swapaxes(x, 0, 1))))
+
+
+@pytest.mark.parametrize("ring", [RING_ROWS, 64])
+def test_q4_ring_laps_and_live_floor_falls_back(rng, ring) -> None:
+    """A batch longer than ring_rows - win overwrites ring slots that its own early
     rows still need; the prefill live floor sends those keys to the q4 body."""
     r, seed = rng
-    n_kv, hd, sink, win = 2, 64, 4, 64
-    pos0, n = 100, 250  # n > WMAX - win = 192
-    cache = Q4Cache.empty(n_kv, 512, hd)
+    n_kv, hd, sink = 2, 64, 4
+    win = ring // 4                      # 64 (ring 256) or 16 (ring 64)
+    pos0, n = ring * 100 // 256, ring - 6  # 100, 250 or 25, 58: n > ring - win
+    cache = HostCache.empty("q4", n_kv, 512, hd, ring_rows=ring, sink_rows=SINK_ROWS)
     k_all, v_all = _normal(r, (pos0 + n, n_kv, hd)), _normal(r, (pos0 + n, n_kv, hd))
-    kv_append_q4(k_all[:pos0], v_all[:pos0], cache, 0, sink, win)
-    kv_append_q4(k_all[pos0:], v_all[pos0:], cache, pos0, sink, win)
+    fill(cache, k_all, v_all, pos0, pos0 + n, sink, win)
+    # fill is the history then the whole batch at once.
+    manual = HostCache.empty("q4", n_kv, 512, hd, ring_rows=ring, sink_rows=SINK_ROWS)
+    append(k_all[:pos0], v_all[:pos0], manual, 0, sink, win)
+    append(k_all[pos0:], v_all[pos0:], manual, pos0, sink, win)
+    assert _snapshot(cache) == _snapshot(manual), f"seed={seed}"
 
-    floor = prefill_live_floor(pos0, n)
-    assert floor == pos0 + n - 1 - WMAX == 93
-    # Key 50 is in the window of query 100 but its slot now holds position 306.
-    assert np.array_equal(cache.k_win[:, 50 % WMAX], k_all[50 + WMAX].astype(np.float16))
-    assert not np.array_equal(cache.k_win[:, 50], k_all[50].astype(np.float16)), f"seed={seed}"
+    floor = prefill_live_floor(pos0, n, ring)
+    assert floor == pos0 + n - 1 - ring
+    if ring == RING_ROWS:
+        assert floor == 93
+    k_win = cache.shadows["k_win"]
+    # Keys (pos0 - win, floor] are in the window of query pos0, but their ring slots
+    # now hold the positions one ring later; keys (floor, pos0] still hold themselves.
+    dead = np.arange(max(pos0 - win + 1, sink), floor + 1)
+    live = np.arange(floor + 1, pos0 + 1)
+    assert dead.size > 0 and live.size > 0
+    msg = f"ring={ring} seed={seed}"
+    assert np.array_equal(k_win[:, dead % ring], np.swapaxes(k_all[dead + ring], 0, 1)
+                          .astype(np.float16)), msg
+    assert np.array_equal(k_win[:, live % ring], np.swapaxes(k_all[live], 0, 1)
+                          .astype(np.float16)), msg
 
     cur = pos0  # first query of the batch
-    k_floor = read_key_rows_q4(cache.k, cache.k_sink, cache.k_win, cur, sink, win,
-                               win_live_lo=floor)
-    k_raw = read_key_rows_q4(cache.k, cache.k_sink, cache.k_win, cur, sink, win)
-    q4_50 = dequantize_rows(quantize_rows(k_all[50]))
-    assert _bits_equal(k_floor[:, 50], q4_50), f"floor falls back to q4, seed={seed}"
-    assert _bits_equal(k_raw[:, 50], k_all[306].astype(np.float16)), f"acausal read, seed={seed}"
-    assert _bits_equal(k_floor[:, 95], k_all[95].astype(np.float16)), f"live slot, seed={seed}"
-    assert _bits_equal(k_floor[:, 2], k_all[2].astype(np.float16)), f"sink, seed={seed}"
+    k_floor, _ = read_kv_rows(cache, cur, sink, win, win_live_lo=floor)
+    k_raw, _ = read_kv_rows(cache, cur, sink, win)
+    body_dead = np.swapaxes(dequantize_rows(quantize_rows(k_all[dead])), 0, 1)
+    assert _bits_equal(k_floor[:, dead], body_dead), f"floor falls back to q4, {msg}"
+    assert _bits_equal(k_raw[:, dead], _f16(np.swapaxes(k_all[dead + ring], 0, 1))), \
+        f"acausal read, {msg}"
+    assert _bits_equal(k_floor[:, live], _f16(np.swapaxes(k_all[live], 0, 1))), f"live, {msg}"
+    assert _bits_equal(k_floor[:, :sink], _f16(np.swapaxes(k_all[:sink], 0, 1))), f"sink, {msg}"
+    # With the floor, every query of the batch reads each key's own row.
+    for c in range(pos0, pos0 + n):
+        kf, vf = read_kv_rows(cache, c, sink, win, win_live_lo=floor)
+        assert _bits_equal(kf, _truth_rows(Q4, k_all, c, sink, win, floor)), f"cur={c} {msg}"
+        assert _bits_equal(vf, _truth_rows(Q4, v_all, c, sink, win, floor)), f"cur={c} {msg}"
 
-    # Causality: with the floor, query 0 of the batch ignores rows appended after
+    # Causality: with the floor, query 0 of the batch ignores every row appended after
     # it; without the floor, it reads them.
-    q = _normal(r, (n, n_kv * 2, hd))
+    q = _normal(r, (4, n_kv * 2, hd))
     scale = 1 / math.sqrt(hd)
-    out = prefill_attention_q4(q, cache, 2, pos0, sink, win, 0, 0, scale)
-    out_raw = prefill_attention_q4(q, cache, 2, pos0, sink, win, 0, 0, scale, live_floor=False)
+
+    def run(c: HostCache, lf: int | None) -> np.ndarray:
+        return prefill_attention_cache(q, c, 2, pos0, sink, win, 0, 0, scale, live_floor=lf)
+
+    out, out_raw = run(cache, floor), run(cache, None)
     future = k_all.copy()
-    future[300:] = _normal(r, (50, n_kv, hd), 5.0)
-    cache2 = Q4Cache.empty(n_kv, 512, hd)
-    kv_append_q4(future[:pos0], v_all[:pos0], cache2, 0, sink, win)
-    kv_append_q4(future[pos0:], v_all[pos0:], cache2, pos0, sink, win)
-    out2 = prefill_attention_q4(q, cache2, 2, pos0, sink, win, 0, 0, scale)
-    out2_raw = prefill_attention_q4(q, cache2, 2, pos0, sink, win, 0, 0, scale, live_floor=False)
-    assert np.array_equal(out[0], out2[0]), f"floored query 0 saw the future, seed={seed}"
-    assert not np.allclose(out_raw[0], out2_raw[0]), f"unfloored read is acausal, seed={seed}"
+    future[pos0 + 1:] = _normal(r, (n - 1, n_kv, hd), 5.0)
+    cache2 = HostCache.empty("q4", n_kv, 512, hd, ring_rows=ring, sink_rows=SINK_ROWS)
+    fill(cache2, future, v_all, pos0, pos0 + n, sink, win)
+    out2, out2_raw = run(cache2, floor), run(cache2, None)
+    assert np.array_equal(out[0], out2[0]), f"floored query 0 saw the future, {msg}"
+    assert not np.allclose(out_raw[0], out2_raw[0]), f"unfloored read is acausal, {msg}"
 
 
 # ============================================================== attention
@@ -423,78 +653,106 @@ def test_qz_split(rng) -> None:
 
 
 def test_keys_scored_per_tile() -> None:
-    assert [keys_scored_per_tile(h) for h in (64, 128, 256, 512)] == [4, 8, 16, 16]
+    hds = (64, 128, 256, 512)
+    assert [keys_scored_per_tile(h) for h in hds] == [4, 8, 16, 16]
+    assert [keys_scored_per_tile(h, tile=8) for h in hds] == [4, 8, 8, 8]
+    assert [keys_scored_per_tile(h, tile=32) for h in hds] == [4, 8, 16, 32]
+    assert [keys_scored_per_tile(h, lanes=8) for h in hds] == [8, 16, 16, 16]
 
 
-def test_window_keeps_whole_tiles_not_keys() -> None:
+# Hand case: cur_pos 40, attn_sink 2, attn_win 4 -> nominal keys {0, 1, 37..40}.
+WINDOW_HAND_MASKS = {
+    8: list(range(8)) + list(range(32, 41)),     # [0,8) sink, [32,40) [40,41) window
+    16: list(range(16)) + list(range(32, 41)),   # [0,16) sink, [32,41) window
+    32: list(range(41)),                         # [0,32) sink, [32,41) window: every key
+}
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_window_keeps_whole_tiles_not_keys(tile) -> None:
     cur_pos, sink, win = 40, 2, 4
     nominal = nominal_window_keys(cur_pos, 41, sink, win)
     assert np.flatnonzero(nominal).tolist() == [0, 1, 37, 38, 39, 40]
-    mask = attended_keys(cur_pos, 41, sink, win)
-    # Tile [0,16) touches the sink, tile [32,41) the window, tile [16,32) neither.
-    assert np.flatnonzero(mask).tolist() == list(range(16)) + list(range(32, 41))
+    mask = attended_keys(cur_pos, 41, sink, win, tile)
+    assert np.flatnonzero(mask).tolist() == WINDOW_HAND_MASKS[tile]
     assert mask[5] and not nominal[5]  # outside the documented set, still attended
     assert mask[33] and not nominal[33]
-    assert not mask[20]
+    assert mask[20] == (tile == 32)
     assert tile_in_window(32, 9, cur_pos, sink, win) and not tile_in_window(16, 16, 40, 2, 4)
-    assert np.all(attended_keys(cur_pos, 41, sink, 0)), "attn_win <= 0 attends everything"
+    assert np.all(attended_keys(cur_pos, 41, sink, 0, tile)), "attn_win <= 0 attends everything"
 
 
-def test_attended_keys_random_properties(rng) -> None:
+@pytest.mark.parametrize("tile", TILES)
+def test_attended_keys_random_properties(rng, tile) -> None:
     r, seed = rng
     for _ in range(200):
         seq_len = int(r.integers(1, 300))
         cur_pos = seq_len - 1
         sink, win = int(r.integers(0, 20)), int(r.integers(-2, 80))
-        mask = attended_keys(cur_pos, seq_len, sink, win)
+        mask = attended_keys(cur_pos, seq_len, sink, win, tile)
         nominal = nominal_window_keys(cur_pos, seq_len, sink, win)
-        msg = f"seq_len={seq_len} sink={sink} win={win} seed={seed}"
+        msg = f"tile={tile} seq_len={seq_len} sink={sink} win={win} seed={seed}"
         assert np.all(mask[nominal]), msg
         brute = np.zeros(seq_len, bool)
-        for j0 in range(0, seq_len, 16):
-            brute[j0:j0 + 16] = nominal[j0:j0 + 16].any()
+        for j0 in range(0, seq_len, tile):
+            brute[j0:j0 + tile] = nominal[j0:j0 + tile].any()
         assert np.array_equal(mask, brute), msg
-        # Decode splits (multiples of 16) see exactly the prefill tiles.
-        n_splits, split_len = decode_plan(seq_len, int(r.integers(1, 64)), int(r.integers(1, 9)))
+        # Decode splits (multiples of the tile) see exactly the prefill tiles.
+        n_splits, split_len = decode_plan(seq_len, int(r.integers(1, 64)), int(r.integers(1, 9)),
+                                          tile)
         union = np.zeros(seq_len, bool)
         for s in range(n_splits):
-            part = attended_keys(cur_pos, split_bounds(s, split_len, seq_len), sink, win)
+            part = attended_keys(cur_pos, split_bounds(s, split_len, seq_len), sink, win, tile)
             union[:part.size] |= part  # a split's mask ends at its k_hi
         assert np.array_equal(union, mask), msg
 
 
 def test_tiles_start_at_the_split_start() -> None:
-    # A split starting off the 16-grid (a plan the formula never makes) tiles from k_lo.
+    # A split starting off the tile grid (a plan the formula never makes) tiles from k_lo.
     mask = attended_keys(40, (8, 41), attn_sink=0, attn_win=4)
     assert np.flatnonzero(mask).tolist() == list(range(24, 41))  # tiles [8,24) [24,40) [40,41)
     assert not attended_keys(40, (8, 41), 0, 4)[:8].any()
+    # tile 8 from k_lo 4: [4,12) ... [28,36) skipped, [36,41) kept.
+    mask8 = attended_keys(40, (4, 41), 0, 4, tile=8)
+    assert np.flatnonzero(mask8).tolist() == list(range(36, 41))
 
 
-def _plan_brute(seq_len: int, kps: int, cap: int) -> tuple[int, int]:
+def _plan_brute(seq_len: int, kps: int, cap: int, tile: int = 16) -> tuple[int, int]:
     n = min(max(math.ceil(seq_len / kps), 1), cap)
-    split_len = 16 * math.ceil(math.ceil(seq_len / n) / 16)
+    split_len = tile * math.ceil(math.ceil(seq_len / n) / tile)
     return math.ceil(seq_len / split_len), split_len
 
 
-def test_decode_plan_hand_values_and_properties(rng) -> None:
+PLAN_HAND_VALUES = {  # (seq_len, kps, cap) -> (n_splits, split_len)
+    8: {(1, 256, 8): (1, 8), (1000, 256, 8): (4, 256), (5000, 256, 8): (8, 632),
+        (17, 4, 16): (3, 8)},
+    16: {(1, 256, 8): (1, 16), (1000, 256, 8): (4, 256), (5000, 256, 8): (8, 640),
+         (17, 4, 16): (2, 16)},  # round-up to 16 leaves fewer splits than n
+    32: {(1, 256, 8): (1, 32), (1000, 256, 8): (4, 256), (5000, 256, 8): (8, 640),
+         (17, 4, 16): (1, 32)},
+}
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_decode_plan_hand_values_and_properties(rng, tile) -> None:
     r, seed = rng
-    assert decode_plan(1, 256, 8) == (1, 16)
-    assert decode_plan(1000, 256, 8) == (4, 256)
-    assert decode_plan(5000, 256, 8) == (8, 640)
-    assert decode_plan(17, 4, 16) == (2, 16)  # round-up to 16 leaves fewer splits than n
+    for args, want in PLAN_HAND_VALUES[tile].items():
+        assert decode_plan(*args, tile=tile) == want, (tile, args)
+    if tile == 16:
+        assert decode_plan(1000, 256, 8) == (4, 256), "the default tile is 16"
     configs = [(256, 8), (64, 16), (1, 1), (7, 3)] + [
         (int(r.integers(1, 500)), int(r.integers(1, 40))) for _ in range(4)]
     for kps, cap in configs:
         for seq_len in range(1, 2049):
-            n_splits, split_len = decode_plan(seq_len, kps, cap)
-            msg = f"seq_len={seq_len} kps={kps} cap={cap} seed={seed}"
-            assert (n_splits, split_len) == _plan_brute(seq_len, kps, cap), msg
-            assert split_len % 16 == 0 and split_len > 0, msg
+            n_splits, split_len = decode_plan(seq_len, kps, cap, tile)
+            msg = f"tile={tile} seq_len={seq_len} kps={kps} cap={cap} seed={seed}"
+            assert (n_splits, split_len) == _plan_brute(seq_len, kps, cap, tile), msg
+            assert split_len % tile == 0 and split_len > 0, msg
             assert n_splits * split_len >= seq_len, msg
             assert (n_splits - 1) * split_len < seq_len, msg  # no split is past the end
             assert 1 <= n_splits <= cap, msg
     with pytest.raises(ValueError):
-        decode_plan(0, 256, 8)
+        decode_plan(0, 256, 8, tile)
 
 
 def _direct_decode(q, k_rows, v_rows, kv_groups, mask, scale) -> np.ndarray:
@@ -506,30 +764,32 @@ def _direct_decode(q, k_rows, v_rows, kv_groups, mask, scale) -> np.ndarray:
     return out
 
 
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("window", [(0, 0), (4, 40), (0, 16), (3, 1)])
-def test_decode_partials_and_combine_equal_direct(rng, window) -> None:
+def test_decode_partials_and_combine_equal_direct(rng, window, tile) -> None:
     r, seed = rng
     attn_sink, attn_win = window
     n_kv, groups, hd, max_seq = 2, 3, 64, 400
     seq_len = int(r.integers(100, max_seq))
-    k_cache, v_cache = empty_f32_cache(n_kv, max_seq, hd)
+    cache = HostCache.empty("f32", n_kv, max_seq, hd)
+    k_cache, v_cache = cache.k, cache.v
     k_cache[:, :seq_len] = _normal(r, (n_kv, seq_len, hd), 2.0)
     v_cache[:, :seq_len] = _normal(r, (n_kv, seq_len, hd))
     q = _normal(r, (n_kv * groups, hd), 2.0)
     scale = 1 / math.sqrt(hd)
     kps, cap = int(r.integers(16, 80)), int(r.integers(2, 9))
-    n_splits, split_len = decode_plan(seq_len, kps, cap)
+    n_splits, split_len = decode_plan(seq_len, kps, cap, tile)
     m, lsum, acc = decode_partials(q, k_cache, v_cache, groups, seq_len, n_splits, split_len,
-                                attn_sink, attn_win, scale)
-    msg = f"seq_len={seq_len} kps={kps} cap={cap} window={window} seed={seed}"
+                                   attn_sink, attn_win, scale, tile=tile)
+    msg = f"tile={tile} seq_len={seq_len} kps={kps} cap={cap} window={window} seed={seed}"
     assert m.shape == lsum.shape == (n_kv * groups * n_splits,) and acc.size == m.size * hd, msg
-    mask = attended_keys(seq_len - 1, seq_len, attn_sink, attn_win)
+    mask = attended_keys(seq_len - 1, seq_len, attn_sink, attn_win, tile)
     want = _direct_decode(q, k_cache, v_cache, groups, mask, scale)
     np.testing.assert_allclose(combine(m, lsum, acc, n_splits), want, rtol=RTOL, atol=ATOL,
                                err_msg=msg)
     np.testing.assert_allclose(
         decode_attention(q, k_cache, v_cache, groups, seq_len, kps, cap, attn_sink, attn_win,
-                         scale), want, rtol=RTOL, atol=ATOL, err_msg=msg)
+                         scale, tile=tile), want, rtol=RTOL, atol=ATOL, err_msg=msg)
     # Layout and meaning of one partial: m[qh*n_splits+s], acc[(qh*n_splits+s)*hd + d].
     qh, s = int(r.integers(0, n_kv * groups)), int(r.integers(0, n_splits))
     k_lo, k_hi = split_bounds(s, split_len, seq_len)
@@ -547,24 +807,27 @@ def test_decode_partials_and_combine_equal_direct(rng, window) -> None:
                                    rtol=RTOL, atol=ATOL, err_msg=msg)
 
 
-def test_split_with_every_tile_skipped_is_empty(rng) -> None:
+@pytest.mark.parametrize("tile", TILES)
+def test_split_with_every_tile_skipped_is_empty(rng, tile) -> None:
     r, seed = rng
     n_kv, groups, hd, seq_len = 1, 2, 32, 200
     k, v = _normal(r, (n_kv, seq_len, hd)), _normal(r, (n_kv, seq_len, hd))
     q = _normal(r, (groups, hd))
-    n_splits, split_len = decode_plan(seq_len, 32, 8)
-    assert (n_splits, split_len) == (7, 32)
-    m, lsum, acc = decode_partials(q, k, v, groups, seq_len, n_splits, split_len, 0, 16, 0.3)
+    n_splits, split_len = decode_plan(seq_len, 32, 8, tile)
+    assert (n_splits, split_len) == (7, 32)  # 29 rounds up to 32 for every tile here
+    m, lsum, acc = decode_partials(q, k, v, groups, seq_len, n_splits, split_len, 0, 16, 0.3,
+                                   tile=tile)
     m2, l2 = m.reshape(groups, n_splits), lsum.reshape(groups, n_splits)
     acc2 = acc.reshape(groups, n_splits, hd)
+    msg = f"tile={tile} seed={seed}"
     # Window [184, 199] lives in split 5 ([160,192)) and split 6 ([192,200)).
-    assert np.all(m2[:, :5] == -np.inf) and np.all(l2[:, :5] == 0), f"seed={seed}"
-    assert not acc2[:, :5].any(), f"seed={seed}"
-    assert np.all(np.isfinite(m2[:, 5:])) and np.all(l2[:, 5:] > 0), f"seed={seed}"
-    mask = attended_keys(seq_len - 1, seq_len, 0, 16)
+    assert np.all(m2[:, :5] == -np.inf) and np.all(l2[:, :5] == 0), msg
+    assert not acc2[:, :5].any(), msg
+    assert np.all(np.isfinite(m2[:, 5:])) and np.all(l2[:, 5:] > 0), msg
+    mask = attended_keys(seq_len - 1, seq_len, 0, 16, tile)
     np.testing.assert_allclose(combine(m, lsum, acc, n_splits),
                                _direct_decode(q, k, v, groups, mask, 0.3),
-                               rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
+                               rtol=RTOL, atol=ATOL, err_msg=msg)
 
 
 def test_combine_treats_empty_partials_as_exact_zeros(rng) -> None:
@@ -585,6 +848,22 @@ def test_combine_treats_empty_partials_as_exact_zeros(rng) -> None:
     np.testing.assert_allclose(padded, base, rtol=1e-15, atol=0, err_msg=f"seed={seed}")
 
 
+def test_max_groups_bounds_kv_groups(rng) -> None:
+    r, seed = rng
+    n_kv, groups, hd, seq_len = 1, 12, 32, 50
+    k, v = _normal(r, (n_kv, seq_len, hd)), _normal(r, (n_kv, seq_len, hd))
+    q = _normal(r, (n_kv * groups, hd))
+    with pytest.raises(ValueError):  # the default bound is the spec's 8
+        decode_attention(q, k, v, groups, seq_len, 16, 4, 0, 0, 0.2)
+    with pytest.raises(ValueError):
+        prefill_attention(q[None], k, v, groups, seq_len - 1, 0, 0, 0.2)
+    got = decode_attention(q, k, v, groups, seq_len, 16, 4, 0, 0, 0.2, max_groups=16)
+    want = _direct_decode(q, k, v, groups, np.ones(seq_len, bool), 0.2)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
+    pre = prefill_attention(q[None], k, v, groups, seq_len - 1, 0, 0, 0.2, max_groups=16)
+    np.testing.assert_allclose(pre[0], want, rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
+
+
 def _causal_softmax(q, k, v, kv_groups, pos0, scale) -> np.ndarray:
     """The obvious causal GQA attention: full score matrix, -inf above the diagonal."""
     n, n_head, hd = q.shape
@@ -601,22 +880,25 @@ def _causal_softmax(q, k, v, kv_groups, pos0, scale) -> np.ndarray:
     return out
 
 
-def test_prefill_without_window_is_causal_softmax(rng) -> None:
+@pytest.mark.parametrize("tile", TILES)
+def test_prefill_without_window_is_causal_softmax(rng, tile) -> None:
     r, seed = rng
     n_kv, groups, hd, max_seq = 2, 4, 64, 128
     pos0, n = int(r.integers(0, 40)), int(r.integers(1, 60))
-    k_cache, v_cache = empty_f32_cache(n_kv, max_seq, hd)
+    cache = HostCache.empty("f32", n_kv, max_seq, hd)
+    k_cache, v_cache = cache.k, cache.v
     k_cache[:, :pos0 + n] = _normal(r, (n_kv, pos0 + n, hd), 2.0)
     v_cache[:, :pos0 + n] = _normal(r, (n_kv, pos0 + n, hd))
     q = _normal(r, (n, n_kv * groups, hd), 2.0)
     scale = 1 / math.sqrt(hd)
-    got = prefill_attention(q, k_cache, v_cache, groups, pos0, 0, 0, scale)
+    got = prefill_attention(q, k_cache, v_cache, groups, pos0, 0, 0, scale, tile=tile)
     want = _causal_softmax(q, k_cache, v_cache, groups, pos0, scale)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
-                               err_msg=f"pos0={pos0} n={n} seed={seed}")
+                               err_msg=f"tile={tile} pos0={pos0} n={n} seed={seed}")
 
 
-def test_prefill_window_uses_tile_mask_and_matches_decode(rng) -> None:
+@pytest.mark.parametrize("tile", TILES)
+def test_prefill_window_uses_tile_mask_and_matches_decode(rng, tile) -> None:
     r, seed = rng
     n_kv, groups, hd, max_seq = 1, 2, 32, 200
     pos0, n, sink, win = 60, 70, 3, 20
@@ -624,103 +906,147 @@ def test_prefill_window_uses_tile_mask_and_matches_decode(rng) -> None:
     v_cache = _normal(r, (n_kv, max_seq, hd))
     q = _normal(r, (n, groups, hd), 2.0)
     scale = 0.2
-    got = prefill_attention(q, k_cache, v_cache, groups, pos0, sink, win, scale)
+    got = prefill_attention(q, k_cache, v_cache, groups, pos0, sink, win, scale, tile=tile)
     for t in (0, 13, n - 1):
         cur = pos0 + t
-        mask = attended_keys(cur, cur + 1, sink, win)
+        msg = f"tile={tile} t={t} seed={seed}"
+        mask = attended_keys(cur, cur + 1, sink, win, tile)
         want = _direct_decode(q[t], k_cache, v_cache, groups, mask, scale)
-        np.testing.assert_allclose(got[t], want, rtol=RTOL, atol=ATOL, err_msg=f"t={t} seed={seed}")
+        np.testing.assert_allclose(got[t], want, rtol=RTOL, atol=ATOL, err_msg=msg)
         nominal = nominal_window_keys(cur, cur + 1, sink, win)
         per_key = _direct_decode(q[t], k_cache, v_cache, groups, nominal, scale)
-        assert not np.allclose(got[t], per_key), f"tile mask must differ here, seed={seed}"
-    dec = decode_attention(q[-1], k_cache, v_cache, groups, pos0 + n, 16, 8, sink, win, scale)
-    np.testing.assert_allclose(dec, got[-1], rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
+        assert not np.allclose(got[t], per_key), f"tile mask must differ here, {msg}"
+    dec = decode_attention(q[-1], k_cache, v_cache, groups, pos0 + n, 16, 8, sink, win, scale,
+                           tile=tile)
+    np.testing.assert_allclose(dec, got[-1], rtol=RTOL, atol=ATOL,
+                               err_msg=f"tile={tile} seed={seed}")
 
 
-def test_q4_prefill_and_decode_read_the_rows_the_kernel_sees(rng) -> None:
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+def test_cache_prefill_and_decode_read_the_rows_the_kernel_sees(rng, fmt) -> None:
     r, seed = rng
     n_kv, groups, hd, max_seq = 2, 2, 64, 160
     n, scale = 100, 1 / 8
     k = _normal(r, (n, n_kv, hd), 2.0)
     v = _normal(r, (n, n_kv, hd))
     q = _normal(r, (n, n_kv * groups, hd), 2.0)
-    msg = f"seed={seed}"
+    msg = f"fmt={fmt} seed={seed}"
 
-    # No shadows: every row is the dequantized q4 body.
-    plain = Q4Cache.empty(n_kv, max_seq, hd)
-    kv_append_q4(k, v, plain, 0, sink=0, win=0)
-    k_deq = np.swapaxes(dequantize_rows(quantize_rows(k)), 0, 1)
-    v_deq = np.swapaxes(dequantize_rows(quantize_rows(v)), 0, 1)
+    def new() -> HostCache:
+        return HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=RING_ROWS, sink_rows=SINK_ROWS)
+
+    # No shadows: every row is the format's decode of its own body row.
+    plain = new()
+    append(k, v, plain, 0, sink=0, win=0)
+    k_deq = fmt.dequantize_rows(fmt.quantize_rows(np.swapaxes(k, 0, 1)))
+    v_deq = fmt.dequantize_rows(fmt.quantize_rows(np.swapaxes(v, 0, 1)))
+    want_plain = prefill_attention(q, k_deq, v_deq, groups, 0, 0, 0, scale)
+    np.testing.assert_allclose(prefill_attention_cache(q, plain, groups, 0, 0, 0, 0, 0, scale),
+                               want_plain, rtol=RTOL, atol=ATOL, err_msg=msg)
+    # k_round narrows K as a staged fp16 K tile does; V is untouched.
     np.testing.assert_allclose(
-        prefill_attention_q4(q, plain, groups, 0, 0, 0, 0, 0, scale),
-        prefill_attention(q, k_deq, v_deq, groups, 0, 0, 0, scale),
+        prefill_attention_cache(q, plain, groups, 0, 0, 0, 0, 0, scale, k_round=_f16),
+        prefill_attention(q, _f16(k_deq), v_deq, groups, 0, 0, 0, scale),
         rtol=RTOL, atol=ATOL, err_msg=msg)
 
+    floor = prefill_live_floor(0, n, RING_ROWS)
+    if not fmt.shadows:
+        # sink / win / the floor change nothing without shadows.
+        shadowed_args = new()
+        append(k, v, shadowed_args, 0, sink=4, win=24)
+        np.testing.assert_allclose(
+            prefill_attention_cache(q, shadowed_args, groups, 0, 4, 24, 0, 0, scale, floor),
+            want_plain, rtol=RTOL, atol=ATOL, err_msg=msg)
+        return
+
     # A window wider than the batch: every key is read from fp16.
-    wide = Q4Cache.empty(n_kv, max_seq, hd)
-    kv_append_q4(k, v, wide, 0, sink=4, win=128)
-    k16 = np.swapaxes(k.astype(np.float16).astype(np.float32), 0, 1)
-    v16 = np.swapaxes(v.astype(np.float16).astype(np.float32), 0, 1)
+    wide = new()
+    append(k, v, wide, 0, sink=4, win=128)
+    k16 = _f16(np.swapaxes(k, 0, 1))
+    v16 = _f16(np.swapaxes(v, 0, 1))
     np.testing.assert_allclose(
-        prefill_attention_q4(q, wide, groups, 0, 4, 128, 0, 0, scale),
+        prefill_attention_cache(q, wide, groups, 0, 4, 128, 0, 0, scale, floor),
         prefill_attention(q, k16, v16, groups, 0, 0, 0, scale),
         rtol=RTOL, atol=ATOL, err_msg=msg)
 
-    # Mixed sink / q4 / window rows, and decode agrees with the last prefill row.
-    mixed = Q4Cache.empty(n_kv, max_seq, hd)
-    kv_append_q4(k, v, mixed, 0, sink=4, win=24)
-    pre = prefill_attention_q4(q, mixed, groups, 0, 4, 24, 2, 50, scale)
-    kr, vr = read_kv_rows_q4(mixed, n - 1, 4, 24)
+    # Mixed sink / body / window rows, and decode agrees with the last prefill row.
+    mixed = new()
+    append(k, v, mixed, 0, sink=4, win=24)
+    kr, vr = read_kv_rows(mixed, n - 1, 4, 24)
     assert _bits_equal(kr[:, 10], k_deq[:, 10]) and _bits_equal(kr[:, 90], k16[:, 90]), msg
     assert _bits_equal(vr[:, 1], v16[:, 1]), msg
-    dec = decode_attention(q[-1], kr, vr, groups, n, 32, 4, 2, 50, scale)
-    np.testing.assert_allclose(dec, pre[-1], rtol=RTOL, atol=ATOL, err_msg=msg)
+    for tile in TILES:
+        pre = prefill_attention_cache(q, mixed, groups, 0, 4, 24, 2, 50, scale, floor, tile=tile)
+        dec = decode_attention(q[-1], kr, vr, groups, n, 32, 4, 2, 50, scale, tile=tile)
+        np.testing.assert_allclose(dec, pre[-1], rtol=RTOL, atol=ATOL, err_msg=f"{tile} {msg}")
 
 
-def test_slots_partials_layout_and_attention(rng) -> None:
+@pytest.mark.parametrize("tile", TILES)
+def test_slots_partials_layout_and_attention(rng, tile) -> None:
     r, seed = rng
     nslots, n_kv, groups, hd, max_seq = 3, 2, 2, 32, 300
     pos = np.array([250, 20, 130])
-    ks, vs = empty_f32_cache(n_kv, max_seq, hd, nslots=nslots)
+    f32 = HostCache.empty("f32", n_kv, max_seq, hd, nslots=nslots)
+    ks, vs = f32.k, f32.v
     for u in range(nslots):
         ks[u, :, :pos[u] + 1] = _normal(r, (n_kv, pos[u] + 1, hd))
         vs[u, :, :pos[u] + 1] = _normal(r, (n_kv, pos[u] + 1, hd))
     q = _normal(r, (nslots, n_kv * groups, hd))
     kps, cap, scale = 32, 6, 0.25
-    m, lsum, acc, width = decode_partials_slots(q, ks, vs, pos, groups, kps, cap, 0, 0, scale)
+    m, lsum, acc, width = decode_partials_slots(q, ks, vs, pos, groups, kps, cap, 0, 0, scale,
+                                                tile=tile)
     n_head = n_kv * groups
-    assert width == max(decode_plan(int(p) + 1, kps, cap)[0] for p in pos)
+    msg = f"tile={tile} seed={seed}"
+    assert width == max(decode_plan(int(p) + 1, kps, cap, tile)[0] for p in pos)
     m3 = m.reshape(nslots, n_head, width)
     for u in range(nslots):
-        n_splits, split_len = decode_plan(int(pos[u]) + 1, kps, cap)
+        n_splits, split_len = decode_plan(int(pos[u]) + 1, kps, cap, tile)
         mu, lu, accu = decode_partials(q[u], ks[u], vs[u], groups, int(pos[u]) + 1, n_splits,
-                                       split_len, 0, 0, scale)
-        assert np.array_equal(m3[u, :, :n_splits].ravel(), mu), f"slot {u}, seed={seed}"
+                                       split_len, 0, 0, scale, tile=tile)
+        assert np.array_equal(m3[u, :, :n_splits].ravel(), mu), f"slot {u}, {msg}"
         assert np.array_equal(lsum.reshape(nslots, n_head, width)[u, :, :n_splits].ravel(), lu)
         assert np.array_equal(
             acc.reshape(nslots, n_head, width, hd)[u, :, :n_splits].ravel(), accu)
-        assert np.all(m3[u, :, n_splits:] == -np.inf), f"off-plan is empty, seed={seed}"
-    out = decode_attention_slots(q, ks, vs, pos, groups, kps, cap, 0, 0, scale)
+        assert np.all(m3[u, :, n_splits:] == -np.inf), f"off-plan is empty, {msg}"
+    # A wider launch only pads with empty splits.
+    m_w, _, _, w2 = decode_partials_slots(q, ks, vs, pos, groups, kps, cap, 0, 0, scale,
+                                          launch_splits=width + 2, tile=tile)
+    assert w2 == width + 2
+    assert np.array_equal(m_w.reshape(nslots, n_head, w2)[..., :width], m3), msg
+    assert np.all(m_w.reshape(nslots, n_head, w2)[..., width:] == -np.inf), msg
+    with pytest.raises(ValueError):
+        decode_partials_slots(q, ks, vs, pos, groups, kps, cap, 0, 0, scale,
+                              launch_splits=width - 1, tile=tile)
+    out = decode_attention_slots(q, ks, vs, pos, groups, kps, cap, 0, 0, scale, tile=tile)
     for u in range(nslots):
         want = decode_attention(q[u], ks[u], vs[u], groups, int(pos[u]) + 1, kps, cap, 0, 0,
-                                scale)
+                                scale, tile=tile)
         np.testing.assert_allclose(out[u], want, rtol=RTOL, atol=ATOL,
-                                   err_msg=f"slot {u}, seed={seed}")
+                                   err_msg=f"slot {u}, {msg}")
 
-    # The q4 slot kernels: rows come from each slot's cache view.
-    q4 = Q4Cache.empty(n_kv, max_seq, hd, nslots=nslots)
+    # The q4 slot kernels: rows come from each slot's cache view, here with a 64-row
+    # ring, so the history laps it (fill appends it in race-free batches).
+    ring, sink, win = 64, 4, 32
+    q4 = HostCache.empty("q4", n_kv, max_seq, hd, ring_rows=ring, sink_rows=SINK_ROWS,
+                         nslots=nslots)
     for u in range(nslots):
         rows_k = np.swapaxes(ks[u, :, :pos[u] + 1], 0, 1)
         rows_v = np.swapaxes(vs[u, :, :pos[u] + 1], 0, 1)
-        kv_append_q4(rows_k, rows_v, q4.slot(u), 0, sink=4, win=32)
+        fill(q4.slot(u), rows_k, rows_v, int(pos[u]), int(pos[u]) + 1, sink, win)
+        kr, vr = read_kv_rows(q4.slot(u), int(pos[u]), sink, win)
+        assert _bits_equal(kr, _truth_rows(Q4, rows_k, int(pos[u]), sink, win)), f"{u} {msg}"
+        assert _bits_equal(vr, _truth_rows(Q4, rows_v, int(pos[u]), sink, win)), f"{u} {msg}"
 
     def rows(u: int) -> tuple[np.ndarray, np.ndarray]:
-        return read_kv_rows_q4(q4.slot(u), int(pos[u]), 4, 32)
+        return read_kv_rows(q4.slot(u), int(pos[u]), sink, win)
 
-    out_q4 = decode_attention_slots(q, rows, None, pos, groups, kps, cap, 0, 0, scale)
+    out_q4 = decode_attention_slots(q, rows, None, pos, groups, kps, cap, 0, 0, scale, tile=tile)
+    as_list = decode_attention_slots(q, [rows(u) for u in range(nslots)], None, pos, groups, kps,
+                                     cap, 0, 0, scale, tile=tile)
+    assert np.array_equal(out_q4, as_list), msg
     for u in range(nslots):
         kr, vr = rows(u)
         mask = np.ones(pos[u] + 1, bool)
         want = _direct_decode(q[u], kr, vr, groups, mask, scale)
         np.testing.assert_allclose(out_q4[u], want, rtol=RTOL, atol=ATOL,
-                                   err_msg=f"slot {u}, seed={seed}")
+                                   err_msg=f"slot {u}, {msg}")
