@@ -31,6 +31,7 @@ KERNELS = {
         'q_stage': 'f32',
         'k_stage': 'shared_f32',
         'v_stage': 'global',
+        'threads': 'head_dim',
         'window': 'sink_recent',
         'ring_floor': 'none',
         'tile_keys': 16,

@@ -5,7 +5,9 @@ scores every key with, and a cache row's width (asked of the kernel's format).""
 
 from __future__ import annotations
 
-from kgen.spec.axes import KStage, QStage, VStage
+import math
+
+from kgen.spec.axes import KStage, QStage, Threads, VStage
 from kgen.spec.ir import Kernel
 from kgen.target import TARGET
 
@@ -20,20 +22,33 @@ def tile_threads(k: Kernel) -> int:
     return k.tile_keys * k.dot_lanes
 
 
+def padded(k: Kernel) -> bool:
+    return k.threads is Threads.WARPS
+
+
+def block_threads(k: Kernel, head_dim: int) -> int:
+    """Threads of a flash block: one per output dim, or that rounded up to whole warps."""
+    if padded(k):
+        return -(-head_dim // TARGET.warp) * TARGET.warp
+    return head_dim
+
+
 def head_dim_step(k: Kernel) -> int:
     """head_dim must be a multiple of this: whole warps (the dot shuffles use
-    full-warp masks) and whole blocks of the format."""
-    step = TARGET.warp
-    while step % k.fmt.block:
-        step += TARGET.warp
-    return step
+    full-warp masks) or, in a padded block, whole dot chunks; and whole blocks of
+    the format."""
+    base = k.dot_lanes if padded(k) else TARGET.warp
+    return math.lcm(base, k.fmt.block)
 
 
 def min_head_dim(k: Kernel) -> int:
-    """The smallest head_dim a flash block (head_dim threads) runs with: every key
-    of a tile scored, whole warps, whole format blocks."""
+    """The smallest head_dim a flash block runs with: every key of a tile scored,
+    whole warps (or dot chunks), whole format blocks."""
     step = head_dim_step(k)
-    return -(-tile_threads(k) // step) * step
+    hd = step
+    while block_threads(k, hd) < tile_threads(k):
+        hd += step
+    return hd
 
 
 def flash_shared_bytes(k: Kernel, groups: int, head_dim: int) -> int:

@@ -17,6 +17,7 @@ from kgen.spec.axes import (
     Position,
     QStage,
     RingFloor,
+    Threads,
     VStage,
 )
 from kgen.spec.ir import Kernel
@@ -69,6 +70,15 @@ class KernelView:
     @property
     def batch_floor(self) -> bool:
         return self.k.ring_floor is RingFloor.BATCH
+
+    @property
+    def padded(self) -> bool:
+        """The block is head_dim rounded up to whole warps (threads = warps)."""
+        return self.k.threads is Threads.WARPS
+
+    @property
+    def block_note(self) -> str:
+        return "head_dim rounded up to whole warps" if self.padded else "head_dim threads"
 
     @property
     def byte_layout(self) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kgen.geometry import flash_shared_bytes, tile_threads
+from kgen.geometry import block_threads, flash_shared_bytes, padded, tile_threads
 from kgen.runtime.contracts import Checker, ContractError
 from kgen.runtime.plan import decode_plan
 from kgen.signature import params
@@ -200,16 +200,25 @@ def _positions(k: Kernel, c: Checker, a: dict, count: int, max_seq: int, rows: i
 # ---- flash ---------------------------------------------------------------------
 
 def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
-    """The block is head_dim threads; every tile key is scored by its own dot lanes."""
+    """The block is head_dim threads (or that in whole warps); every tile key is
+    scored by its own dot lanes."""
+    threads = block_threads(k, hd)
+    c.require(TARGET.fits_block(threads), "block size",
+              f"head_dim = {hd}: a block is {threads} threads, at most {TARGET.max_threads}")
     _head_dim(k, c, hd, rows=True)
-    c.require(hd % TARGET.warp == 0, "whole warps",
-              f"head_dim = {hd}: the dot shuffles use full-warp masks, so a block must be "
-              f"whole warps (head_dim % {TARGET.warp} == 0)")
+    if padded(k):
+        c.require(hd % k.dot_lanes == 0, "dot chunks",
+                  f"head_dim = {hd}: each of the {k.dot_lanes} dot lanes takes whole chunks "
+                  f"(head_dim % {k.dot_lanes} == 0)")
+    else:
+        c.require(hd % TARGET.warp == 0, "whole warps",
+                  f"head_dim = {hd}: the dot shuffles use full-warp masks, so a block must be "
+                  f"whole warps (head_dim % {TARGET.warp} == 0; threads = warps pads it)")
     tt = tile_threads(k)
-    c.require(hd >= tt, "every key scored",
-              f"head_dim = {hd} < tile_keys * dot_lanes = {tt}: thread ky = tid / "
-              f"{k.dot_lanes} scores key ky, so keys {hd // k.dot_lanes}..{k.tile_keys - 1} "
-              "of each tile would keep stale scores")
+    c.require(threads >= tt, "every key scored",
+              f"head_dim = {hd}: {threads} threads < tile_keys * dot_lanes = {tt}: thread "
+              f"ky = tid / {k.dot_lanes} scores key ky, so keys {threads // k.dot_lanes}.."
+              f"{k.tile_keys - 1} of each tile would keep stale scores")
     if k.k_stage is KStage.REGISTERS:
         c.require(hd <= k.kreg_max_chunk * k.dot_lanes, "register K chunk",
                   f"head_dim = {hd} > kreg_max_chunk * dot_lanes = "
@@ -290,7 +299,7 @@ def _flash(k: Kernel, c: Checker, a: dict):
                   f"query rows read cache rows [0, pos0 + n) = [0, {pos0 + n}) without "
                   f"wrapping; max_seq = {max_seq}")
         values.update(out=out, pos0=pos0)
-        return (n, n_head_kv, 1), (hd, 1, 1), smem, values
+        return (n, n_head_kv, 1), (block_threads(k, hd), 1, 1), smem, values
 
     heads = (lead_q[0] if slots else 1) * n_head
     if k.position is Position.HOST:
@@ -335,7 +344,7 @@ def _flash(k: Kernel, c: Checker, a: dict):
     c.require(a["acc_out"].size >= heads * width * hd, "partials size",
               f"acc_out needs {heads * width * hd} floats")
     values.update(m_out=a["m_out"], l_out=a["l_out"], acc_out=a["acc_out"])
-    return grid, (hd, 1, 1), smem, values
+    return grid, (block_threads(k, hd), 1, 1), smem, values
 
 
 # ---- decode combine --------------------------------------------------------------

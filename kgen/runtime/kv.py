@@ -20,7 +20,9 @@ from kgen.formats import FORMATS
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.plan import decode_plan
 from kgen.runtime.select import Role, find
-from kgen.spec.axes import Mode, Op, Position
+from kgen.spec.axes import KEYS, Mode, Op, Position
+
+DEFAULT_KV = KEYS["kv"].default.value  # the spec's default format
 
 # What each role of a cache object needs a kernel for (kv is filled in per cache).
 ROLES = {
@@ -100,12 +102,12 @@ class _Kernels:
 class KVCache:
     """One sequence's cache on the GPU, in any registered KV format (``kv``).
 
-    A shadowed format (q4) also keeps fp16 copies of the first ``sink`` positions
+    A shadowed format also keeps fp16 copies of the first ``sink`` positions
     and of the last ``win`` positions (a ring of the kernels' ``ring_rows``), which
     the attention kernels read instead of the body.
     """
 
-    def __init__(self, n_head_kv: int, head_dim: int, max_seq: int, kv: str = "f32",
+    def __init__(self, n_head_kv: int, head_dim: int, max_seq: int, kv: str = DEFAULT_KV,
                  sink: int = 0, win: int = 0, variants: dict[str, str] | None = None,
                  prefill_kernel: str | None = None, buffers: tuple | None = None):
         if kv not in FORMATS:
@@ -308,7 +310,7 @@ class SlotKVCache:
     """Independent users, one ring per slot, each decoding at its own position."""
 
     def __init__(self, nslots: int, n_head_kv: int, head_dim: int, max_seq: int,
-                 kv: str = "f32", sink: int = 0, win: int = 0,
+                 kv: str = DEFAULT_KV, sink: int = 0, win: int = 0,
                  variants: dict[str, str] | None = None):
         self.nslots = _positive("nslots", nslots)
         # Slot 0 as a plain cache validates every argument and fixes the layout.

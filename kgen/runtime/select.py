@@ -2,8 +2,7 @@
 
 The cache objects never name a kernel: they ask for a role (an op, mode and
 position over a KV format) and the shapes at hand, and get the first generated
-kernel that serves them -- exact staging before lossy staging (fp16 q or K
-tiles), then the generated order. An explicit variant name overrides the
+kernel that serves them, by :func:`rank`, then the generated order. An explicit variant name overrides the
 choice and is checked like any other. When nothing serves, the error names the
 closest variants and what each refuses.
 """
@@ -13,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kgen.geometry import padded, tile_threads
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
 from kgen.spec.axes import KStage, Mode, Op, Position, QStage
@@ -50,8 +50,14 @@ def generated() -> list[tuple[Kernel, Callable]]:
             for name, k in mod.KERNELS.items()]
 
 
-def _lossy(k: Kernel) -> bool:
-    return k.op is Op.FLASH and (k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16)
+def rank(k: Kernel) -> tuple:
+    """Preference among kernels that serve a shape (smaller first): exact staging
+    before fp16 q or K tiles, then the widest tile (the most of the block scoring
+    keys: fewer tile steps), then a block with no idle threads."""
+    if k.op is not Op.FLASH:
+        return (0,)
+    lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
+    return (lossy, -tile_threads(k), padded(k))
 
 
 def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
@@ -76,7 +82,7 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
     fits = [(k, f) for k, f in pool if role.matches(k) and (where is None or where(k))]
     ok = [(k, f) for k, f in fits if shape_refusal(k, head_dim, groups) is None]
     if ok:
-        return min(ok, key=lambda kf: _lossy(kf[0]))  # min is stable: generated order
+        return min(ok, key=lambda kf: rank(kf[0]))  # min is stable: generated order
     near = fits or [(k, f) for k, f in pool if k.op is role.op]
     reasons = "; ".join(f"{k.name}: {shape_refusal(k, head_dim, groups) or 'layout'}"
                         for k, _ in near[:4])

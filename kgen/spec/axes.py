@@ -47,13 +47,19 @@ class VStage(StrEnum):
     SHARED_Q4 = "shared_q4"  # the tile's raw Q4_0 V rows staged in shared
 
 
+class Threads(StrEnum):
+    HEAD_DIM = "head_dim"  # one thread per output dim: head_dim whole warps
+    WARPS = "warps"        # head_dim rounded up to whole warps; the threads past
+    #                        head_dim score keys and stage tiles but own no dim
+
+
 class Window(StrEnum):
     SINK_RECENT = "sink_recent"  # attention sinks + recent window, per 16-key tile
 
 
 class RingFloor(StrEnum):
     NONE = "none"    # the fp16 window ring is trusted for every recent key
-    BATCH = "batch"  # keys lapped by later rows of the same batch fall back to q4
+    BATCH = "batch"  # keys lapped by later rows of the same batch fall back to the body
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ KEYS: dict[str, Key] = {
     "q_stage": Key(QStage, QStage.F32, FLASH, "element type of the staged q group"),
     "k_stage": Key(KStage, KStage.SHARED_F32, FLASH, "where a K tile lives"),
     "v_stage": Key(VStage, VStage.GLOBAL, FLASH, "where V rows are read from"),
+    "threads": Key(Threads, Threads.HEAD_DIM, FLASH, "threads of a block"),
     "window": Key(Window, Window.SINK_RECENT, FLASH, "which key tiles are attended"),
     "ring_floor": Key(RingFloor, RingFloor.NONE, FLASH, "fp16 window-ring liveness"),
     "tile_keys": Key(int, 16, PLAN_OPS, "keys per tile (and split rounding)"),

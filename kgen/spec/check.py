@@ -109,8 +109,8 @@ def check_dot_shape(k: Kernel, ctx: _Ctx) -> None:
 
 def check_register_k(k: Kernel, ctx: _Ctx) -> None:
     """Register K: the chunk bound must cover the smallest legal head_dim, and a
-    format's lane dequant may fix the lanes (q4: 16 lanes onto a 32-element block,
-    two chunks a block)."""
+    format's lane dequant may fix the lanes and the chunk multiple (e.g. 16 lanes
+    onto a 32-element block, two chunks a block)."""
     if k.op is not Op.FLASH or k.k_stage is not KStage.REGISTERS:
         return
     need = -(-min_head_dim(k) // k.dot_lanes)

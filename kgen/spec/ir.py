@@ -11,7 +11,17 @@ from dataclasses import dataclass, field
 from kgen.errors import SourcePos
 from kgen.formats import KvFormat, KvFormatName
 from kgen.spec.ast import ExpectRelation, ExpectResource
-from kgen.spec.axes import KStage, Mode, Op, Position, QStage, RingFloor, VStage, Window
+from kgen.spec.axes import (
+    KStage,
+    Mode,
+    Op,
+    Position,
+    QStage,
+    RingFloor,
+    Threads,
+    VStage,
+    Window,
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +36,7 @@ class Kernel:
     q_stage: QStage
     k_stage: KStage
     v_stage: VStage
+    threads: Threads
     window: Window
     ring_floor: RingFloor
     tile_keys: int

@@ -20,8 +20,8 @@ class Case:
     pos0: int = 0              # first position of the batch (prefill/append)
     seq_len: int = 1           # decode context length (host and device position)
     positions: tuple[int, ...] = ()  # per-slot positions (slots kernels)
-    sink: int = 0              # fp16 sink rows written/read (q4)
-    win: int = 0               # fp16 window rows (q4)
+    sink: int = 0              # fp16 sink rows written/read (shadowed formats)
+    win: int = 0               # fp16 window rows (shadowed formats)
     attn_sink: int = 0
     attn_win: int = 0
     kps: int = 64
