@@ -6,9 +6,12 @@ scores every key with, and a cache row's width (asked of the kernel's format).""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from kgen.spec.axes import KStage, QStage, Threads, VStage
 from kgen.spec.ir import Kernel
+from kgen.spellings import K_TILE_ELEM, Q_ELEM
 from kgen.target import TARGET
 
 
@@ -51,12 +54,37 @@ def min_head_dim(k: Kernel) -> int:
     return hd
 
 
-def flash_shared_bytes(k: Kernel, groups: int, head_dim: int) -> int:
-    """q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] | V tile."""
+@dataclass(frozen=True)
+class Region:
+    """One region of a flash block's dynamic shared memory, in carve order."""
+
+    name: str      # the pointer the kernel carves
+    ctype: str     # its element type
+    step: str      # its element count as the kernel spells the next pointer's offset
+    elems: Callable[[int, int], int]  # its element count at (groups, head_dim)
+
+
+ELEM_BYTES = {"float": 4, "__half": 2, "unsigned int": 4}
+
+
+def flash_regions(k: Kernel) -> tuple[Region, ...]:
+    """q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] | V tile: the
+    one table the launch geometry sums and the flash template carves."""
     T = k.tile_keys
-    q = groups * head_dim * (2 if k.q_stage is QStage.F16 else 4)
-    k_elem = {KStage.SHARED_F32: 4, KStage.SHARED_F16: 2, KStage.REGISTERS: 0}[k.k_stage]
-    k_tile = T * (head_dim + k.k_pad) * k_elem
-    state = 4 * (2 * groups * T + 3 * groups)
-    v_tile = T * k.fmt.row_bytes(head_dim) if k.v_stage is VStage.SHARED_Q4 else 0
-    return q + k_tile + state + v_tile
+    out = [Region("q_s", Q_ELEM[k.q_stage], "(size_t)G * head_dim", lambda G, hd: G * hd)]
+    if k.k_stage is not KStage.REGISTERS:
+        out.append(Region("k_s", K_TILE_ELEM[k.k_stage], "(size_t)TILE_KEYS * kstride",
+                          lambda G, hd: T * (hd + k.k_pad)))
+    out += [Region("score_s", "float", "G * TILE_KEYS", lambda G, hd: G * T),
+            Region("p_s", "float", "G * TILE_KEYS", lambda G, hd: G * T),
+            Region("m_s", "float", "G", lambda G, hd: G),
+            Region("l_s", "float", "G", lambda G, hd: G),
+            Region("corr_s", "float", "G", lambda G, hd: G)]
+    if k.v_stage is VStage.SHARED_Q4:  # raw rows as 32-bit words
+        out.append(Region("v_sh", "unsigned int", "",
+                          lambda G, hd: T * k.fmt.row_bytes(hd) // 4))
+    return tuple(out)
+
+
+def flash_shared_bytes(k: Kernel, groups: int, head_dim: int) -> int:
+    return sum(r.elems(groups, head_dim) * ELEM_BYTES[r.ctype] for r in flash_regions(k))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from kgen.geometry import Region, flash_regions
 from kgen.signature import Param, params
 from kgen.spec.axes import (
     KStage,
@@ -30,6 +31,10 @@ class KernelView:
 
     def __getattr__(self, name):  # the IR's fields read through
         return getattr(self.k, name)
+
+    @cached_property
+    def shared_regions(self) -> tuple[Region, ...]:
+        return flash_regions(self.k)
 
     @cached_property
     def params(self) -> tuple[Param, ...]:

@@ -42,6 +42,9 @@ class HostCache:
         """A cache whose every unwritten row decodes to NaN, so reading a row nobody
         appended poisons the result instead of silently contributing a value."""
         fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
+        if fmt.shadows and (ring_rows < 1 or sink_rows < 1):
+            raise ValueError(f"{fmt.name} keeps fp16 shadows: give the kernels' ring_rows "
+                             f"and sink_rows (got {ring_rows}, {sink_rows})")
         lead = () if nslots is None else (nslots,)
         body = lead + (n_head_kv, max_seq, fmt.row_width(head_dim))
         rows = {"sink_rows": sink_rows, "ring_rows": ring_rows}

@@ -520,7 +520,10 @@ def test_fill_equals_token_by_token_appends(rng, fmt, ring) -> None:
     r, seed = rng
     n_kv, hd, sink, win = 2, 32, 4, ring // 2
     max_seq = 3 * ring
-    for pos0, upto in ((2 * ring + 5, 2 * ring + 5), (ring + 3, ring + 20), (7, 7 + ring)):
+    # (history only; history + a short batch; a batch of a whole ring; a batch that laps
+    # the ring twice, where only its newest ring_rows rows may stay in the ring)
+    for pos0, upto in ((2 * ring + 5, 2 * ring + 5), (ring + 3, ring + 20), (7, 7 + ring),
+                       (5, 2 * ring + 13)):
         x = _normal(r, (upto, n_kv, hd))
         y = _normal(r, (upto, n_kv, hd))
         a = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=ring, sink_rows=SINK_ROWS)

@@ -1,0 +1,457 @@
+"""CPU tests of the KV-format models in kgen.formats: every registered format
+generically (layout, poison, round-trip error), plus hand cases for f16 and q8_0
+(q4's hand cases live in test_numpy_ref.py).
+
+Random inputs are fresh on every run; each test records its seed in every
+assertion message. Set KGEN_TEST_SEED=<seed> to replay a failure.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from kgen.formats import FORMATS, KvFormat, KvFormatName
+from kgen.formats import q4 as q4_model
+from kgen.formats import q8_0 as q8_model
+
+FMTS = list(FORMATS.values())
+HEAD_DIMS = (32, 64, 96, 128, 256)  # accepted by every format
+Q8 = FORMATS["q8_0"]
+F16 = FORMATS["f16"]
+
+
+@pytest.fixture
+def rng() -> tuple[np.random.Generator, int]:
+    """A generator with a fresh seed (or KGEN_TEST_SEED) and that seed."""
+    env = os.environ.get("KGEN_TEST_SEED")
+    seed = int(env) if env else int(np.random.SeedSequence().entropy)
+    print(f"KGEN_TEST_SEED={seed}")
+    return np.random.default_rng(seed), seed
+
+
+def _normal(r: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+    return (r.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal as float32 bit patterns, except any NaN matches any NaN."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    na, nb = np.isnan(a), np.isnan(b)
+    return bool(np.array_equal(na, nb)
+                and np.array_equal(a.view(np.uint32)[~na], b.view(np.uint32)[~nb]))
+
+
+def _half_bits(v: float) -> int:
+    """__float2half(v) as bits (round to nearest even; overflow to inf)."""
+    with np.errstate(over="ignore"):
+        return int(np.array([v], np.float32).astype(np.float16).view(np.uint16)[0])
+
+
+def _scales16(rows: np.ndarray, block_bytes: int) -> np.ndarray:
+    """The little-endian binary16 scale of every block of uint8 rows, as float64."""
+    blk = rows.reshape(rows.shape[:-1] + (-1, block_bytes))
+    bits = blk[..., 0].astype(np.uint16) | (blk[..., 1].astype(np.uint16) << 8)
+    return np.ascontiguousarray(bits).view(np.float16).astype(np.float64)
+
+
+# ============================================================== registry and layout
+
+
+def test_registry() -> None:
+    assert set(FORMATS) >= {"f32", "q4", "f16", "q8_0"}
+    for name, fmt in FORMATS.items():
+        assert isinstance(fmt, KvFormat)
+        assert fmt.name == name == str(fmt) == fmt.value
+        assert fmt.template == f"kv/{name}.j2"
+    assert [m.value for m in KvFormatName] == list(FORMATS)
+    for name, fmt in FORMATS.items():
+        assert KvFormatName(name).fmt is fmt
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+def test_flags_agree_with_the_model(fmt) -> None:
+    names = [s.name for s in fmt.shadow_buffers()]
+    if fmt.shadows:
+        assert names == ["k_sink", "v_sink", "k_win", "v_win"]
+        assert fmt.shadow_scalars() == ("sink", "win")
+        assert {s.rows_key for s in fmt.shadow_buffers()} == {"sink_rows", "ring_rows"}
+    else:
+        assert names == [] and fmt.shadow_scalars() == ()
+    assert fmt.itemsize == np.dtype(fmt.dtype).itemsize
+    # exact_elements: the body gives back the float32 values bit for bit.
+    x = np.array([1.0 + 2.0**-20, -3.0e-3, 7.0, 1.0e5] * 8, np.float32)
+    exact = _bits_equal(fmt.dequantize_rows(fmt.quantize_rows(x)), x)
+    assert exact == fmt.exact_elements
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+def test_accepts_head_dim(fmt) -> None:
+    for hd in range(0, 300):
+        assert fmt.accepts_head_dim(hd) == (hd >= fmt.block and hd % fmt.block == 0), hd
+        if hd and not fmt.accepts_head_dim(hd):
+            with pytest.raises(ValueError):
+                fmt.quantize_rows(np.zeros(hd, np.float32))
+    for hd in (64, 128, 256):  # the kernels' head dims
+        assert fmt.accepts_head_dim(hd)
+    assert not fmt.accepts_head_dim(0) and not fmt.accepts_head_dim(-fmt.block)
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+def test_row_width_and_bytes_match_quantize_output(rng, fmt, hd) -> None:
+    r, seed = rng
+    msg = f"{fmt} hd={hd} seed={seed}"
+    assert fmt.row_width(hd) == hd // fmt.block * fmt.block_width, msg
+    assert fmt.row_bytes(hd) == fmt.row_width(hd) * fmt.itemsize, msg
+    x = _normal(r, (3, 2, hd), 2.0)
+    q = fmt.quantize_rows(x)
+    assert q.dtype == np.dtype(fmt.dtype), msg
+    assert q.shape == (3, 2, fmt.row_width(hd)), msg
+    assert q[0, 0].nbytes == fmt.row_bytes(hd), msg
+    back = fmt.dequantize_rows(q)
+    assert back.dtype == np.float32 and back.shape == x.shape, msg
+    # Batched rows equal rows one at a time, and a 1-D row works.
+    for i in range(3):
+        for h in range(2):
+            assert np.array_equal(fmt.quantize_rows(x[i, h]), q[i, h]), msg
+            assert _bits_equal(fmt.dequantize_rows(q[i, h]), back[i, h]), msg
+    # Inputs are float32 to the kernels: wider inputs are converted first.
+    x64 = x.astype(np.float64) * (1 + 2.0**-30)
+    assert np.array_equal(fmt.quantize_rows(x64), fmt.quantize_rows(x64.astype(np.float32))), msg
+
+
+def test_q4_and_q8_0_block_geometry() -> None:
+    assert (q4_model.BLOCK, q4_model.BLOCK_BYTES) == (FORMATS["q4"].block,
+                                                      FORMATS["q4"].block_width) == (32, 18)
+    assert (q8_model.BLOCK, q8_model.BLOCK_BYTES) == (Q8.block, Q8.block_width) == (32, 34)
+    assert Q8.row_bytes(128) == 136 and FORMATS["q4"].row_bytes(128) == 72
+    assert F16.row_bytes(128) == 256 and FORMATS["f32"].row_bytes(128) == 512
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+@pytest.mark.parametrize("hd", (32, 128))
+def test_poison_decodes_to_nan(fmt, hd) -> None:
+    rows = np.full((2, 3, fmt.row_width(hd)), fmt.poison(), dtype=fmt.dtype)
+    back = fmt.dequantize_rows(rows)
+    assert back.shape == (2, 3, hd) and np.all(np.isnan(back))
+
+
+# ============================================================== round-trip error
+
+
+def _check_f32(x, q, back, msg) -> None:
+    assert back.tobytes() == x.tobytes(), f"f32 must round-trip bit for bit, {msg}"
+
+
+def _check_f16(x, q, back, msg) -> None:
+    with np.errstate(over="ignore"):
+        assert _bits_equal(back, x.astype(np.float16).astype(np.float32)), msg
+    ax = np.abs(x.astype(np.float64))
+    fin = ax <= 65504
+    err = np.abs(back.astype(np.float64) - x)
+    # Round to nearest: half an ulp, 2^-11 relative for normals, 2^-25 for subnormals.
+    assert np.all(err[fin] <= np.maximum(ax[fin] * 2.0**-11, 2.0**-25)), msg
+    big = ax >= 65520  # past the half-way point to 2^16: overflow to inf
+    assert np.all(np.isinf(back[big]) & (np.sign(back[big]) == np.sign(x[big]))), msg
+    assert np.all(np.isfinite(back[ax < 65520])), msg
+
+
+def _blocks(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float64).reshape(x.shape[:-1] + (-1, 32))
+
+
+def _check_q4(x, q, back, msg) -> None:
+    blocks = _blocks(x)
+    d32 = q4_model.block_scales(x).astype(np.float64)[..., None]   # negative
+    dd = np.abs(d32 - _scales16(q, 18)[..., None])                  # the fp16 scale's error
+    step = np.abs(d32)
+    err = np.abs(_blocks(back) - blocks)
+    # Half a step of rounding, plus up to 8 steps of the fp16 scale's error (|code| <= 8).
+    # x / d >= 7.5 rounds to code 16 and clamps to 15 (only negative x, as d < 0): a full step.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        clamped = blocks / d32 >= 7.49
+    free = np.broadcast_to(~clamped, err.shape)
+    bound = np.broadcast_to(0.5 * step * (1 + 1e-6) + 8 * dd, err.shape)
+    assert np.all(err[free] <= bound[free]), msg
+    assert np.all(err <= step * (1 + 1e-6) + 8 * dd), msg
+
+
+def _check_q8_0(x, q, back, msg) -> None:
+    blocks = _blocks(x)
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    d32 = (amax.astype(np.float32) / np.float32(127)).astype(np.float64)
+    d16 = _scales16(q, 34)[..., None]
+    err = np.abs(_blocks(back) - blocks)
+    # Half a step (amax / 254) of rounding, plus up to 127 times the fp16 scale's error:
+    # amax / 254 alone does not bound it when d is not a binary16 value.
+    assert np.all(err <= amax / 254 * (1 + 1e-5) + 127 * np.abs(d32 - d16)), msg
+    exact = np.broadcast_to(d16 == d32, err.shape)
+    assert np.all(err[exact] <= np.broadcast_to(amax / 254 * (1 + 1e-5), err.shape)[exact]), msg
+
+
+ERROR_BOUNDS = {"f32": _check_f32, "f16": _check_f16, "q4": _check_q4, "q8_0": _check_q8_0}
+
+
+def test_every_format_has_an_error_bound() -> None:
+    assert set(ERROR_BOUNDS) == set(FORMATS), "a new format needs its round-trip bound here"
+
+
+def _with_exact_scales(r: np.random.Generator, x: np.ndarray) -> np.ndarray:
+    """Rescale every other block so amax = 127 * 2^k: q8_0's d = 2^k is exact in fp16."""
+    b = x.reshape(-1, 32).astype(np.float64)
+    for i in range(0, b.shape[0], 2):
+        amax = np.abs(b[i]).max()
+        if not 0 < amax < 1e30:
+            continue
+        target = 127.0 * 2.0 ** round(math.log2(amax / 127))
+        j = int(np.abs(b[i]).argmax())
+        b[i] *= target / amax * 0.999
+        b[i, j] = math.copysign(target, b[i, j])
+    return b.astype(np.float32).reshape(x.shape)
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=str)
+def test_round_trip_error_bound(rng, fmt) -> None:
+    r, seed = rng
+    for scale in (1e-9, 1e-6, 1e-3, 1.0, 50.0, 3e4):
+        x = _with_exact_scales(r, _normal(r, (16, 256), scale))
+        q = fmt.quantize_rows(x)
+        back = fmt.dequantize_rows(q)
+        ERROR_BOUNDS[fmt.name](x, q, back, f"{fmt} scale={scale} seed={seed}")
+
+
+@pytest.mark.parametrize("fmt", [f for f in FMTS if f.name != "q4"], ids=str)
+def test_requantizing_decoded_rows_is_a_fixed_point(rng, fmt) -> None:
+    """Decoded rows re-encode to the same rows (f32, f16, q8_0: the amax code is +-127
+    and 127 * d16 / 127 gives d16 back). Not q4: a clamped negative extreme decodes to
+    -7 * |d|, which changes the next amax."""
+    r, seed = rng
+    for scale in (1e-3, 1.0, 50.0):
+        q = fmt.quantize_rows(_normal(r, (8, 128), scale))
+        again = fmt.quantize_rows(fmt.dequantize_rows(q))
+        assert again.tobytes() == q.tobytes(), f"{fmt} scale={scale} seed={seed}"
+
+
+# ============================================================== f16 hand cases
+
+
+F16_CASES = [  # float32 value -> binary16 bits (round to nearest even, as __float2half)
+    (1.0, 0x3C00),
+    (1.0 + 2.0**-11, 0x3C00),                 # tie -> even (down)
+    (1.0 + 3 * 2.0**-11, 0x3C02),             # tie -> even (up)
+    (1.0 + 2.0**-11 + 2.0**-23, 0x3C01),      # just above the tie
+    (1.0 + 2.0**-11 - 2.0**-23, 0x3C00),      # just below the tie
+    (2049.0, 0x6800),                         # spacing 2: tie -> 2048
+    (2051.0, 0x6802),                         # tie -> 2052
+    (-0.0, 0x8000),
+    (65504.0, 0x7BFF),                        # largest finite half
+    (65519.0, 0x7BFF),
+    (65520.0, 0x7C00),                        # tie between 65504 and 2^16 -> even: inf
+    (-65520.0, 0xFC00),
+    (1.0e6, 0x7C00),
+    (float(np.finfo(np.float32).max), 0x7C00),
+    (float("inf"), 0x7C00),
+    (float("-inf"), 0xFC00),
+    (2.0**-14, 0x0400),                       # smallest normal
+    (2.0**-14 - 2.0**-25, 0x0400),            # tie between 0x03FF and 0x0400 -> even
+    (2.0**-24, 0x0001),                       # smallest subnormal
+    (2.0**-25, 0x0000),                       # tie between 0 and 2^-24 -> even: 0
+    (2.0**-25 * (1 + 2.0**-23), 0x0001),      # just above
+    (3 * 2.0**-25, 0x0002),                   # tie -> even (up)
+    (-(2.0**-25), 0x8000),
+    (2.0**-26, 0x0000),
+]
+
+
+def test_f16_hand_cases() -> None:
+    x = np.array([v for v, _ in F16_CASES], np.float32)
+    assert [float(v) for v in x] == [v for v, _ in F16_CASES], "every case is a float32"
+    q = F16.quantize_rows(x)
+    assert q.dtype == np.float16
+    assert [hex(b) for b in q.view(np.uint16).tolist()] == [hex(b) for _, b in F16_CASES]
+    back = F16.dequantize_rows(q)
+    want = np.array([b for _, b in F16_CASES], np.uint16).view(np.float16).astype(np.float32)
+    assert _bits_equal(back, want)
+    nan = F16.quantize_rows(np.array([np.nan], np.float32))
+    assert np.isnan(nan[0]) and np.isnan(F16.dequantize_rows(nan)[0])
+
+
+# ============================================================== q8_0 hand cases
+
+
+def _i8(codes: list[int]) -> list[int]:
+    return [c & 0xFF for c in codes]
+
+
+def _q8_block(bits: int, codes: list[int]) -> list[int]:
+    """Bytes of one Q8_0 block: fp16 scale little-endian, then 32 int8 codes."""
+    codes = codes + [0] * (32 - len(codes))
+    return [bits & 0xFF, bits >> 8] + _i8(codes)
+
+
+def test_q8_0_rounds_half_away_from_zero() -> None:
+    # amax 127 -> d = 1, id = 1: every code is roundf(x) (llama.cpp's rounding, not rint).
+    vals = [127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, float(np.nextafter(np.float32(0.5), 0)),
+            -127.0, 126.5, -126.5, 3.4, -3.6, -0.0]
+    codes = [127, 3, -3, 1, -1, 2, -2, 0, -127, 127, -127, 3, -4, 0]
+    x = np.zeros(32, np.float32)
+    x[:len(vals)] = vals
+    q = Q8.quantize_rows(x)
+    assert q.dtype == np.uint8 and q.shape == (34,)
+    assert q.tolist() == _q8_block(0x3C00, codes)
+    assert Q8.dequantize_rows(q).tolist() == [float(c) for c in codes] + [0.0] * (32 - len(codes))
+    # The same products under q4's rint would round the ties to even.
+    assert [int(v) for v in np.rint(np.array(vals[1:7]))] == [2, -2, 0, 0, 2, -2]
+
+
+def test_q8_0_scale_is_amax_over_127_in_float32() -> None:
+    x = np.zeros(32, np.float32)
+    x[:3] = [1.0, -0.3, 0.25]
+    d = np.float32(1.0) / np.float32(127.0)        # 0.007874016
+    assert _half_bits(d) == 0x2008                  # 2^-7 * (1 + 8/1024)
+    inv = np.float32(1.0) / d
+    assert (x[:3] * inv).tolist() == pytest.approx([127, -38.1, 31.75], abs=1e-4)
+    q = Q8.quantize_rows(x)
+    assert q.tolist() == _q8_block(0x2008, [127, -38, 32])  # bytes 0-1: 0x08, 0x20
+    d16 = np.float32(2.0**-7 * (1 + 8 / 1024))
+    assert Q8.dequantize_rows(q)[:3].tolist() == [float(np.float32(c) * d16)
+                                                  for c in (127, -38, 32)]
+
+
+def test_q8_0_scale_little_endian_and_positive_for_a_negative_amax() -> None:
+    # amax = 127 * (1 + 2^-10) exactly, at a negative element: d = 1 + 2^-10 = 0x3C01
+    # (non-zero low byte first), positive (unlike q4's d = amax / -8).
+    x = np.zeros(32, np.float32)
+    x[:3] = [-127.0 * (1 + 2.0**-10), 10.0, 50.0]
+    assert np.float32(abs(x[0])) / np.float32(127) == np.float32(1 + 2.0**-10)
+    q = Q8.quantize_rows(x)
+    assert q[:2].tolist() == [0x01, 0x3C]
+    assert q.tolist() == _q8_block(0x3C01, [-127, 10, 50])
+    assert q[2] == 0x81  # -127 as int8 two's complement
+
+
+def test_q8_0_zero_blocks_and_block_order() -> None:
+    zero = Q8.quantize_rows(np.zeros(32, np.float32))
+    assert zero.tolist() == [0] * 34  # d = 0, id = 0, every code 0
+    neg_zero = Q8.quantize_rows(np.full(32, -0.0, np.float32))
+    assert neg_zero.tolist() == [0] * 34  # amax = |-0| = +0: d = +0 (q4 stores -0 here)
+    assert np.all(Q8.dequantize_rows(zero) == 0)
+    # Element j of block b is byte 34 b + 2 + j: no nibble interleave, blocks in order.
+    ramp = 127.0 - 8.0 * np.arange(32, dtype=np.float32)  # 127 .. -121, amax 127, d = 1
+    x = np.concatenate([np.zeros(32, np.float32), ramp, -ramp])
+    q = Q8.quantize_rows(x)
+    assert q.shape == (102,)
+    assert q[:34].tolist() == [0] * 34
+    assert q[34:68].tolist() == _q8_block(0x3C00, [int(v) for v in ramp])
+    assert q[68:].tolist() == _q8_block(0x3C00, [-int(v) for v in ramp])
+    assert Q8.dequantize_rows(q).tolist() == x.tolist()
+
+
+def test_q8_0_special_values() -> None:
+    # fmaxf drops the NaN: amax 127, d = 1; the NaN element gets code 0 ((int) NaN = 0).
+    x = np.zeros(32, np.float32)
+    x[:4] = [np.nan, 127.0, -63.5, 0.3]
+    q = Q8.quantize_rows(x)
+    assert q.tolist() == _q8_block(0x3C00, [0, 127, -64, 0])
+    assert Q8.dequantize_rows(q)[0] == 0.0
+
+    # inf: d = inf (fp16 0x7C00), id = 1/inf = 0, every product 0 or NaN -> code 0;
+    # the block decodes to 0 * inf = NaN.
+    x = np.zeros(32, np.float32)
+    x[:3] = [np.inf, 1.0, -1.0]
+    q = Q8.quantize_rows(x)
+    assert q.tolist() == _q8_block(0x7C00, [])
+    assert np.all(np.isnan(Q8.dequantize_rows(q)))
+
+    # Huge finite values: the fp16 scale overflows to inf, the codes are ordinary.
+    x = np.zeros(32, np.float32)
+    x[:3] = [3.0e38, -3.0e38, 1.0e38]
+    assert Q8.quantize_rows(x).tolist() == _q8_block(0x7C00, [127, -127, 42])
+
+    # A subnormal d: 1/d overflows to inf, so products saturate the device's (int)
+    # conversion and clamp to 127 / -128; 0 * inf = NaN -> 0. The fp16 scale is 0.
+    # (Device semantics, as the model documents; llama.cpp's C conversion is UB here.)
+    x = np.zeros(32, np.float32)
+    x[:2] = [2.0**-130, -(2.0**-130)]
+    assert Q8.quantize_rows(x).tolist() == _q8_block(0x0000, [127, -128])
+
+
+def test_q8_0_rejects_partial_blocks() -> None:
+    with pytest.raises(ValueError):
+        Q8.quantize_rows(np.zeros(48, np.float32))
+    with pytest.raises(ValueError):
+        Q8.dequantize_rows(np.zeros(40, np.uint8))
+
+
+# ============================================================== q8_0 scalar transcription
+
+
+def _roundf(p: float) -> int:
+    """C roundf, exactly (rational arithmetic): half away from zero."""
+    return int(math.copysign(math.floor(abs(Fraction(p)) + Fraction(1, 2)), p))
+
+
+def _scalar_q8_0(x: np.ndarray) -> list[int]:
+    """llama.cpp's quantize_row_q8_0_ref, one float32 scalar at a time, with the
+    device's (int) conversion (NaN -> 0, saturating) and clamp to int8."""
+    out: list[int] = []
+    f32 = np.float32
+    for b in range(len(x) // 32):
+        blk = [f32(v) for v in x[32 * b:32 * b + 32]]
+        amax = f32(0.0)
+        for v in blk:
+            av = f32(abs(v))
+            if not math.isnan(av) and av > amax:  # fmaxf keeps the non-NaN operand
+                amax = av
+        with np.errstate(all="ignore"):
+            d = f32(amax / f32(127.0))
+            inv = f32(f32(1.0) / d) if d != 0 else f32(0.0)
+        bits = _half_bits(d)
+        out += [bits & 0xFF, bits >> 8]
+        for v in blk:
+            with np.errstate(all="ignore"):
+                p = float(f32(v * inv))
+            if math.isnan(p):
+                c = 0
+            elif math.isinf(p):
+                c = 127 if p > 0 else -128
+            else:
+                c = min(max(_roundf(p), -128), 127)
+            out.append(c & 0xFF)
+    return out
+
+
+def _scalar_dequantize_q8_0(row: np.ndarray) -> np.ndarray:
+    out = np.empty(len(row) // 34 * 32, np.float32)
+    for e in range(out.size):
+        blk = row[34 * (e // 32):34 * (e // 32) + 34]
+        d = np.float32(np.array([int(blk[0]) | (int(blk[1]) << 8)], np.uint16)
+                       .view(np.float16)[0])
+        c = int(blk[2 + e % 32])
+        c = c - 256 if c > 127 else c
+        with np.errstate(all="ignore"):
+            out[e] = np.float32(c) * d
+    return out
+
+
+def test_q8_0_matches_scalar_transcription(rng) -> None:
+    r, seed = rng
+    rows = [_normal(r, (128,), s) for s in (1e-30, 1e-3, 1.0, 1e4, 1e36)]
+    ties = r.integers(-254, 255, 128).astype(np.float32) / np.float32(2.0)
+    ties[::32] = 127.0  # d = 1: every odd half is a tie
+    rows.append(ties)
+    rows.append(ties * np.float32(2.0**-3))  # d = 2^-3, still exact ties
+    # Arbitrary bit patterns: NaN, inf, subnormals, huge values.
+    rows.append(np.frombuffer(r.bytes(4 * 128), dtype=np.float32).copy())
+    rows.append((_normal(r, (128,), 1.0) * np.float32(2.0**-126)).astype(np.float32))
+    for i, x in enumerate(rows):
+        q = Q8.quantize_rows(x)
+        assert q.tolist() == _scalar_q8_0(x), f"row {i}, seed={seed}"
+        assert _bits_equal(Q8.dequantize_rows(q), _scalar_dequantize_q8_0(q)), \
+            f"row {i}, seed={seed}"
