@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.spec.axes import KStage, QStage, Threads, VStage
+from kgen.spec.axes import KStage, Threads, VStage
 from kgen.spec.ir import Kernel
 from kgen.spellings import K_TILE_ELEM, Q_ELEM
 from kgen.target import TARGET
