@@ -3,8 +3,8 @@
 The cache objects never name a kernel: they ask for a role (an op, mode and
 position over a KV format) and the shapes at hand, and get the first generated
 kernel that serves them, by :func:`rank`, then the generated order. An
-explicit variant name overrides the choice and is checked like any other. When nothing serves, the error names the
-closest variants and what each refuses.
+explicit variant name overrides the choice and is checked like any other. When
+nothing serves, the error names the closest variants and what each refuses.
 """
 
 from __future__ import annotations
