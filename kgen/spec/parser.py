@@ -24,30 +24,42 @@ from lark.exceptions import (
 )
 
 from kgen.errors import SourcePos, SpecError
-from kgen.spec.ast import Assign, ExpectRelation, ExpectResource, KernelDef, SpecFile
+from kgen.spec.ast import (
+    Assign,
+    Binding,
+    Bound,
+    Drop,
+    ExpectRelation,
+    ExpectResource,
+    KernelDef,
+    SpecFile,
+)
 
 GRAMMAR = Path(__file__).with_name("kspec.lark")
 
 # How the lexer's terminal names read in an error message.
 _TERMINAL_WORDS = {
-    "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "STRING": "a string",
+    "NAME": "a name", "PATTERN": "a name", "INT": "an integer", "NUMBER": "a number",
+    "STRING": "a string",
     "LBRACE": "'{'", "RBRACE": "'}'", "EQUAL": "'='", "COLON": "':'", "CMP": "'<=', '==' or '>='",
     "KERNEL": "'kernel'", "EXPECT": "'expect'", "ABSTRACT": "'abstract'", "WITH": "'with'",
     "WITHIN": "'within'", "BIT_EXACT": "'bit_exact'", "CLOSE_TO": "'close_to'",
-    "$END": "end of file",
+    "DROP": "'drop'", "FOR": "'for'", "IN": "'in'", "LIST_OPEN": "'['", "RSQB": "']'",
+    "COMMA": "','", "$END": "end of file",
 }
 
 # Keyword terminals, for "did you mean" on a misspelled keyword.
 _KEYWORDS = {
     "KERNEL": "kernel", "ABSTRACT": "abstract", "EXPECT": "expect", "WITH": "with",
-    "WITHIN": "within", "BIT_EXACT": "bit_exact", "CLOSE_TO": "close_to",
+    "WITHIN": "within", "BIT_EXACT": "bit_exact", "CLOSE_TO": "close_to", "DROP": "drop",
+    "FOR": "for", "IN": "in",
 }
 
 # The keyword a word before an unexpected token may have been meant to be, by what the
 # parser expected after that word: `expct registers` (an assignment's key, so '=') and
 # `expect bitexact with` (a resource, so a comparison).
 _KEYWORD_BEFORE = {
-    frozenset({"EQUAL"}): ["expect"],
+    frozenset({"EQUAL"}): ["expect", "drop"],
     frozenset({"CMP"}): ["bit_exact", "close_to"],
 }
 
@@ -118,8 +130,25 @@ class _Build(Transformer):
     def expect_close(self, other, tol):
         return ExpectRelation("close_to", str(other), float(tol), self._pos(other))
 
+    def drop_resource(self, name):
+        return Drop("resource", str(name), self._pos(name))
+
+    def drop_bit_exact(self, other):
+        return Drop("bit_exact", str(other), self._pos(other))
+
+    def drop_close(self, other):
+        return Drop("close_to", str(other), self._pos(other))
+
     def parent(self, name):
         return name
+
+    def binding(self, key, list_open, *values):
+        bound = tuple(Bound(v, pos) for v, pos in values)
+        return Binding(str(key), bound, self._pos(key), self._pos(list_open))
+
+    @v_args(inline=False)
+    def family(self, bindings):
+        return tuple(bindings)
 
     @v_args(inline=False)
     def kernel_def(self, items):
@@ -130,11 +159,15 @@ class _Build(Transformer):
         parent = None
         if rest and isinstance(rest[0], Token):
             parent, rest = rest[0], rest[1:]
-        assigns = tuple(s for s in rest if isinstance(s, Assign))
-        expects = tuple(s for s in rest if not isinstance(s, Assign))
+        family = ()
+        if rest and isinstance(rest[0], tuple):
+            family, rest = rest[0], rest[1:]
         return KernelDef(
-            str(name), str(parent) if parent else None, abstract, assigns, expects,
+            str(name), str(parent) if parent else None, abstract,
+            tuple(s for s in rest if isinstance(s, Assign)),
+            tuple(s for s in rest if isinstance(s, ExpectResource | ExpectRelation)),
             self._pos(name), self._pos(parent) if parent else None,
+            drops=tuple(s for s in rest if isinstance(s, Drop)), family=family,
         )
 
     @v_args(inline=False)

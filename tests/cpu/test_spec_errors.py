@@ -93,6 +93,8 @@ def test_did_you_mean_fixtures():
         ("unknown_key", "tile_keys"), ("unknown_enum_value", "prefill"),
         ("unknown_parent", "base"), ("check_expectations_unknown_kernel", "fixture_prefill"),
         ("check_expectations_resource", "registers"), ("text_crlf", "decode"),
+        ("syntax_misspelled_drop", "drop"), ("family_bad_value", "q4"),
+        ("family_unknown_key", "kv"),
     ]:
         first = expected_err(ROOT / INVALID / f"{stem}.kspec").split("\n")[0]
         first = re.sub(r" \[check_\w+\]$", "", first)
