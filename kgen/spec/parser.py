@@ -70,16 +70,17 @@ _LAST_WORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t\f\r]*\Z")
 
 
 @cache
-def _lark() -> Lark:
-    # The LALR tables are cached on disk (keyed by lark on the grammar's hash and
-    # the options), so a process does not rebuild them.
+def _lark(cache_dir: Path | None = None) -> Lark:
+    # The LALR tables are cached on disk under ``cache_dir`` (by default the
+    # settings'; keyed by lark on the grammar's hash and the options), so a
+    # process does not rebuild them.
     from kgen.config import Settings
 
-    cache_dir = Path(Settings.load().cache_dir) / "lark"
+    tables = Path(cache_dir or Settings.load().cache_dir) / "lark"
     cache_file = None
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        cache_file = str(cache_dir / "kspec.lalr")
+        tables.mkdir(parents=True, exist_ok=True)
+        cache_file = str(tables / "kspec.lalr")
     except OSError:
         pass
     return Lark(GRAMMAR.read_text(encoding="utf-8"), parser="lalr", propagate_positions=True,
@@ -258,7 +259,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, lines: tuple[str, ...], err) 
     return err(tok.line, tok.column, msg)
 
 
-def parse_spec(text: str, path: str = "<spec>") -> SpecFile:
+def parse_spec(text: str, path: str = "<spec>", cache_dir: Path | None = None) -> SpecFile:
     """Parse one spec file's text; raises SpecError at the first syntax error."""
     lines = split_lines(text)
 
@@ -272,7 +273,7 @@ def parse_spec(text: str, path: str = "<spec>") -> SpecFile:
             raise SpecError(SourcePos(path, 1, 1), empty)
         raise err(1, 1, empty)
     try:
-        tree = _lark().parse(text)
+        tree = _lark(cache_dir).parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, text, lines, err) from None
     try:
@@ -284,5 +285,5 @@ def parse_spec(text: str, path: str = "<spec>") -> SpecFile:
     return SpecFile(path, kernels, lines)
 
 
-def parse_file(path: Path, shown: str | None = None) -> SpecFile:
-    return parse_spec(read_spec_text(path, shown), shown or str(path))
+def parse_file(path: Path, shown: str | None = None, cache_dir: Path | None = None) -> SpecFile:
+    return parse_spec(read_spec_text(path, shown), shown or str(path), cache_dir)
