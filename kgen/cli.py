@@ -10,10 +10,8 @@ import traceback
 from pathlib import Path
 
 from kgen import __version__
-from kgen.cache import Cache
 from kgen.config import Settings
 from kgen.errors import KgenError, SpecError
-from kgen.toolchain import find_toolchain
 
 # The compiler stages (lark, jinja2, numpy) are imported by the commands that
 # run them, so a no-op `kgen build` answers without loading them.
@@ -31,35 +29,58 @@ class Reporter:
             print(f"[{time.perf_counter() - self.t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def _cache(settings: Settings, args) -> Cache:
-    return Cache(settings.cache_dir, enabled=not getattr(args, "no_cache", False))
+def _context(settings: Settings, args, say: Reporter | None = None):
+    """The stages' context: settings, cache, jobs and progress (none for the commands
+    whose only output is their answer) from the command line."""
+    from kgen.pipeline import Context
+
+    quiet = {"progress": say} if say else {}
+    return Context.load(settings, use_cache=not getattr(args, "no_cache", False),
+                        jobs=getattr(args, "jobs", 0), **quiet)
 
 
-def _kernels(settings: Settings, inputs: list[str] | None):
+def _inputs(settings: Settings, inputs: list[str] | None) -> tuple[Path, ...]:
+    return tuple(Path(p) for p in inputs) if inputs else (settings.specs,)
+
+
+def _kernels(settings: Settings, args):
     from kgen import pipeline
 
-    paths = [Path(p) for p in inputs] if inputs else [settings.specs]
-    files = pipeline.parse(paths, settings.root)
-    return files, pipeline.checked(files)
+    work = pipeline.run(("parse", "check"), pipeline.Work(inputs=_inputs(settings, None)),
+                        _context(settings, args))
+    return work.kernels
 
 
-def _spec_files(settings: Settings, inputs: list[str] | None) -> list[Path]:
+def _fresh_build(settings: Settings, args) -> str | None:
+    """The build's input digest, or None when a build must run anyway."""
+    from kgen import stamp
     from kgen.spec.files import spec_paths
 
-    return spec_paths([Path(p) for p in inputs] if inputs else [settings.specs])
+    if args.check or args.no_cache:
+        return None
+    try:
+        return stamp.input_digest(spec_paths(list(_inputs(settings, args.specs))),
+                                  settings.templates)
+    except OSError:
+        return None  # an unreadable input: the full build reports it properly
+
+
+def _stale(outputs) -> list[str]:
+    from kgen.atomic import read_tree
+
+    stale = []
+    for where, files in outputs.items():
+        current = read_tree(where)
+        stale += [str(where / n) for n in sorted(set(files) | set(current))
+                  if files.get(n) != current.get(n)]
+    return stale
 
 
 def cmd_build(args, settings: Settings, say: Reporter) -> int:
     from kgen import stamp
 
     outputs_dirs = [settings.generated, settings.tests_generated]
-    digest = None
-    if not args.check and not args.no_cache:
-        try:
-            spec_files = _spec_files(settings, args.specs)
-            digest = stamp.input_digest(spec_files, settings.templates)
-        except OSError:
-            digest = None  # an unreadable input: the full build reports it properly
+    digest = _fresh_build(settings, args)
     if digest is not None and stamp.is_fresh(settings.cache_dir, digest, outputs_dirs):
         if args.json:
             print(json.dumps({"up_to_date": True}))
@@ -67,75 +88,56 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
             print("up to date (inputs and outputs unchanged)")
         return 0
     from kgen import pipeline
-    from kgen.atomic import read_tree, replace_dirs
-    from kgen.render import render_modules, render_tests
+    from kgen.atomic import replace_dirs
 
-    files, kernels = _kernels(settings, args.specs)
-    say(f"parse+check {len(files)} spec files, {len(kernels)} kernels")
-    modules = render_modules(kernels, settings.templates, settings.root)
-    say(f"render {len(modules)} modules")
-    tc = find_toolchain()
-    builds = pipeline.compile_modules(modules, tc, _cache(settings, args), args.jobs, say)
-    compiled = {n: c for b in builds for n, c in b.kernels().items()}
-    pipeline.check_budgets(kernels, compiled, {f.path: f.lines for f in files})
-    files_out = pipeline.generated_files(builds, settings.templates, settings.root)
-    tests_out = {n: t.encode() for n, t in
-                 render_tests([b.module for b in builds], settings.templates,
-                              settings.root).items()}
-    outputs = ((settings.generated, files_out), (settings.tests_generated, tests_out))
+    work = pipeline.run(pipeline.BUILD, pipeline.Work(inputs=_inputs(settings, args.specs)),
+                        _context(settings, args, say))
+    n_files = sum(len(files) for files in work.outputs.values())
     if args.check:
-        stale = []
-        for where, files in outputs:
-            current = read_tree(where)
-            stale += [str(where / n) for n in sorted(set(files) | set(current))
-                      if files.get(n) != current.get(n)]
+        stale = _stale(work.outputs)
         if stale:
             print("generated files are stale; run `kgen build specs/` and commit:\n  "
                   + "\n  ".join(stale))
             return 1
-        print(f"generated files are up to date ({len(files_out) + len(tests_out)} files)")
+        print(f"generated files are up to date ({n_files} files)")
         return 0
-    replace_dirs(list(outputs))  # both trees or neither
-    say(f"wrote {len(files_out)} files to {settings.generated}, {len(tests_out)} tests to "
-        f"{settings.tests_generated}")
+    replace_dirs(list(work.outputs.items()))  # both trees or neither
+    say("wrote " + ", ".join(f"{len(files)} files to {where}"
+                             for where, files in work.outputs.items()))
     if digest is not None:
         stamp.record(settings.cache_dir, digest, outputs_dirs)
     if args.json:
-        print(json.dumps({"modules": [b.module.name for b in builds],
-                          "kernels": sorted(compiled)}, indent=2))
+        print(json.dumps({"modules": [m.name for m in work.modules],
+                          "kernels": sorted(work.compiled)}, indent=2))
     else:
-        print(f"built {len(kernels)} kernels in {len(modules)} modules")
+        print(f"built {len(work.kernels)} kernels in {len(work.modules)} modules")
     return 0
 
 
 def cmd_verify(args, settings: Settings, say: Reporter) -> int:
     from kgen import pipeline
     from kgen.golden import load_golden
-    from kgen.verify import compare, sass_diff, summary, table
+    from kgen.verify import sass_diff, summary, table
 
+    ctx = _context(settings, args, say)
     golden = load_golden(settings.golden)
-    modules = pipeline.read_generated_modules(settings.generated)
-    tc = find_toolchain()
     made_with = golden.manifest.get("toolchain", {})
-    if made_with and made_with != dict(tc.versions):
+    if made_with and made_with != dict(ctx.toolchain.versions):
         # Another ptxas can schedule differently: differences would not be kgen's.
         print(f"kgen: warning: golden/ was made with {made_with}, verifying with "
-              f"{dict(tc.versions)}; regenerate it with `kgen golden`", file=sys.stderr)
-    builds = pipeline.compile_modules(modules, tc, _cache(settings, args), args.jobs, say)
-    compiled = {n: c for b in builds for n, c in b.kernels().items()}
+              f"{dict(ctx.toolchain.versions)}; regenerate it with `kgen golden`",
+              file=sys.stderr)
     if args.diff:
-        name = args.diff
+        work = pipeline.run(pipeline.VERIFY[:-1], pipeline.Work(golden=golden), ctx)
+        name, compiled = args.diff, work.compiled
         if name not in golden.ptx or name not in compiled:
             raise KgenError(f"--diff {name}: needs a kernel both golden and generated")
         print("\n".join(sass_diff(golden.sass[name], compiled[name].sass, context=None)))
         return 0 if [i.word for i in golden.sass[name]] == [
             i.word for i in compiled[name].sass] else 1
-    only = args.kernels or None
-    unknown = [n for n in (only or []) if n not in golden.ptx and n not in compiled]
-    if unknown:
-        raise KgenError("unknown kernel(s): " + ", ".join(unknown))
-    names = only or sorted(set(golden.kernels) | set(compiled))
-    verdicts = compare(golden, compiled, names)
+    work = pipeline.run(pipeline.VERIFY, pipeline.Work(golden=golden,
+                                                       wanted=tuple(args.kernels)), ctx)
+    verdicts = work.verdicts
     if args.json:
         print(json.dumps([v.__dict__ for v in verdicts], indent=2))
     else:
@@ -149,33 +151,40 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
 
 
 def cmd_golden(args, settings: Settings, say: Reporter) -> int:
-    from kgen.golden import make_golden
+    from dataclasses import replace
 
-    ref = Path(args.reference) if args.reference else settings.reference
-    names = make_golden(ref, settings.golden, find_toolchain(), _cache(settings, args))
-    print(f"golden: {len(names)} kernels from {ref} -> {settings.golden}")
+    from kgen import pipeline
+    from kgen.atomic import replace_dir
+    from kgen.golden import golden_kernels
+
+    if args.reference:
+        settings = replace(settings, reference=Path(args.reference))
+    work = pipeline.run(pipeline.GOLDEN, pipeline.Work(), _context(settings, args, say))
+    files = work.outputs[settings.golden]
+    replace_dir(settings.golden, dict(files))
+    print(f"golden: {len(golden_kernels(files))} kernels from {settings.reference} -> "
+          f"{settings.golden}")
     return 0
 
 
 def cmd_check(args, settings: Settings, say: Reporter) -> int:
-    """Check the named files; definitions they inherit from other specs beside
-    them are read as context."""
+    """Check the named files; definitions they need from other specs beside them
+    (parents, related kernels) are read as context."""
     from kgen import pipeline
 
-    paths = [Path(p) for p in args.specs] if args.specs else [settings.specs]
-    files = pipeline.parse(paths, settings.root)
-    context = pipeline.with_parents(files, settings.root)
-    kernels = pipeline.checked(context)
-    mine = {f.path for f in files}
-    count = sum(k.spec_path in mine for k in kernels)
-    extra = len(context) - len(files)
-    note = f" (parents from {extra} other spec file{'s' if extra != 1 else ''})" if extra else ""
-    print(f"ok: {len(files)} spec files, {count} kernels{note}")
+    work = pipeline.run(pipeline.CHECK, pipeline.Work(inputs=_inputs(settings, args.specs)),
+                        _context(settings, args))
+    mine = {f.path for f in work.files}
+    count = sum(k.spec_path in mine for k in work.kernels)
+    extra = len(work.context)
+    note = (f" (definitions from {extra} other spec file{'s' if extra != 1 else ''})"
+            if extra else "")
+    print(f"ok: {len(work.files)} spec files, {count} kernels{note}")
     return 0
 
 
 def cmd_list(args, settings: Settings, say: Reporter) -> int:
-    _, kernels = _kernels(settings, None)
+    kernels = _kernels(settings, args)
     w = max(len(k.name) for k in kernels)
     for k in kernels:
         axes = f"{k.op.value}"
@@ -192,8 +201,7 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
 def cmd_show(args, settings: Settings, say: Reporter) -> int:
     from kgen.spec.axes import KEYS
 
-    _, kernels = _kernels(settings, None)
-    by = {k.name: k for k in kernels}
+    by = {k.name: k for k in _kernels(settings, args)}
     k = by.get(args.kernel)
     if k is None:
         raise KgenError(f"no kernel '{args.kernel}'")

@@ -12,11 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kgen import __version__, compile, ptx_entries, resources, sass_listing
-from kgen.atomic import replace_dir
-from kgen.cache import Cache, sha256
+from kgen import __version__, ptx_entries, resources, sass_listing
+from kgen.cache import sha256
 from kgen.errors import KgenError
-from kgen.toolchain import Toolchain
 
 PTX_FILE = "attention.ptx"
 RESOURCES_FILE = "resources.json"
@@ -37,17 +35,12 @@ class Golden:
         return sorted(self.ptx)
 
 
-def make_golden(reference: Path, golden_dir: Path, tc: Toolchain, cache: Cache) -> list[str]:
-    """Compile the reference and replace golden/ with the result; returns kernel names."""
-    if not reference.is_file():
-        raise KgenError(
-            f"reference not found: {reference} (set KGEN_REFERENCE or [tool.kgen] reference)"
-        )
-    source = reference.read_text(encoding="utf-8")
-    ptx_text = compile.ptx(source, tc, cache, name="attention")
-    cub = compile.cubin(ptx_text, tc, cache, name="attention")
-    listing = sass_listing.parse(compile.sass(cub.data, tc, cache, name="attention"))
-    res = resources.parse(cub.ptxas_log)
+def golden_files(reference_name: str, source: str, ptx_text: str, ptxas_log: str,
+                 listing: dict[str, tuple[sass_listing.Instr, ...]],
+                 versions: dict[str, str]) -> dict[str, bytes]:
+    """The exact contents of golden/ for the reference compiled to ``ptx_text``,
+    ptxas's report ``ptxas_log`` and the SASS ``listing`` (the ``golden`` stage)."""
+    res = resources.parse(ptxas_log)
     names = sorted(ptx_entries.entries(ptx_text))
     files = {PTX_FILE: ptx_text.encode()}
     for name in names:
@@ -56,15 +49,19 @@ def make_golden(reference: Path, golden_dir: Path, tc: Toolchain, cache: Cache) 
         json.dumps({n: res[n].as_dict() for n in names}, indent=2, sort_keys=True) + "\n"
     ).encode()
     manifest = {
-        "reference": reference.name,
+        "reference": reference_name,
         "reference_sha256": sha256(source.encode()),
-        "toolchain": dict(tc.versions),
+        "toolchain": versions,
         "kgen_version": __version__,
         "kernels": names,
     }
     files[MANIFEST_FILE] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-    replace_dir(golden_dir, files)
-    return names
+    return files
+
+
+def golden_kernels(files: dict[str, bytes]) -> list[str]:
+    """The kernel names a golden tree (as ``golden_files`` made it) holds."""
+    return json.loads(files[MANIFEST_FILE])["kernels"]
 
 
 def load_golden(golden_dir: Path) -> Golden:

@@ -1,108 +1,97 @@
-"""The compiler's stages, in order, each a function named for what it produces.
+"""The compiler's stages: one ordered table, each stage a function named for what it
+produces, run by one loop over a slice of the table.
 
-    parse   spec files        -> SpecFile ASTs           (kgen.spec.parser)
-    check   ASTs              -> resolved, checked IR     (kgen.spec.resolve, kgen.spec.check)
-    render  IR + templates    -> CUDA modules             (kgen.render)
-    ptx     CUDA              -> PTX       (nvcc 11.8)    (kgen.compile)
-    cubin   PTX               -> sm_37 cubin (ptxas)      (kgen.compile)
-    sass    cubin             -> SASS listing (cuobjdump) (kgen.compile)
-    verify  compiled kernels  -> verdicts vs golden       (kgen.verify)
+    work = Work(inputs=(Path("specs"),))
+    for name in BUILD:
+        work = STAGES[name](work, ctx)       # what ``run(BUILD, work, ctx)`` does
+
+A command is a slice (the stages it needs, in table order): ``BUILD``, ``CHECK``,
+``VERIFY``, ``GOLDEN``. Program stages take and return the whole ``Work``; the
+module stages (ptx, cubin, sass) take and return one ``ModuleBuild``, and a run of
+them is chained per module, modules in parallel. Everything a stage needs from
+outside (paths, cache, toolchain, jobs, progress) comes in through ``Context``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kgen import __version__, compile, elf, ptx_entries, resources, sass_listing
 from kgen.cache import Cache, sha256
+from kgen.config import Settings
 from kgen.errors import KgenError, SpecError
-from kgen.render import Module, render_modules, render_ptx_header, render_python
-from kgen.spec.ast import SpecFile
+from kgen.golden import Golden, golden_files, load_golden
+from kgen.render import Module, render_modules, render_ptx_header, render_python, render_tests
+from kgen.spec.ast import KernelDef, SpecFile
 from kgen.spec.check import check
-from kgen.spec.files import spec_paths
+from kgen.spec.expand import expand_file
+from kgen.spec.files import SPEC_SUFFIX, spec_paths
 from kgen.spec.ir import Kernel
 from kgen.spec.parser import parse_file
 from kgen.spec.resolve import resolve
-from kgen.toolchain import Toolchain
-from kgen.verify import Compiled
+from kgen.toolchain import Toolchain, find_toolchain
+from kgen.verify import Compiled, Verdict, compare
 
 MANIFEST = "manifest.json"
 PTX_HEADER = "attention_ptx.h"
+REFERENCE_MODULE = "attention"
+
+Listing = dict[str, tuple[sass_listing.Instr, ...]]
 
 
-def parse(inputs: list[Path], root: Path | None = None) -> list[SpecFile]:
-    files = []
-    for p in spec_paths(inputs):
-        shown = str(p)
-        if root is not None:
-            with contextlib.suppress(ValueError):
-                shown = str(p.resolve().relative_to(root))
-        files.append(parse_file(p, shown))
-    return files
+def _quiet(msg: str) -> None:
+    pass
 
 
-def with_parents(files: list[SpecFile], root: Path | None = None) -> list[SpecFile]:
-    """``files`` plus, from the other specs beside them, the definitions their
-    kernels inherit from (transitively), so one file of a spec set can be checked
-    alone. A sibling that does not parse is no context and is skipped."""
-    defined = {d.name for f in files for d in f.kernels}
-    wanted = {d.parent for f in files for d in f.kernels if d.parent} - defined
-    if not wanted:
-        return files
-    named = {Path(f.path).resolve() for f in files}
-    dirs = {(root / f.path if root and not Path(f.path).is_absolute() else Path(f.path)).parent
-            for f in files}
-    pool: dict[str, tuple[SpecFile, object]] = {}
-    for d in sorted(dirs):
-        for sib in sorted(d.glob("*.kspec")):
-            if sib.resolve() in named:
-                continue
-            try:
-                sf = parse([sib], root)[0]
-            except SpecError:
-                continue
-            for kd in sf.kernels:
-                pool.setdefault(kd.name, (sf, kd))
-    picked: dict[str, tuple[SpecFile, object]] = {}
-    while wanted:
-        name = wanted.pop()
-        if name in picked or name not in pool:
-            continue
-        picked[name] = pool[name]
-        parent = pool[name][1].parent
-        if parent and parent not in defined:
-            wanted.add(parent)
-    by_file: dict[str, list] = {}
-    for sf, kd in picked.values():
-        by_file.setdefault(sf.path, [sf, []])[1].append(kd)
-    extra = [SpecFile(sf.path, tuple(kds), sf.lines) for sf, kds in by_file.values()]
-    return files + extra
+@dataclass(frozen=True)
+class Context:
+    """What the stages get from outside: settings (paths), the artifact cache, the
+    toolchain (located on first use, so parse and check never need it), how many
+    parallel compiles, and where progress goes."""
 
+    settings: Settings
+    cache: Cache
+    jobs: int = 0
+    progress: Callable[[str], None] = _quiet
+    locate_toolchain: Callable[[], Toolchain] = find_toolchain
 
-def checked(files: list[SpecFile]) -> list[Kernel]:
-    return check(resolve(files), {f.path: f.lines for f in files})
+    @classmethod
+    def load(cls, settings: Settings | None = None, *, use_cache: bool = True, jobs: int = 0,
+             progress: Callable[[str], None] = _quiet) -> Context:
+        settings = settings or Settings.load()
+        return cls(settings, Cache(settings.cache_dir, enabled=use_cache), jobs, progress)
+
+    @functools.cached_property
+    def toolchain(self) -> Toolchain:
+        return self.locate_toolchain()
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where parser tables and compiled templates are kept (even with --no-cache)."""
+        return self.settings.cache_dir
 
 
 @dataclass(frozen=True)
 class ModuleBuild:
-    """A module after the ptx and cubin stages; the sass stage runs on demand."""
+    """One module as the module stages fill it in: ptx, then cubin, then sass."""
 
     module: Module
-    ptx: str
-    cubin: bytes
-    ptxas_log: str
-    load_sass: Callable[[], dict[str, tuple[sass_listing.Instr, ...]]] = field(compare=False)
+    ptx: str = ""
+    cubin: bytes = b""
+    ptxas_log: str = ""
+    load_sass: Callable[[], Listing] = field(compare=False, default=dict)
 
     @property
-    def sass(self) -> dict[str, tuple[sass_listing.Instr, ...]]:
+    def sass(self) -> Listing:
         return self.load_sass()
 
     def kernels(self) -> dict[str, Compiled]:
@@ -117,59 +106,209 @@ class ModuleBuild:
         }
 
 
-def toolchain_stages(module: Module, tc: Toolchain, cache: Cache, progress=None) -> ModuleBuild:
-    """ptx -> cubin for one module; sass (a disassembly, for showing differences)
-    only when asked for."""
-    t0 = time.perf_counter()
-    ptx_text = compile.ptx(module.source, tc, cache, name=module.name)
-    t1 = time.perf_counter()
-    if progress:
-        progress(f"ptx    {module.name:<14} {t1 - t0:5.2f}s")
-    cub = compile.cubin(ptx_text, tc, cache, name=module.name)
-    if progress:
-        progress(f"cubin  {module.name:<14} {time.perf_counter() - t1:5.2f}s")
+@dataclass(frozen=True)
+class Work:
+    """What flows through the table. A command sets the inputs of its slice (the
+    ``inputs`` spec paths, or the ``golden`` and ``wanted`` kernels of verify); each
+    stage returns a copy with its product added."""
+
+    inputs: tuple[Path, ...] = ()
+    files: tuple[SpecFile, ...] = ()  # parse: the spec files named
+    context: tuple[SpecFile, ...] = ()  # context: definitions they need from beside them
+    kernels: tuple[Kernel, ...] = ()  # check
+    modules: tuple[Module, ...] = ()  # render, read or reference
+    builds: tuple[ModuleBuild, ...] = ()  # ptx, cubin, sass
+    outputs: Mapping[Path, Mapping[str, bytes]] = field(default_factory=dict)  # outputs, golden
+    golden: Golden | None = None
+    wanted: tuple[str, ...] = ()  # the kernels verify compares (all when empty)
+    verdicts: tuple[Verdict, ...] = ()  # verify
+
+    @functools.cached_property
+    def compiled(self) -> dict[str, Compiled]:
+        return {n: c for b in self.builds for n, c in b.kernels().items()}
+
+    @property
+    def lines(self) -> dict[str, tuple[str, ...]]:
+        return {f.path: f.lines for f in (*self.files, *self.context)}
+
+
+# -- parse, context, check ---------------------------------------------------------------
+
+
+def parse(inputs: list[Path], root: Path | None = None,
+          cache_dir: Path | None = None) -> list[SpecFile]:
+    """Every spec file named or found in a named directory, parsed; paths under
+    ``root`` are shown relative to it."""
+    files = []
+    for p in spec_paths(inputs):
+        shown = str(p)
+        if root is not None:
+            with contextlib.suppress(ValueError):
+                shown = str(p.resolve().relative_to(root))
+        files.append(parse_file(p, shown, cache_dir))
+    return files
+
+
+def spec_files(work: Work, ctx: Context) -> Work:
+    return replace(work, files=tuple(parse(list(work.inputs), ctx.settings.root,
+                                           ctx.cache_dir)))
+
+
+def _needs(d: KernelDef) -> set[str]:
+    """The names a definition cannot be resolved and checked without."""
+    return {n for n in (d.parent, *(e.other for e in d.expects if hasattr(e, "other"))) if n}
+
+
+def _siblings(inputs: tuple[Path, ...], ctx: Context) -> dict[str, tuple[SpecFile, KernelDef]]:
+    """name -> (file, definition) for every kernel in the other specs beside the spec
+    files ``inputs`` name, families expanded. A sibling that does not parse is no
+    context and is skipped."""
+    named = {p.resolve() for p in spec_paths(list(inputs))}
+    pool: dict[str, tuple[SpecFile, KernelDef]] = {}
+    for sib in sorted({s.resolve() for p in named for s in p.parent.glob(f"*{SPEC_SUFFIX}")}):
+        if sib in named:
+            continue
+        try:
+            sf = expand_file(parse([sib], ctx.settings.root, ctx.cache_dir)[0])
+        except SpecError:
+            continue
+        for kd in sf.kernels:
+            pool.setdefault(kd.name, (sf, kd))
+    return pool
+
+
+def spec_context(work: Work, ctx: Context) -> Work:
+    """The definitions the named specs need from the specs beside them: parents and
+    relation targets, transitively with theirs, so one file of a spec set resolves
+    and checks every name as its directory does. Only what is needed is read: specs
+    beside each other need not form one set (tests/fixtures/invalid does not)."""
+    files = tuple(expand_file(f) for f in work.files)
+    defined = {d.name for f in files for d in f.kernels}
+    wanted = {n for f in files for d in f.kernels for n in _needs(d)} - defined
+    pool = _siblings(work.inputs, ctx) if wanted else {}
+    picked: dict[str, tuple[SpecFile, KernelDef]] = {}
+    while wanted:
+        name = wanted.pop()
+        if name in picked or name not in pool:
+            continue
+        picked[name] = pool[name]
+        wanted |= _needs(pool[name][1]) - defined
+    by_file: dict[str, list] = {}
+    for sf, kd in sorted(picked.values(), key=lambda p: (p[0].path, p[1].pos.line)):
+        by_file.setdefault(sf.path, [sf, []])[1].append(kd)
+    extra = tuple(replace(sf, kernels=tuple(kds)) for sf, kds in by_file.values())
+    return replace(work, files=files, context=extra)
+
+
+def checked(files: list[SpecFile]) -> list[Kernel]:
+    """Resolved kernels with every contract checked (the ``check`` stage's work)."""
+    return check(resolve(files), {f.path: f.lines for f in files})
+
+
+def checked_kernels(work: Work, ctx: Context) -> Work:
+    return replace(work, kernels=tuple(checked([*work.files, *work.context])))
+
+
+# -- modules: rendered, read back from generated/, or the reference ------------------------
+
+
+def cuda_modules(work: Work, ctx: Context) -> Work:
+    s = ctx.settings
+    return replace(work, modules=tuple(render_modules(list(work.kernels), s.templates, s.root,
+                                                      ctx.cache_dir)))
+
+
+def read_generated_modules(generated: Path) -> list[Module]:
+    """The committed generated/ sources, as modules (for verify)."""
+    try:
+        manifest = json.loads((generated / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise KgenError(f"no generated modules in {generated}; run `kgen build specs/`") from None
+    mods = []
+    for name, info in sorted(manifest["modules"].items()):
+        src = (generated / info["source"]).read_text(encoding="utf-8")
+        mods.append(Module(name, (), src))
+    return mods
+
+
+def generated_modules(work: Work, ctx: Context) -> Work:
+    return replace(work, modules=tuple(read_generated_modules(ctx.settings.generated)))
+
+
+def reference_module(work: Work, ctx: Context) -> Work:
+    ref = ctx.settings.reference
+    if not ref.is_file():
+        raise KgenError(f"reference not found: {ref} (set KGEN_REFERENCE or [tool.kgen] "
+                        "reference)")
+    return replace(work, modules=(Module(REFERENCE_MODULE, (), ref.read_text("utf-8")),))
+
+
+# -- the module stages: ptx -> cubin -> sass, per module -----------------------------------
+
+
+def ptx(b: ModuleBuild, ctx: Context) -> ModuleBuild:
+    return replace(b, ptx=compile.ptx(b.module.source, ctx.toolchain, ctx.cache,
+                                      name=b.module.name))
+
+
+def cubin(b: ModuleBuild, ctx: Context) -> ModuleBuild:
+    """The cubin and ptxas's report; the SASS listing (a disassembly, for showing
+    differences) is made on first use unless the sass stage runs."""
+    cub = compile.cubin(b.ptx, ctx.toolchain, ctx.cache, name=b.module.name)
 
     @functools.cache
-    def load_sass() -> dict[str, tuple[sass_listing.Instr, ...]]:
-        return sass_listing.parse(compile.sass(cub.data, tc, cache, name=module.name))
+    def load_sass() -> Listing:
+        return sass_listing.parse(compile.sass(cub.data, ctx.toolchain, ctx.cache,
+                                               name=b.module.name))
 
-    return ModuleBuild(module, ptx_text, cub.data, cub.ptxas_log, load_sass)
-
-
-def compile_modules(modules: list[Module], tc: Toolchain, cache: Cache,
-                    jobs: int = 0, progress=None) -> list[ModuleBuild]:
-    """Independent modules compile in parallel (each stage is a subprocess)."""
-    jobs = jobs or max(min(len(modules), os.cpu_count() or 1), 1)
-    # Longest sources first, so the big modules are not left for last.
-    order = sorted(range(len(modules)), key=lambda i: -len(modules[i].source))
-
-    def one(m: Module) -> ModuleBuild:
-        return toolchain_stages(m, tc, cache, progress)
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        done = dict(zip(order, pool.map(one, [modules[i] for i in order]), strict=True))
-    return [done[i] for i in range(len(modules))]
+    return replace(b, cubin=cub.data, ptxas_log=cub.ptxas_log, load_sass=load_sass)
 
 
-def check_budgets(kernels: list[Kernel], compiled: dict[str, Compiled],
-                  lines: dict[str, tuple[str, ...]]) -> None:
-    """Every ``expect <resource> <op> <n>`` of a spec, against ptxas's report."""
+def sass(b: ModuleBuild, ctx: Context) -> ModuleBuild:
+    b.load_sass()  # made now, in parallel with the other modules; kept by load_sass
+    return b
+
+
+# -- after the toolchain: budgets, outputs, verdicts, golden -------------------------------
+
+
+def _budget_error(k: Kernel, b, have: int, lines: Mapping[str, tuple[str, ...]]) -> SpecError:
+    """At the budget's line when the kernel set it; else at the kernel, naming where
+    the inherited budget was set."""
+    uses = f"{k.name} uses {have} {b.resource.replace('_', ' ')}"
+    budget = f"{b.resource} {b.op} {b.value}"
+    if b.owner in ("", k.name):
+        pos, msg = b.pos, f"{uses}; the spec expects {budget}"
+    else:
+        kin = "parent" if k.lineage[1:2] == (b.owner,) else "ancestor"
+        pos = k.pos
+        msg = (f"{uses}; budget `{budget}` set at {b.pos.path}:{b.pos.line} in {kin} "
+               f"'{b.owner}' (restate it here, or `drop expect {b.resource}`)")
+    src = lines.get(pos.path, ())
+    return SpecError(pos, msg, src[pos.line - 1] if 0 < pos.line <= len(src) else None)
+
+
+def check_budgets(kernels: tuple[Kernel, ...], compiled: Mapping[str, Compiled],
+                  lines: Mapping[str, tuple[str, ...]]) -> None:
+    """Every ``expect <resource> <op> <n>`` a kernel has, against ptxas's report."""
     for k in kernels:
         c = compiled.get(k.name)
         if c is None:
             raise KgenError(f"{k.name}: the module compiled but has no such entry")
         for b in k.budgets:
             have = getattr(c.resources, b.resource)
-            ok = {"<=": have <= b.value, ">=": have >= b.value, "==": have == b.value}[b.op]
-            if not ok:
-                src = lines.get(b.pos.path, ())
-                raise SpecError(b.pos, f"{k.name} uses {have} {b.resource.replace('_', ' ')}; "
-                                f"the spec expects {b.resource} {b.op} {b.value}",
-                                src[b.pos.line - 1] if 0 < b.pos.line <= len(src) else None)
+            if not {"<=": have <= b.value, ">=": have >= b.value, "==": have == b.value}[b.op]:
+                raise _budget_error(k, b, have, lines)
 
 
-def generated_files(builds: list[ModuleBuild], templates: Path, root: Path) -> dict[str, bytes]:
+def budgets(work: Work, ctx: Context) -> Work:
+    check_budgets(work.kernels, work.compiled, work.lines)
+    return work
+
+
+def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context) -> dict[str, bytes]:
     """The exact contents of generated/: CUDA, PTX, Python launchers, C header, manifest."""
+    s = ctx.settings
     files: dict[str, bytes] = {}
     manifest = {"generator": f"kgen {__version__}", "modules": {}}
     for b in builds:
@@ -187,29 +326,116 @@ def generated_files(builds: list[ModuleBuild], templates: Path, root: Path) -> d
             "kernels": [k.name for k in m.kernels],
         }
     modules = [b.module for b in builds]
-    for name, text in render_python(modules, templates, root).items():
+    for name, text in render_python(modules, s.templates, s.root, ctx.cache_dir).items():
         files[name] = text.encode()
     files[PTX_HEADER] = render_ptx_header(  # the .ptx files exactly as written above
         [(b.module.name, [k.name for k in b.module.kernels],
-          files[f"{b.module.name}.ptx"].decode()) for b in builds], templates).encode()
+          files[f"{b.module.name}.ptx"].decode()) for b in builds], s.templates,
+        ctx.cache_dir).encode()
     files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     return files
 
 
-def read_generated_modules(generated: Path) -> list[Module]:
-    """The committed generated/ sources, as modules (for verify)."""
-    try:
-        manifest = json.loads((generated / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise KgenError(f"no generated modules in {generated}; run `kgen build specs/`") from None
-    mods = []
-    for name, info in sorted(manifest["modules"].items()):
-        src = (generated / info["source"]).read_text(encoding="utf-8")
-        mods.append(Module(name, (), src))
-    return mods
+def outputs(work: Work, ctx: Context) -> Work:
+    """The new contents of generated/ and tests/generated/ (the command writes them
+    together, or compares them with what is there)."""
+    s = ctx.settings
+    tests = render_tests([b.module for b in work.builds], s.templates, s.root, ctx.cache_dir)
+    return replace(work, outputs={
+        s.generated: generated_files(work.builds, ctx),
+        s.tests_generated: {n: t.encode() for n, t in tests.items()},
+    })
 
 
-__all__ = [
-    "parse", "checked", "render_modules", "compile_modules", "check_budgets",
-    "generated_files", "read_generated_modules", "toolchain_stages",
-]
+def verdicts(work: Work, ctx: Context) -> Work:
+    golden = work.golden or load_golden(ctx.settings.golden)
+    compiled = work.compiled
+    unknown = [n for n in work.wanted if n not in golden.ptx and n not in compiled]
+    if unknown:
+        raise KgenError("unknown kernel(s): " + ", ".join(unknown))
+    names = list(work.wanted) or sorted(set(golden.kernels) | set(compiled))
+    return replace(work, golden=golden, verdicts=tuple(compare(golden, compiled, names)))
+
+
+def golden_tree(work: Work, ctx: Context) -> Work:
+    (b,) = work.builds
+    files = golden_files(ctx.settings.reference.name, b.module.source, b.ptx, b.ptxas_log,
+                         b.sass, dict(ctx.toolchain.versions))
+    return replace(work, outputs={ctx.settings.golden: files})
+
+
+# -- the table -------------------------------------------------------------------------------
+
+Stage = Callable[[Work, Context], Work]
+ModuleStage = Callable[[ModuleBuild, Context], ModuleBuild]
+
+STAGES: dict[str, Stage | ModuleStage] = {
+    "parse": spec_files,            # spec paths      -> SpecFile ASTs     (kgen.spec.parser)
+    "context": spec_context,        # + what they need from the specs beside them
+    "check": checked_kernels,       # ASTs            -> checked kernels   (resolve, check)
+    "render": cuda_modules,         # kernels         -> CUDA modules      (kgen.render)
+    "read": generated_modules,      # generated/      -> CUDA modules
+    "reference": reference_module,  # the reference   -> one CUDA module
+    "ptx": ptx,                     # CUDA            -> PTX (nvcc 11.8)   (kgen.compile)
+    "cubin": cubin,                 # PTX             -> cubin + ptxas report
+    "sass": sass,                   # cubin           -> SASS listing (cuobjdump)
+    "budgets": budgets,             # ptxas report    vs each kernel's expect budgets
+    "outputs": outputs,             # everything      -> generated/ + tests/generated/ files
+    "verify": verdicts,             # compiled        -> verdicts vs golden/   (kgen.verify)
+    "golden": golden_tree,          # compiled ref.   -> golden/ files         (kgen.golden)
+}
+MODULE_STAGES = frozenset({"ptx", "cubin", "sass"})
+
+CHECK = ("parse", "context", "check")
+BUILD = ("parse", "check", "render", "ptx", "cubin", "budgets", "outputs")
+VERIFY = ("read", "ptx", "cubin", "verify")
+GOLDEN = ("reference", "ptx", "cubin", "sass", "golden")
+
+# What the progress line says a stage made.
+_MADE: dict[str, Callable[[Work], str]] = {
+    "parse": lambda w: f"{len(w.files)} spec files",
+    "context": lambda w: f"{len(w.context)} spec files beside them",
+    "check": lambda w: f"{len(w.kernels)} kernels",
+    "render": lambda w: f"{len(w.modules)} modules",
+    "read": lambda w: f"{len(w.modules)} modules",
+    "outputs": lambda w: f"{sum(len(t) for t in w.outputs.values())} files",
+    "verify": lambda w: f"{len(w.verdicts)} verdicts",
+}
+
+
+def run(names: tuple[str, ...], work: Work, ctx: Context) -> Work:
+    """Run a slice of the table on ``work``: program stages one after another, each
+    run of module stages chained per module with the modules in parallel."""
+    order = list(STAGES)
+    positions = [order.index(n) for n in names]
+    if positions != sorted(positions) or len(set(positions)) != len(positions):
+        raise ValueError(f"stages {names} are not a slice of the table {tuple(order)}")
+    for per_module, group in itertools.groupby(names, key=MODULE_STAGES.__contains__):
+        if per_module:
+            work = _per_module(tuple(group), work, ctx)
+            continue
+        for name in group:
+            t0 = time.perf_counter()
+            work = STAGES[name](work, ctx)
+            made = _MADE.get(name, lambda w: "")(work)
+            ctx.progress(f"{name:<9} {time.perf_counter() - t0:5.2f}s  {made}".rstrip())
+    return work
+
+
+def _per_module(names: tuple[str, ...], work: Work, ctx: Context) -> Work:
+    """Independent modules go through the chain in parallel (each stage is a subprocess);
+    longest sources first, so the big modules are not left for last."""
+    builds = work.builds or tuple(ModuleBuild(m) for m in work.modules)
+    order = sorted(range(len(builds)), key=lambda i: -len(builds[i].module.source))
+
+    def chain(b: ModuleBuild) -> ModuleBuild:
+        for name in names:
+            t0 = time.perf_counter()
+            b = STAGES[name](b, ctx)
+            ctx.progress(f"{name:<6} {b.module.name:<14} {time.perf_counter() - t0:5.2f}s")
+        return b
+
+    jobs = ctx.jobs or max(min(len(builds), os.cpu_count() or 1), 1)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        done = dict(zip(order, pool.map(chain, [builds[i] for i in order]), strict=True))
+    return replace(work, builds=tuple(done[i] for i in range(len(builds))))

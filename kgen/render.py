@@ -52,15 +52,15 @@ def signature(k: KernelView, width: int = 96) -> str:
 
 
 @functools.cache
-def environment(templates: Path) -> jinja2.Environment:
+def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Environment:
     """The one Environment per template directory; compiled templates are kept in
-    memory and as bytecode under the kgen cache, so unchanged templates are not
-    recompiled by the next process."""
+    memory and as bytecode under the kgen cache (``cache_dir``, by default the
+    settings'), so unchanged templates are not recompiled by the next process."""
     from kgen.config import Settings
     from kgen.pyapi import py_args
     from kgen.runtime.spec import axes_of
 
-    bytecode = Path(Settings.load().cache_dir) / "jinja"
+    bytecode = Path(cache_dir or Settings.load().cache_dir) / "jinja"
     bytecode.mkdir(parents=True, exist_ok=True)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
@@ -137,9 +137,10 @@ def _rel(path: str, root: Path) -> str:
         return path
 
 
-def render_modules(kernels: list[Kernel], templates: Path, root: Path) -> list[Module]:
+def render_modules(kernels: list[Kernel], templates: Path, root: Path,
+                   cache_dir: Path | None = None) -> list[Module]:
     """Group kernels by their ``module`` key, in first-appearance order."""
-    env = environment(templates)
+    env = environment(templates, cache_dir)
     groups: dict[str, list[Kernel]] = {}
     for k in kernels:
         groups.setdefault(k.module, []).append(k)
@@ -157,9 +158,10 @@ def _py_dict(d: dict) -> str:
     return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in d.items()) + "}"
 
 
-def render_python(modules: list[Module], templates: Path, root: Path) -> dict[str, str]:
+def render_python(modules: list[Module], templates: Path, root: Path,
+                  cache_dir: Path | None = None) -> dict[str, str]:
     """generated/<module>.py launchers and the package __init__.py."""
-    env = environment(templates)
+    env = environment(templates, cache_dir)
     out = {}
     for m in modules:
         views = [KernelView(k) for k in m.kernels]
@@ -171,9 +173,10 @@ def render_python(modules: list[Module], templates: Path, root: Path) -> dict[st
     return out
 
 
-def render_ptx_header(modules: list[tuple[str, list[str], str]], templates: Path) -> str:
+def render_ptx_header(modules: list[tuple[str, list[str], str]], templates: Path,
+                      cache_dir: Path | None = None) -> str:
     """The C header embedding each module's PTX: (name, kernel names, ptx) triples."""
-    env = environment(templates)
+    env = environment(templates, cache_dir)
     items = [{"name": n, "kernels": ks, "ptx_lines": ptx.splitlines()} for n, ks, ptx in modules]
     return env.get_template("c/ptx_header.h.j2").render(modules=items, kgen_version=__version__)
 
@@ -195,12 +198,13 @@ def _case_literal(c) -> str:
     return "Case(" + ", ".join(parts) + ")"
 
 
-def render_tests(modules: list[Module], templates: Path, root: Path) -> dict[str, str]:
+def render_tests(modules: list[Module], templates: Path, root: Path,
+                 cache_dir: Path | None = None) -> dict[str, str]:
     """tests/generated/test_<module>.py for every module."""
     from kgen.testgen import cases, plan_cases, shared_cases
     from kgen.testing import mutations_for
 
-    env = environment(templates)
+    env = environment(templates, cache_dir)
     by_name = {k.name: k for m in modules for k in m.kernels}
     out = {}
     for m in modules:

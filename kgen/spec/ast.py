@@ -21,12 +21,15 @@ class Assign:
 
 @dataclass(frozen=True)
 class ExpectResource:
-    """``expect registers <= 72``: a budget ptxas's report must meet."""
+    """``expect registers <= 72``: a budget ptxas's report must meet. ``owner`` is the
+    kernel whose body set it (filled in by resolve), so an inherited budget that fails
+    can say where it came from."""
 
     resource: str
     op: str
     value: int
     pos: SourcePos = field(compare=False)
+    owner: str = field(compare=False, default="")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,34 @@ class ExpectRelation:
 
 
 @dataclass(frozen=True)
+class Drop:
+    """``drop expect registers`` (every inherited budget on that resource),
+    ``drop expect bit_exact with K``, ``drop expect close_to K``."""
+
+    kind: str  # "resource", "bit_exact" or "close_to"
+    target: str  # the resource, or the related kernel
+    pos: SourcePos = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One value of a family binding (a name or an integer)."""
+
+    value: str | int
+    pos: SourcePos = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """``kv in [f32, q4]`` in a family's ``for`` clause."""
+
+    key: str
+    values: tuple[Bound, ...]
+    pos: SourcePos = field(compare=False)
+    list_pos: SourcePos = field(compare=False)
+
+
+@dataclass(frozen=True)
 class KernelDef:
     name: str
     parent: str | None
@@ -48,6 +79,8 @@ class KernelDef:
     expects: tuple[ExpectResource | ExpectRelation, ...]
     pos: SourcePos = field(compare=False)
     parent_pos: SourcePos | None = field(compare=False, default=None)
+    drops: tuple[Drop, ...] = ()
+    family: tuple[Binding, ...] = ()  # empty: one kernel; else expanded before resolve
 
 
 @dataclass(frozen=True)

@@ -24,30 +24,42 @@ from lark.exceptions import (
 )
 
 from kgen.errors import SourcePos, SpecError
-from kgen.spec.ast import Assign, ExpectRelation, ExpectResource, KernelDef, SpecFile
+from kgen.spec.ast import (
+    Assign,
+    Binding,
+    Bound,
+    Drop,
+    ExpectRelation,
+    ExpectResource,
+    KernelDef,
+    SpecFile,
+)
 
 GRAMMAR = Path(__file__).with_name("kspec.lark")
 
 # How the lexer's terminal names read in an error message.
 _TERMINAL_WORDS = {
-    "NAME": "a name", "INT": "an integer", "NUMBER": "a number", "STRING": "a string",
+    "NAME": "a name", "PATTERN": "a name", "INT": "an integer", "NUMBER": "a number",
+    "STRING": "a string",
     "LBRACE": "'{'", "RBRACE": "'}'", "EQUAL": "'='", "COLON": "':'", "CMP": "'<=', '==' or '>='",
     "KERNEL": "'kernel'", "EXPECT": "'expect'", "ABSTRACT": "'abstract'", "WITH": "'with'",
     "WITHIN": "'within'", "BIT_EXACT": "'bit_exact'", "CLOSE_TO": "'close_to'",
-    "$END": "end of file",
+    "DROP": "'drop'", "FOR": "'for'", "IN": "'in'", "LIST_OPEN": "'['", "RSQB": "']'",
+    "COMMA": "','", "$END": "end of file",
 }
 
 # Keyword terminals, for "did you mean" on a misspelled keyword.
 _KEYWORDS = {
     "KERNEL": "kernel", "ABSTRACT": "abstract", "EXPECT": "expect", "WITH": "with",
-    "WITHIN": "within", "BIT_EXACT": "bit_exact", "CLOSE_TO": "close_to",
+    "WITHIN": "within", "BIT_EXACT": "bit_exact", "CLOSE_TO": "close_to", "DROP": "drop",
+    "FOR": "for", "IN": "in",
 }
 
 # The keyword a word before an unexpected token may have been meant to be, by what the
 # parser expected after that word: `expct registers` (an assignment's key, so '=') and
 # `expect bitexact with` (a resource, so a comparison).
 _KEYWORD_BEFORE = {
-    frozenset({"EQUAL"}): ["expect"],
+    frozenset({"EQUAL"}): ["expect", "drop"],
     frozenset({"CMP"}): ["bit_exact", "close_to"],
 }
 
@@ -58,16 +70,17 @@ _LAST_WORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t\f\r]*\Z")
 
 
 @cache
-def _lark() -> Lark:
-    # The LALR tables are cached on disk (keyed by lark on the grammar's hash and
-    # the options), so a process does not rebuild them.
+def _lark(cache_dir: Path | None = None) -> Lark:
+    # The LALR tables are cached on disk under ``cache_dir`` (by default the
+    # settings'; keyed by lark on the grammar's hash and the options), so a
+    # process does not rebuild them.
     from kgen.config import Settings
 
-    cache_dir = Path(Settings.load().cache_dir) / "lark"
+    tables = Path(cache_dir or Settings.load().cache_dir) / "lark"
     cache_file = None
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        cache_file = str(cache_dir / "kspec.lalr")
+        tables.mkdir(parents=True, exist_ok=True)
+        cache_file = str(tables / "kspec.lalr")
     except OSError:
         pass
     return Lark(GRAMMAR.read_text(encoding="utf-8"), parser="lalr", propagate_positions=True,
@@ -118,8 +131,25 @@ class _Build(Transformer):
     def expect_close(self, other, tol):
         return ExpectRelation("close_to", str(other), float(tol), self._pos(other))
 
+    def drop_resource(self, name):
+        return Drop("resource", str(name), self._pos(name))
+
+    def drop_bit_exact(self, other):
+        return Drop("bit_exact", str(other), self._pos(other))
+
+    def drop_close(self, other):
+        return Drop("close_to", str(other), self._pos(other))
+
     def parent(self, name):
         return name
+
+    def binding(self, key, list_open, *values):
+        bound = tuple(Bound(v, pos) for v, pos in values)
+        return Binding(str(key), bound, self._pos(key), self._pos(list_open))
+
+    @v_args(inline=False)
+    def family(self, bindings):
+        return tuple(bindings)
 
     @v_args(inline=False)
     def kernel_def(self, items):
@@ -130,11 +160,15 @@ class _Build(Transformer):
         parent = None
         if rest and isinstance(rest[0], Token):
             parent, rest = rest[0], rest[1:]
-        assigns = tuple(s for s in rest if isinstance(s, Assign))
-        expects = tuple(s for s in rest if not isinstance(s, Assign))
+        family = ()
+        if rest and isinstance(rest[0], tuple):
+            family, rest = rest[0], rest[1:]
         return KernelDef(
-            str(name), str(parent) if parent else None, abstract, assigns, expects,
+            str(name), str(parent) if parent else None, abstract,
+            tuple(s for s in rest if isinstance(s, Assign)),
+            tuple(s for s in rest if isinstance(s, ExpectResource | ExpectRelation)),
             self._pos(name), self._pos(parent) if parent else None,
+            drops=tuple(s for s in rest if isinstance(s, Drop)), family=family,
         )
 
     @v_args(inline=False)
@@ -225,7 +259,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, lines: tuple[str, ...], err) 
     return err(tok.line, tok.column, msg)
 
 
-def parse_spec(text: str, path: str = "<spec>") -> SpecFile:
+def parse_spec(text: str, path: str = "<spec>", cache_dir: Path | None = None) -> SpecFile:
     """Parse one spec file's text; raises SpecError at the first syntax error."""
     lines = split_lines(text)
 
@@ -239,7 +273,7 @@ def parse_spec(text: str, path: str = "<spec>") -> SpecFile:
             raise SpecError(SourcePos(path, 1, 1), empty)
         raise err(1, 1, empty)
     try:
-        tree = _lark().parse(text)
+        tree = _lark(cache_dir).parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, text, lines, err) from None
     try:
@@ -251,5 +285,5 @@ def parse_spec(text: str, path: str = "<spec>") -> SpecFile:
     return SpecFile(path, kernels, lines)
 
 
-def parse_file(path: Path, shown: str | None = None) -> SpecFile:
-    return parse_spec(read_spec_text(path, shown), shown or str(path))
+def parse_file(path: Path, shown: str | None = None, cache_dir: Path | None = None) -> SpecFile:
+    return parse_spec(read_spec_text(path, shown), shown or str(path), cache_dir)

@@ -7,11 +7,13 @@ unknown keys and values (each with a "did you mean").
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 from enum import Enum
 
 from kgen.errors import SourcePos, SpecError
 from kgen.spec.ast import Assign, ExpectRelation, ExpectResource, KernelDef, SpecFile
 from kgen.spec.axes import KEYS
+from kgen.spec.expand import expand
 from kgen.spec.ir import Kernel
 
 
@@ -57,9 +59,17 @@ def _convert(a: Assign, lines: _Lines) -> object:
     return a.value
 
 
-def resolve(files: list[SpecFile]) -> list[Kernel]:
-    """Every concrete kernel of ``files``, in definition order."""
-    lines = _Lines(files)
+class _Inherited:
+    """What a kernel has so far, root first: each level of its lineage adds to it."""
+
+    def __init__(self):
+        self.values: dict[str, object] = {}
+        self.origin: dict[str, SourcePos] = {}
+        self.budgets: dict[tuple[str, str], ExpectResource] = {}
+        self.relations: dict[tuple[str, str], ExpectRelation] = {}
+
+
+def _definitions(files: list[SpecFile], lines: _Lines) -> dict[str, KernelDef]:
     defs: dict[str, KernelDef] = {}
     for f in files:
         for d in f.kernels:
@@ -69,76 +79,120 @@ def resolve(files: list[SpecFile]) -> list[Kernel]:
                     d.pos, f"kernel '{d.name}' is defined twice (first at {first.pos})"
                 )
             defs[d.name] = d
+    return defs
 
-    def chain(d: KernelDef) -> list[KernelDef]:
-        seen = [d]
-        while seen[-1].parent is not None:
-            cur = seen[-1]
-            parent = defs.get(cur.parent)
-            if parent is None:
-                raise lines.error(
-                    cur.parent_pos or cur.pos,
-                    f"'{cur.name}' inherits from unknown kernel '{cur.parent}'"
-                    + did_you_mean(cur.parent, sorted(defs)),
-                )
-            if parent in seen:
-                cycle = " -> ".join([*(k.name for k in seen[seen.index(parent):]), parent.name])
-                raise lines.error(cur.parent_pos or cur.pos, f"inheritance cycle: {cycle}")
-            seen.append(parent)
-        return seen
 
+def _chain(d: KernelDef, defs: dict[str, KernelDef], lines: _Lines) -> list[KernelDef]:
+    """The kernel, its parent, ... up to a root."""
+    seen = [d]
+    while seen[-1].parent is not None:
+        cur = seen[-1]
+        parent = defs.get(cur.parent)
+        if parent is None:
+            raise lines.error(
+                cur.parent_pos or cur.pos,
+                f"'{cur.name}' inherits from unknown kernel '{cur.parent}'"
+                + did_you_mean(cur.parent, sorted(defs)),
+            )
+        if parent in seen:
+            cycle = " -> ".join([*(k.name for k in seen[seen.index(parent):]), parent.name])
+            raise lines.error(cur.parent_pos or cur.pos, f"inheritance cycle: {cycle}")
+        seen.append(parent)
+    return seen
+
+
+def _said(kind: str, target: str) -> str:
+    """A relation or budget as written in a spec."""
+    if kind == "resource":
+        return f"expect {target}"
+    return f"expect {'bit_exact with' if kind == 'bit_exact' else kind} {target}"
+
+
+def _assign(level: KernelDef, acc: _Inherited, lines: _Lines) -> None:
+    own: set[str] = set()
+    for a in level.assigns:
+        if a.key in own:
+            raise lines.error(a.pos, f"'{a.key}' is set twice in '{level.name}'")
+        own.add(a.key)
+        acc.values[a.key] = _convert(a, lines)
+        acc.origin[a.key] = a.pos
+
+
+def _drop(level: KernelDef, acc: _Inherited, lines: _Lines) -> None:
+    """``drop expect ...`` removes what the parents set; dropping anything else is a
+    mistake worth reporting (a typo, or a parent that changed)."""
+    seen: set[tuple[str, str]] = set()
+    for x in level.drops:
+        said = "drop " + _said(x.kind, x.target)
+        if (x.kind, x.target) in seen:
+            raise lines.error(x.pos, f"'{said}' is written twice in '{level.name}'")
+        seen.add((x.kind, x.target))
+        if x.kind == "resource":
+            gone = [key for key, b in acc.budgets.items() if b.resource == x.target]
+        else:
+            gone = [key for key in acc.relations if key == (x.kind, x.target)]
+        if not gone:
+            what = (f"no '{x.target}' budget" if x.kind == "resource"
+                    else f"no '{_said(x.kind, x.target)}'")
+            raise lines.error(x.pos, f"'{level.name}' inherits {what} to drop")
+        for key in gone:
+            del (acc.budgets if x.kind == "resource" else acc.relations)[key]
+
+
+def _expect(level: KernelDef, acc: _Inherited, defs: dict[str, KernelDef],
+            lines: _Lines) -> None:
+    own: set[tuple[str, str]] = set()
+    for e in level.expects:
+        if isinstance(e, ExpectResource):
+            if (e.resource, e.op) in own:
+                raise lines.error(e.pos, f"a '{e.resource} {e.op}' budget is set "
+                                  f"twice in '{level.name}'")
+            own.add((e.resource, e.op))
+            # The same resource and comparison replaces the parent's (tighter or looser).
+            acc.budgets[(e.resource, e.op)] = replace(e, owner=level.name)
+            continue
+        if (e.kind, e.other) in own:
+            raise lines.error(e.pos, f"'{_said(e.kind, e.other)}' is set twice "
+                              f"in '{level.name}'")
+        own.add((e.kind, e.other))
+        if e.other == level.name:
+            raise lines.error(e.pos, f"'{level.name}' is compared with itself")
+        other = defs.get(e.other)
+        if other is not None and other.abstract:
+            raise lines.error(e.pos, f"'{e.other}' is abstract: it has no outputs "
+                              "to compare with")
+        acc.relations[(e.kind, e.other)] = e
+
+
+def resolve(files: list[SpecFile]) -> list[Kernel]:
+    """Every concrete kernel of ``files`` (families expanded), in definition order."""
+    files = expand(files)
+    lines = _Lines(files)
+    defs = _definitions(files, lines)
     kernels = []
     for d in defs.values():
-        lineage = chain(d)
-        values: dict[str, object] = {}
-        origin: dict[str, SourcePos] = {}
-        budgets: dict[str, ExpectResource] = {}
-        relations: dict[tuple[str, str], ExpectRelation] = {}
+        lineage = _chain(d, defs, lines)
+        acc = _Inherited()
         for level in reversed(lineage):  # root first, so the kernel's own word wins
-            own: set[str] = set()
-            for a in level.assigns:
-                if a.key in own:
-                    raise lines.error(a.pos, f"'{a.key}' is set twice in '{level.name}'")
-                own.add(a.key)
-                values[a.key] = _convert(a, lines)
-                origin[a.key] = a.pos
-            own_expects: set[tuple[str, str]] = set()
-            for e in level.expects:
-                if isinstance(e, ExpectResource):
-                    if (e.resource, e.op) in own_expects:
-                        raise lines.error(e.pos, f"a '{e.resource} {e.op}' budget is set "
-                                          f"twice in '{level.name}'")
-                    own_expects.add((e.resource, e.op))
-                    budgets[f"{e.resource}{e.op}"] = e
-                    continue
-                if (e.kind, e.other) in own_expects:
-                    said = "bit_exact with" if e.kind == "bit_exact" else e.kind
-                    raise lines.error(e.pos, f"'expect {said} {e.other}' is set twice "
-                                      f"in '{level.name}'")
-                own_expects.add((e.kind, e.other))
-                if e.other == level.name:
-                    raise lines.error(e.pos, f"'{level.name}' is compared with itself")
-                other = defs.get(e.other)
-                if other is not None and other.abstract:
-                    raise lines.error(e.pos, f"'{e.other}' is abstract: it has no outputs "
-                                      "to compare with")
-                if e.other != d.name:  # a parent's relation to this very kernel is moot
-                    relations[(e.kind, e.other)] = e
+            _assign(level, acc, lines)
+            _drop(level, acc, lines)
+            _expect(level, acc, defs, lines)
         if d.abstract:
             continue
         for required in ("op", "module"):
-            if required not in values:
+            if required not in acc.values:
                 raise lines.error(d.pos, f"kernel '{d.name}' does not say its '{required}' "
                                   f"(set it here or in a parent)")
-        fields = {k: values.get(k, spec.default) for k, spec in KEYS.items()}
+        fields = {k: acc.values.get(k, spec.default) for k, spec in KEYS.items()}
         kernels.append(Kernel(
             name=d.name,
-            budgets=tuple(budgets.values()),
-            relations=tuple(relations.values()),
+            budgets=tuple(acc.budgets.values()),
+            # A parent's relation to this very kernel is moot.
+            relations=tuple(r for r in acc.relations.values() if r.other != d.name),
             lineage=tuple(k.name for k in lineage),
             spec_path=d.pos.path,
             pos=d.pos,
-            origin=tuple(origin.items()),
+            origin=tuple(acc.origin.items()),
             **fields,
         ))
     return kernels

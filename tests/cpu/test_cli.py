@@ -2,31 +2,111 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
+
+from kgen import pipeline
 from kgen.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+SPECS = ROOT / "specs"
+
+
+def real_kernels() -> list:
+    return pipeline.checked(pipeline.parse([SPECS], ROOT))
+
+
+def check(capsys, *paths) -> tuple[int, str, str]:
+    rc = main(["check", *map(str, paths)])
+    out, err = capsys.readouterr()
+    return rc, out, err
 
 
 def test_check_one_file_takes_its_parents_from_the_specs_beside_it(capsys):
-    assert main(["check", str(ROOT / "specs" / "decode.kspec")]) == 0
-    out = capsys.readouterr().out
-    assert "8 kernels" in out and "parents from 1 other spec file" in out
+    rc, out, _ = check(capsys, SPECS / "decode.kspec")
+    assert rc == 0
+    mine = sum(k.spec_path == "specs/decode.kspec" for k in real_kernels())
+    assert f"{mine} kernels" in out
+    assert re.search(r"\(definitions from \d+ other spec files?\)", out)
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS.glob("*.kspec")), ids=lambda p: p.name)
+def test_each_real_spec_checks_alone(spec, capsys):
+    rc, out, err = check(capsys, spec)
+    assert rc == 0, err
+    mine = sum(k.spec_path == f"specs/{spec.name}" for k in real_kernels())
+    assert out.startswith(f"ok: 1 spec files, {mine} kernels")
 
 
 def test_check_one_file_whose_parent_is_nowhere(tmp_path, capsys):
     f = tmp_path / "lone.kspec"
     f.write_text("kernel a : missing_base { module = m op = qz_split }\n")
-    assert main(["check", str(f)]) == 2
-    err = capsys.readouterr().err
+    rc, _, err = check(capsys, f)
+    assert rc == 2
     assert "inherits from unknown kernel 'missing_base'" in err and err.startswith(str(f))
+
+
+# -- a spec set spread over files: one file checks as its directory does ------------------
+
+BASE = "abstract kernel base {\n    module = m\n    op = flash\n}\n"
+SET = {
+    "a_base.kspec": BASE,
+    # A relation target with its parent in a third file.
+    "b_ref.kspec": "abstract kernel ref_base : base { mode = decode }\n"
+                   "kernel ref_{kv} : ref_base for kv in [f32, q4] { }\n",
+    "c_user.kspec": "kernel user : base {\n    mode = decode\n    kv = q4\n"
+                    "    expect bit_exact with ref_q4\n}\n",
+    "d_unrelated.kspec": "kernel other : base { }\n",
+}
+
+
+@pytest.fixture
+def spec_set(tmp_path):
+    for name, text in SET.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    return tmp_path
+
+
+def test_relation_targets_come_from_sibling_files_with_their_parents(spec_set, capsys):
+    rc, out, err = check(capsys, spec_set / "c_user.kspec")
+    assert (rc, err) == (0, "")
+    assert out == "ok: 1 spec files, 1 kernels (definitions from 2 other spec files)\n"
+    rc, out, _ = check(capsys, spec_set)
+    assert rc == 0 and out.startswith("ok: 4 spec files, 4 kernels")
+
+
+def test_a_broken_relation_target_fails_the_file_as_it_fails_the_directory(spec_set, capsys):
+    ref = spec_set / "b_ref.kspec"
+    ref.write_text(ref.read_text().replace("mode = decode", "mode = prefill"))
+    rc_dir, _, err_dir = check(capsys, spec_set)
+    rc_file, _, err_file = check(capsys, spec_set / "c_user.kspec")
+    assert rc_dir == rc_file == 2
+    assert "'user' and 'ref_q4' take different inputs" in err_file
+    assert err_file == err_dir
+
+
+def test_an_unrelated_broken_sibling_is_not_read(spec_set, capsys):
+    (spec_set / "d_unrelated.kspec").write_text("kernel other : base { op = nope }\n")
+    assert check(capsys, spec_set / "c_user.kspec")[0] == 0
+    assert check(capsys, spec_set)[0] == 2
+
+
+def test_every_file_of_a_valid_set_checks_alone(spec_set, capsys):
+    for f in sorted(spec_set.glob("*.kspec")):
+        rc, _, err = check(capsys, f)
+        assert rc == 0, (f.name, err)
+
+
+# -- list and show ------------------------------------------------------------------------
 
 
 def test_list_and_show(capsys):
     assert main(["list"]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert len(rows) == 21 and any("fc_attn_flash_prefill_q4_kvs" in r for r in rows)
+    assert len(rows) == len(real_kernels())
+    assert any("fc_attn_flash_prefill_q4_kvs" in r for r in rows)
     assert main(["show", "fc_attn_flash_prefill_q4_kvs"]) == 0
     out = capsys.readouterr().out
     assert "fc_attn_flash_prefill_q4_kvs <- fc_attn_flash_prefill_q4_kr" in out

@@ -1,6 +1,6 @@
 """The stages after the toolchain, on small hand-made inputs (no CUDA needed):
-PTX entry splitting, SASS listing parsing, ptxas resource reports, and verify's
-verdicts, table, summary and side-by-side diff."""
+PTX entry splitting, SASS listing parsing, ptxas resource reports, verify's
+verdicts, table, summary and side-by-side diff, and the budgets stage."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import re
 import pytest
 
 from kgen import ptx_entries, resources, sass_listing
+from kgen.errors import SourcePos, SpecError
 from kgen.golden import Golden, _parse_rendered
+from kgen.pipeline import check_budgets, checked
 from kgen.resources import Resources
 from kgen.sass_listing import Instr
+from kgen.spec.parser import parse_spec
 from kgen.verify import COLUMN, Compiled, compare, sass_diff, summary, table
 
 # -- ptx_entries ----------------------------------------------------------------
@@ -371,3 +374,54 @@ def test_a_long_first_difference_is_capped():
     assert len(rows) == 1 + 10 + 1
     assert re.fullmatch(r"  \.\.\. \d+ more rows", rows[-1])
     assert len(sass_diff(g, c, context=None)) == 1 + len(g)
+
+
+# -- budgets: a kernel's expect budgets against ptxas's report ---------------------------
+
+BUDGET_SPEC = """\
+abstract kernel base {
+    module = m
+    op = flash
+    expect registers <= 64
+}
+
+kernel child : base {
+    expect stack_frame == 0
+}
+
+kernel grandchild : child {
+}
+"""
+
+
+def budget_error(name: str, res: Resources) -> SpecError:
+    files = [parse_spec(BUDGET_SPEC, "specs/b.kspec")]
+    kernels = tuple(k for k in checked(files) if k.name == name)
+    with pytest.raises(SpecError) as info:
+        check_budgets(kernels, {name: compiled(name, res=res)}, {f.path: f.lines for f in files})
+    return info.value
+
+
+def test_a_kernels_own_budget_fails_at_its_line():
+    err = budget_error("child", Resources(40, 8, 0, 0, 0))
+    assert err.render() == (
+        "specs/b.kspec:8:12: error: child uses 8 stack frame; the spec expects "
+        "stack_frame == 0\n      expect stack_frame == 0\n             ^")
+
+
+def test_an_inherited_budget_fails_at_the_kernel_naming_where_it_was_set():
+    err = budget_error("child", Resources(70, 0, 0, 0, 0))
+    assert err.render() == (
+        "specs/b.kspec:7:8: error: child uses 70 registers; budget `registers <= 64` set at "
+        "specs/b.kspec:4 in parent 'base' (restate it here, or `drop expect registers`)\n"
+        "  kernel child : base {\n         ^")
+    err = budget_error("grandchild", Resources(70, 0, 0, 0, 0))
+    assert err.pos == SourcePos("specs/b.kspec", 11, 8)
+    assert "set at specs/b.kspec:4 in ancestor 'base'" in err.message
+
+
+def test_budgets_that_hold_pass():
+    files = [parse_spec(BUDGET_SPEC, "specs/b.kspec")]
+    kernels = tuple(checked(files))
+    check_budgets(kernels, {k.name: compiled(k.name, res=Resources(64, 0, 0, 0, 0))
+                            for k in kernels}, {})

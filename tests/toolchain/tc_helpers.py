@@ -11,9 +11,10 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
-from kgen import cli
+from kgen import cli, pipeline
 from kgen.atomic import read_tree
-from kgen.config import DEFAULTS
+from kgen.cache import Cache
+from kgen.config import DEFAULTS, Settings
 
 REPO = Path(__file__).resolve().parents[2]
 # Every path setting kgen has (now or later): inputs and outputs alike.
@@ -67,6 +68,15 @@ def kgen_main(*argv: str) -> Run:
     with redirect_stdout(out), redirect_stderr(err):
         rc = cli.main(list(argv))
     return Run(rc, out.getvalue(), err.getvalue())
+
+
+def repo_context(cache_dir: Path) -> pipeline.Context:
+    """The stages' context for the repo's own inputs and outputs, with a cache of its own
+    (whatever KGEN_* the environment sets)."""
+    settings = Settings(root=REPO, cache_dir=cache_dir,
+                        **{k: REPO / v for k, v in DEFAULTS.items() if k != "reference"},
+                        reference=(REPO / DEFAULTS["reference"]).resolve())
+    return pipeline.Context(settings, Cache(cache_dir))
 
 
 def scratch_settings(scratch: Path) -> dict[str, str]:

@@ -96,6 +96,23 @@ def test_a_broken_budget_writes_nothing(ws):
 
 
 @toolchain
+def test_a_broken_inherited_budget_is_reported_at_the_kernel_that_breaks_it(ws):
+    before = _snapshot(ws)
+    ws.edit(ws.specs / "prefill.kspec", "    expect spill_loads == 0\n",
+            "    expect spill_loads == 0\n    expect spill_loads >= 1\n")
+    r = ws.kgen("build", "-q")
+    assert r.rc == 2, r.text
+    head, shown, _ = r.err.splitlines()
+    # The first flash kernel resolved (decode.kspec sorts before prefill.kspec).
+    assert head.startswith("specs/decode.kspec:9:8: error: fc_attn_flash_decode uses 0 spill "
+                           "loads; budget `spill_loads >= 1` set at specs/prefill.kspec:"), head
+    assert head.endswith("in ancestor 'flash_base' (restate it here, or "
+                         "`drop expect spill_loads`)"), head
+    assert shown == "  kernel fc_attn_flash_decode : decode_base {"
+    assert _snapshot(ws) == before
+
+
+@toolchain
 def test_golden_from_a_missing_reference_writes_nothing(ws, tmp_path):
     before = ws.tree("golden")
     r = ws.kgen("golden", "--reference", str(tmp_path / "missing.cu"))

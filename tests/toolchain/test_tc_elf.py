@@ -6,22 +6,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tc_helpers import repo_context
 
 from kgen import elf, pipeline, sass_listing
-from kgen.cache import Cache
-from kgen.toolchain import find_toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.toolchain
 def test_text_sections_are_the_listed_encodings(tmp_path):
-    tc = find_toolchain()
-    for module in pipeline.read_generated_modules(ROOT / "generated"):
-        b = pipeline.toolchain_stages(module, tc, Cache(tmp_path / "cache"))
+    ctx = repo_context(tmp_path / "cache")
+    work = pipeline.run(("read", "ptx", "cubin", "sass"), pipeline.Work(), ctx)
+    assert work.builds
+    for b in work.builds:
         code = elf.kernel_code(b.cubin)
         listing = b.sass
-        assert set(code) == set(listing) and code, module.name
+        assert set(code) == set(listing) and code, b.module.name
         for name, stream in listing.items():
             assert code[name] == sass_listing.encode(stream), name
             assert len(code[name]) == 8 * len(stream)

@@ -6,21 +6,22 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tc_helpers import repo_context
 
 from kgen import pipeline
-from kgen.cache import Cache
-from kgen.render import render_modules
-from kgen.toolchain import Toolchain, find_toolchain
+from kgen.toolchain import Toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
+# The build's stages up to the compiled modules (no outputs written).
+COMPILE = ("parse", "check", "render", "ptx", "cubin")
 
 
 @pytest.mark.toolchain
 def test_one_spec_change_recompiles_only_its_module(tmp_path, monkeypatch):
     specs = tmp_path / "specs"
     shutil.copytree(ROOT / "specs", specs)
-    tc = find_toolchain()
-    cache = Cache(tmp_path / "cache")
+    ctx = repo_context(tmp_path / "cache")
+    modules = {k.module for k in pipeline.checked(pipeline.parse([specs]))}
 
     def build() -> list[str]:
         calls: list[str] = []
@@ -31,12 +32,11 @@ def test_one_spec_change_recompiles_only_its_module(tmp_path, monkeypatch):
             return real(self, argv, cwd)
 
         monkeypatch.setattr(Toolchain, "run", counting)
-        kernels = pipeline.checked(pipeline.parse([specs]))
-        pipeline.compile_modules(render_modules(kernels, ROOT / "templates", ROOT), tc, cache)
+        pipeline.run(COMPILE, pipeline.Work(inputs=(specs,)), ctx)
         monkeypatch.undo()
         return calls
 
-    assert len(build()) == 2 * 4  # cold: nvcc + ptxas for each of the four modules
+    assert len(build()) == 2 * len(modules)  # cold: nvcc + ptxas for each module
     assert build() == []  # unchanged: every stage is a cache hit
     util = specs / "util.kspec"
     util.write_text(util.read_text().replace("split the joint", "split the fused"))

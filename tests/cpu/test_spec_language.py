@@ -1,0 +1,186 @@
+"""What the spec language means: budget overrides, drops and families, on small specs.
+
+The mistakes each construct can make are the fixtures in tests/fixtures/invalid
+(test_spec_errors.py); here, valid specs resolve to the kernels they say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+from kgen.errors import SourcePos
+from kgen.pipeline import checked
+from kgen.spec.axes import KvFormat, Position
+from kgen.spec.parser import parse_spec
+
+BASE = """\
+abstract kernel base {
+    module = m
+    op = flash
+    mode = decode
+    expect registers <= 64
+    expect registers >= 8
+    expect stack_frame == 0
+}
+"""
+
+
+def kernels(text: str, path: str = "t.kspec") -> dict:
+    return {k.name: k for k in checked([parse_spec(textwrap.dedent(text), path)])}
+
+
+def budgets(k) -> set[tuple[str, str, int]]:
+    return {(b.resource, b.op, b.value) for b in k.budgets}
+
+
+def relations(k) -> set[tuple[str, str]]:
+    return {(r.kind, r.other) for r in k.relations}
+
+
+# -- overriding and dropping what a parent expects ---------------------------------------
+
+
+def test_a_child_tightens_or_loosens_an_inherited_budget():
+    ks = kernels(BASE + """
+kernel tight : base { expect registers <= 40 }
+kernel loose : base { expect registers <= 80 }
+kernel grandchild : loose { }
+""")
+    assert budgets(ks["tight"]) == {("registers", "<=", 40), ("registers", ">=", 8),
+                                    ("stack_frame", "==", 0)}
+    assert budgets(ks["loose"]) >= {("registers", "<=", 80)}
+    assert ("registers", "<=", 64) not in budgets(ks["loose"])
+    assert budgets(ks["grandchild"]) == budgets(ks["loose"])
+
+
+def test_each_budget_knows_the_kernel_that_set_it():
+    ks = kernels(BASE + "kernel a : base { expect registers <= 80 }\nkernel b : a { }\n")
+    owners = {(b.resource, b.op): b.owner for b in ks["b"].budgets}
+    assert owners == {("registers", "<="): "a", ("registers", ">="): "base",
+                      ("stack_frame", "=="): "base"}
+    # The owner is bookkeeping: kernels that expect the same compare equal.
+    flat = kernels("""
+kernel b { module = m op = flash mode = decode expect registers >= 8
+           expect registers <= 80 expect stack_frame == 0 }
+""")["b"]
+    assert set(ks["b"].budgets) == set(flat.budgets)
+
+
+def test_drop_removes_every_inherited_budget_on_a_resource():
+    ks = kernels(BASE + """
+kernel free : base { drop expect registers }
+kernel again : base {
+    drop expect registers
+    expect registers <= 100
+}
+kernel child : free { }
+""")
+    assert budgets(ks["free"]) == {("stack_frame", "==", 0)}
+    assert budgets(ks["again"]) == {("registers", "<=", 100), ("stack_frame", "==", 0)}
+    assert budgets(ks["child"]) == budgets(ks["free"])
+
+
+def test_drop_removes_an_inherited_relation_only():
+    ks = kernels(BASE + """
+kernel ref : base { }
+kernel other : base { }
+abstract kernel related : base {
+    expect bit_exact with ref
+    expect close_to other within 1e-3
+}
+kernel a : related { drop expect bit_exact with ref }
+kernel b : related { drop expect close_to other }
+kernel c : related {
+    drop expect close_to other
+    expect close_to other within 1e-2
+}
+""")
+    assert relations(ks["a"]) == {("close_to", "other")}
+    assert relations(ks["b"]) == {("bit_exact", "ref")}
+    (tol,) = [r.tolerance for r in ks["c"].relations if r.kind == "close_to"]
+    assert tol == 1e-2
+
+
+def test_a_relation_a_parent_holds_to_this_very_kernel_can_be_dropped():
+    ks = kernels(BASE + """
+kernel a : base { expect bit_exact with b }
+kernel b : a { drop expect bit_exact with b }
+""")
+    assert relations(ks["a"]) == {("bit_exact", "b")}
+    assert relations(ks["b"]) == set()
+
+
+# -- families -------------------------------------------------------------------------
+
+FAMILY = BASE + """
+kernel ref_{kv}_{position} : base for kv in [f32, q4], position in [host, device] { }
+
+kernel dec_{kv}_{position} : base for kv in [f32, q4], position in [host, device] {
+    doc = "split decode over {kv}, position {position}"
+    expect registers <= 80
+    expect bit_exact with ref_{kv}_{position}
+}
+"""
+
+
+def test_a_family_is_the_product_of_its_bindings_in_the_order_written():
+    ks = kernels(FAMILY)
+    names = [n for n in ks if n.startswith("dec_")]
+    assert names == ["dec_f32_host", "dec_f32_device", "dec_q4_host", "dec_q4_device"]
+    k = ks["dec_q4_device"]
+    assert (k.kv, k.position) == (KvFormat.Q4, Position.DEVICE)
+    assert k.doc == "split decode over q4, position device"
+    assert relations(k) == {("bit_exact", "ref_q4_device")}
+    assert ("registers", "<=", 80) in budgets(k)
+    assert {b.owner for b in k.budgets if b.resource == "registers" and b.op == "<="} == {
+        "dec_q4_device"}
+
+
+def test_a_bound_key_comes_from_its_binding():
+    k = kernels(FAMILY)["dec_q4_device"]
+    line = FAMILY.split("\n").index(
+        "kernel dec_{kv}_{position} : base for kv in [f32, q4], position in [host, device] {")
+    head = FAMILY.split("\n")[line]
+    assert k.where("kv") == SourcePos("t.kspec", line + 1, head.index("kv in") + 1)
+    assert k.where("position") == SourcePos("t.kspec", line + 1, head.index("position in") + 1)
+    assert k.pos == SourcePos("t.kspec", line + 1, head.index("dec_") + 1)
+    assert {"kv", "position"} <= k.explicit_keys
+
+
+def test_a_family_equals_its_kernels_written_out():
+    family = kernels(BASE + """
+kernel k_{kv} : base for kv in [f32, q4] {
+    doc = "over {kv}"
+    tile_keys = 16
+}
+""")
+    by_hand = kernels(BASE + """
+kernel k_f32 : base { kv = f32 doc = "over f32" tile_keys = 16 }
+kernel k_q4 : base { kv = q4 doc = "over q4" tile_keys = 16 }
+""")
+    assert list(family) == list(by_hand)
+    for name in family:
+        assert dataclasses.replace(family[name], lineage=()) == dataclasses.replace(
+            by_hand[name], lineage=())
+
+
+def test_abstract_families_integer_values_and_patterned_parents():
+    ks = kernels(BASE + """
+abstract kernel grouped_{max_groups} : base for max_groups in [4, 8] {
+    doc = "up to {max_groups} groups"
+}
+kernel k_{max_groups}_{kv} : grouped_{max_groups} for max_groups in [4, 8], kv in [q4] {
+    module = m_{kv}
+}
+""")
+    assert list(ks) == ["k_4_q4", "k_8_q4"]
+    k = ks["k_8_q4"]
+    assert (k.max_groups, k.kv, k.module) == (8, KvFormat.Q4, "m_q4")
+    assert k.lineage == ("k_8_q4", "grouped_8", "base")
+    assert k.doc == "up to 8 groups"
+
+
+def test_braces_in_a_string_outside_a_family_are_text():
+    (k,) = kernels(BASE + 'kernel k : base { doc = "a {literal} brace" }\n').values()
+    assert k.doc == "a {literal} brace"
