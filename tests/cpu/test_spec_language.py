@@ -10,8 +10,9 @@ import dataclasses
 import textwrap
 
 from kgen.errors import SourcePos
+from kgen.formats import KvFormatName
 from kgen.pipeline import checked
-from kgen.spec.axes import KvFormat, Position
+from kgen.spec.axes import Position
 from kgen.spec.parser import parse_spec
 
 BASE = """\
@@ -129,7 +130,7 @@ def test_a_family_is_the_product_of_its_bindings_in_the_order_written():
     names = [n for n in ks if n.startswith("dec_")]
     assert names == ["dec_f32_host", "dec_f32_device", "dec_q4_host", "dec_q4_device"]
     k = ks["dec_q4_device"]
-    assert (k.kv, k.position) == (KvFormat.Q4, Position.DEVICE)
+    assert (k.kv, k.position) == (KvFormatName("q4"), Position.DEVICE)
     assert k.doc == "split decode over q4, position device"
     assert relations(k) == {("bit_exact", "ref_q4_device")}
     assert ("registers", "<=", 80) in budgets(k)
@@ -176,7 +177,7 @@ kernel k_{max_groups}_{kv} : grouped_{max_groups} for max_groups in [4, 8], kv i
 """)
     assert list(ks) == ["k_4_q4", "k_8_q4"]
     k = ks["k_8_q4"]
-    assert (k.max_groups, k.kv, k.module) == (8, KvFormat.Q4, "m_q4")
+    assert (k.max_groups, k.kv, k.module) == (8, KvFormatName("q4"), "m_q4")
     assert k.lineage == ("k_8_q4", "grouped_8", "base")
     assert k.doc == "up to 8 groups"
 
