@@ -5,7 +5,7 @@
  * module:    attn_f16
  * specs:     specs/f16.kspec
  * templates: kernels/flash.cu.j2, kernels/kv_append.cu.j2, kv/f16.j2, lib/*.cuh.j2, module.cu.j2
- * kernels:   attn_f16_append, attn_f16_append_dev, attn_f16_append_slots, attn_f16_prefill, attn_f16_decode, attn_f16_decode_dev, attn_f16_decode_slots
+ * kernels:   attn_f16_append_host, attn_f16_append_device, attn_f16_append_slots, attn_f16_prefill, attn_f16_decode_host, attn_f16_decode_device, attn_f16_decode_slots
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
  * against the golden instruction stream of the hand-written original.
@@ -51,12 +51,12 @@ __device__ __forceinline__ int kgen_dec_plan(int seq_len, int kps, int cap,
 
 extern "C" {
 
-/* attn_f16_append: append n rows to the f16 cache at (pos0 + t) % max_seq
+/* attn_f16_append_host: append rows to the f16 cache (position from host)
  * [spec specs/f16.kspec | templates/kernels/kv_append.cu.j2, templates/kv/f16.j2]
  * Grid (n, n_head_kv), block head_dim threads. */
-__global__ void attn_f16_append(const float *k_new, const float *v_new, __half *k_cache,
-                                __half *v_cache, int n_head_kv, int head_dim, int max_seq,
-                                int pos0) {
+__global__ void attn_f16_append_host(const float *k_new, const float *v_new, __half *k_cache,
+                                     __half *v_cache, int n_head_kv, int head_dim, int max_seq,
+                                     int pos0) {
     int t = blockIdx.x;
     int h = blockIdx.y;
     int dd = threadIdx.x;
@@ -69,12 +69,12 @@ __global__ void attn_f16_append(const float *k_new, const float *v_new, __half *
     v_cache[dst] = __float2half(v_new[src]);
 }
 
-/* attn_f16_append_dev: append one f16 row at pos[0] (CUDA-graph capture)
+/* attn_f16_append_device: append rows to the f16 cache (position from device)
  * [spec specs/f16.kspec | templates/kernels/kv_append.cu.j2, templates/kv/f16.j2]
  * Grid (1, n_head_kv), block head_dim threads. */
-__global__ void attn_f16_append_dev(const float *k_new, const float *v_new, __half *k_cache,
-                                    __half *v_cache, int n_head_kv, int head_dim, int max_seq,
-                                    const int *pos) {
+__global__ void attn_f16_append_device(const float *k_new, const float *v_new, __half *k_cache,
+                                       __half *v_cache, int n_head_kv, int head_dim,
+                                       int max_seq, const int *pos) {
     int t = blockIdx.x;
     int h = blockIdx.y;
     int dd = threadIdx.x;
@@ -87,7 +87,7 @@ __global__ void attn_f16_append_dev(const float *k_new, const float *v_new, __ha
     v_cache[dst] = __float2half(v_new[src]);
 }
 
-/* attn_f16_append_slots: append each slot's row to its own f16 ring at pos[slot]
+/* attn_f16_append_slots: append rows to the f16 cache (position from slots)
  * [spec specs/f16.kspec | templates/kernels/kv_append.cu.j2, templates/kv/f16.j2]
  * Grid (nslots, n_head_kv), block head_dim threads. */
 __global__ void attn_f16_append_slots(const float *k_new, const float *v_new, __half *k_cache,
@@ -249,16 +249,17 @@ const float *pj_s = p_s + (size_t)j * G;
             out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
 }
 
-/* attn_f16_decode: split decode over the f16 cache, plan from the host
+/* attn_f16_decode_host: split decode over the f16 cache (position from host)
  * [spec specs/f16.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
  * decode, position=host, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
  * [h * n_splits + split].
  */
-__global__ void attn_f16_decode(const float *q, const __half *k_cache, const __half *v_cache,
-                                float *m_out, float *l_out, float *acc_out, int kv_groups,
-                                int head_dim, int max_seq, int seq_len, int n_splits,
-                                int split_len, int attn_sink, int attn_win, float scale) {
+__global__ void attn_f16_decode_host(const float *q, const __half *k_cache,
+                                     const __half *v_cache, float *m_out, float *l_out,
+                                     float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                     int seq_len, int n_splits, int split_len, int attn_sink,
+                                     int attn_win, float scale) {
     constexpr int TILE_KEYS = 16;   /* keys per tile */
     constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
     constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
@@ -403,17 +404,17 @@ const float *pj_s = p_s + (size_t)j * G;
     }
 }
 
-/* attn_f16_decode_dev: f16 split decode with the plan recomputed from pos[0]
+/* attn_f16_decode_device: split decode over the f16 cache (position from device)
  * [spec specs/f16.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
  * decode, position=device, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
  * [h * n_splits + split].
  */
-__global__ void attn_f16_decode_dev(const float *q, const __half *k_cache,
-                                    const __half *v_cache, float *m_out, float *l_out,
-                                    float *acc_out, int kv_groups, int head_dim, int max_seq,
-                                    const int *pos, int kps, int splits_cap, int attn_sink,
-                                    int attn_win, float scale) {
+__global__ void attn_f16_decode_device(const float *q, const __half *k_cache,
+                                       const __half *v_cache, float *m_out, float *l_out,
+                                       float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                       const int *pos, int kps, int splits_cap, int attn_sink,
+                                       int attn_win, float scale) {
     constexpr int TILE_KEYS = 16;   /* keys per tile */
     constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
     constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
@@ -563,7 +564,7 @@ const float *pj_s = p_s + (size_t)j * G;
     }
 }
 
-/* attn_f16_decode_slots: multi-user split decode over per-slot f16 rings
+/* attn_f16_decode_slots: split decode over the f16 cache (position from slots)
  * [spec specs/f16.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
  * decode, position=slots, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 PTX = Path(__file__).with_name("attn_f16.ptx")
 
 KERNELS = {
-    "attn_f16_append": kernel("attn_f16_append", {
+    "attn_f16_append_host": kernel("attn_f16_append_host", {
         'module': 'attn_f16',
-        'doc': 'append n rows to the f16 cache at (pos0 + t) % max_seq',
+        'doc': 'append rows to the f16 cache (position from host)',
         'op': 'kv_append',
         'mode': 'prefill',
         'position': 'host',
@@ -44,9 +44,9 @@ KERNELS = {
         'sink_rows': 8,
         'max_head_dim': 1024,
     }),
-    "attn_f16_append_dev": kernel("attn_f16_append_dev", {
+    "attn_f16_append_device": kernel("attn_f16_append_device", {
         'module': 'attn_f16',
-        'doc': 'append one f16 row at pos[0] (CUDA-graph capture)',
+        'doc': 'append rows to the f16 cache (position from device)',
         'op': 'kv_append',
         'mode': 'prefill',
         'position': 'device',
@@ -69,7 +69,7 @@ KERNELS = {
     }),
     "attn_f16_append_slots": kernel("attn_f16_append_slots", {
         'module': 'attn_f16',
-        'doc': "append each slot's row to its own f16 ring at pos[slot]",
+        'doc': 'append rows to the f16 cache (position from slots)',
         'op': 'kv_append',
         'mode': 'prefill',
         'position': 'slots',
@@ -113,9 +113,9 @@ KERNELS = {
         'sink_rows': 8,
         'max_head_dim': 1024,
     }),
-    "attn_f16_decode": kernel("attn_f16_decode", {
+    "attn_f16_decode_host": kernel("attn_f16_decode_host", {
         'module': 'attn_f16',
-        'doc': 'split decode over the f16 cache, plan from the host',
+        'doc': 'split decode over the f16 cache (position from host)',
         'op': 'flash',
         'mode': 'decode',
         'position': 'host',
@@ -136,9 +136,9 @@ KERNELS = {
         'sink_rows': 8,
         'max_head_dim': 1024,
     }),
-    "attn_f16_decode_dev": kernel("attn_f16_decode_dev", {
+    "attn_f16_decode_device": kernel("attn_f16_decode_device", {
         'module': 'attn_f16',
-        'doc': 'f16 split decode with the plan recomputed from pos[0]',
+        'doc': 'split decode over the f16 cache (position from device)',
         'op': 'flash',
         'mode': 'decode',
         'position': 'device',
@@ -161,7 +161,7 @@ KERNELS = {
     }),
     "attn_f16_decode_slots": kernel("attn_f16_decode_slots", {
         'module': 'attn_f16',
-        'doc': 'multi-user split decode over per-slot f16 rings',
+        'doc': 'split decode over the f16 cache (position from slots)',
         'op': 'flash',
         'mode': 'decode',
         'position': 'slots',
@@ -185,7 +185,7 @@ KERNELS = {
 }
 
 
-def attn_f16_append(
+def attn_f16_append_host(
     k_new: cupy.ndarray,
     v_new: cupy.ndarray,
     k_cache: cupy.ndarray,
@@ -194,13 +194,13 @@ def attn_f16_append(
     pos0: int,
     stream=None,
 ):
-    """Append n rows to the f16 cache at (pos0 + t) % max_seq.
+    """Append rows to the f16 cache (position from host).
 
     Arrays (k_new, v_new, k_cache, v_cache): C-contiguous CuPy arrays of
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_append"], PTX, {
+    return launch(KERNELS["attn_f16_append_host"], PTX, {
         "k_new": k_new,
         "v_new": v_new,
         "k_cache": k_cache,
@@ -209,7 +209,7 @@ def attn_f16_append(
     }, stream=stream)
 
 
-def attn_f16_append_dev(
+def attn_f16_append_device(
     k_new: cupy.ndarray,
     v_new: cupy.ndarray,
     k_cache: cupy.ndarray,
@@ -219,13 +219,13 @@ def attn_f16_append_dev(
     validate_pos: bool = True,
     stream=None,
 ):
-    """Append one f16 row at pos[0] (CUDA-graph capture).
+    """Append rows to the f16 cache (position from device).
 
     Arrays (k_new, v_new, k_cache, v_cache, pos): C-contiguous CuPy arrays of
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_append_dev"], PTX, {
+    return launch(KERNELS["attn_f16_append_device"], PTX, {
         "k_new": k_new,
         "v_new": v_new,
         "k_cache": k_cache,
@@ -245,7 +245,7 @@ def attn_f16_append_slots(
     validate_pos: bool = True,
     stream=None,
 ):
-    """Append each slot's row to its own f16 ring at pos[slot].
+    """Append rows to the f16 cache (position from slots).
 
     Arrays (k_new, v_new, k_cache, v_cache, pos): C-contiguous CuPy arrays of
     dtype float32/float16/int32 as the kernel reads them.
@@ -291,7 +291,7 @@ def attn_f16_prefill(
     }, stream=stream)
 
 
-def attn_f16_decode(
+def attn_f16_decode_host(
     q: cupy.ndarray,
     k_cache: cupy.ndarray,
     v_cache: cupy.ndarray,
@@ -307,13 +307,13 @@ def attn_f16_decode(
     scale: float | None = None,
     stream=None,
 ):
-    """Split decode over the f16 cache, plan from the host.
+    """Split decode over the f16 cache (position from host).
 
     Arrays (q, k_cache, v_cache, m_out, l_out, acc_out): C-contiguous CuPy arrays of
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_decode"], PTX, {
+    return launch(KERNELS["attn_f16_decode_host"], PTX, {
         "q": q,
         "k_cache": k_cache,
         "v_cache": v_cache,
@@ -329,7 +329,7 @@ def attn_f16_decode(
     }, stream=stream)
 
 
-def attn_f16_decode_dev(
+def attn_f16_decode_device(
     q: cupy.ndarray,
     k_cache: cupy.ndarray,
     v_cache: cupy.ndarray,
@@ -346,13 +346,13 @@ def attn_f16_decode_dev(
     validate_pos: bool = True,
     stream=None,
 ):
-    """F16 split decode with the plan recomputed from pos[0].
+    """Split decode over the f16 cache (position from device).
 
     Arrays (q, k_cache, v_cache, m_out, l_out, acc_out, pos): C-contiguous CuPy arrays of
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_decode_dev"], PTX, {
+    return launch(KERNELS["attn_f16_decode_device"], PTX, {
         "q": q,
         "k_cache": k_cache,
         "v_cache": v_cache,
@@ -387,7 +387,7 @@ def attn_f16_decode_slots(
     validate_pos: bool = True,
     stream=None,
 ):
-    """Multi-user split decode over per-slot f16 rings.
+    """Split decode over the f16 cache (position from slots).
 
     Arrays (q, k_cache, v_cache, m_out, l_out, acc_out, pos): C-contiguous CuPy arrays of
     dtype float32/float16/int32 as the kernel reads them.

@@ -5,7 +5,7 @@
  * module:    attn_q8_0
  * specs:     specs/q8_0.kspec
  * templates: kernels/flash.cu.j2, kernels/kv_append.cu.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
- * kernels:   attn_q8_0_append, attn_q8_0_append_dev, attn_q8_0_append_slots, attn_q8_0_prefill, attn_q8_0_decode, attn_q8_0_decode_dev, attn_q8_0_decode_slots
+ * kernels:   attn_q8_0_append_host, attn_q8_0_append_device, attn_q8_0_append_slots, attn_q8_0_prefill, attn_q8_0_decode_host, attn_q8_0_decode_device, attn_q8_0_decode_slots
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
  * against the golden instruction stream of the hand-written original.
@@ -99,12 +99,12 @@ __device__ __forceinline__ int kgen_dec_plan(int seq_len, int kps, int cap,
 
 extern "C" {
 
-/* attn_q8_0_append: append n rows to the q8_0 cache at (pos0 + t) % max_seq
+/* attn_q8_0_append_host: append rows to the q8_0 cache (position from host)
  * [spec specs/q8_0.kspec | templates/kernels/kv_append.cu.j2, templates/kv/q8_0.j2]
  * Grid (n, n_head_kv), block head_dim threads (a multiple of 32: a warp per Q8_0 block). */
-__global__ void attn_q8_0_append(const float *k_new, const float *v_new, unsigned char *k_cache,
-                                 unsigned char *v_cache, int n_head_kv, int head_dim,
-                                 int max_seq, int pos0) {
+__global__ void attn_q8_0_append_host(const float *k_new, const float *v_new,
+                                      unsigned char *k_cache, unsigned char *v_cache,
+                                      int n_head_kv, int head_dim, int max_seq, int pos0) {
     int t = blockIdx.x;
     int h = blockIdx.y;
     int tid = threadIdx.x;
@@ -129,12 +129,13 @@ __global__ void attn_q8_0_append(const float *k_new, const float *v_new, unsigne
                           v_cache + dst_row + (size_t)blk * KGEN_Q8_0_BLOCK_BYTES, lane);
 }
 
-/* attn_q8_0_append_dev: append one q8_0 row at pos[0] (CUDA-graph capture)
+/* attn_q8_0_append_device: append rows to the q8_0 cache (position from device)
  * [spec specs/q8_0.kspec | templates/kernels/kv_append.cu.j2, templates/kv/q8_0.j2]
  * Grid (1, n_head_kv), block head_dim threads (a multiple of 32: a warp per Q8_0 block). */
-__global__ void attn_q8_0_append_dev(const float *k_new, const float *v_new,
-                                     unsigned char *k_cache, unsigned char *v_cache,
-                                     int n_head_kv, int head_dim, int max_seq, const int *pos) {
+__global__ void attn_q8_0_append_device(const float *k_new, const float *v_new,
+                                        unsigned char *k_cache, unsigned char *v_cache,
+                                        int n_head_kv, int head_dim, int max_seq,
+                                        const int *pos) {
     int t = blockIdx.x;
     int h = blockIdx.y;
     int tid = threadIdx.x;
@@ -159,7 +160,7 @@ __global__ void attn_q8_0_append_dev(const float *k_new, const float *v_new,
                           v_cache + dst_row + (size_t)blk * KGEN_Q8_0_BLOCK_BYTES, lane);
 }
 
-/* attn_q8_0_append_slots: append each slot's row to its own q8_0 ring at pos[slot]
+/* attn_q8_0_append_slots: append rows to the q8_0 cache (position from slots)
  * [spec specs/q8_0.kspec | templates/kernels/kv_append.cu.j2, templates/kv/q8_0.j2]
  * Grid (nslots, n_head_kv), block head_dim threads (a multiple of 32: a warp per Q8_0 block). */
 __global__ void attn_q8_0_append_slots(const float *k_new, const float *v_new,
@@ -337,17 +338,17 @@ const float *pj_s = p_s + (size_t)j * G;
             out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
 }
 
-/* attn_q8_0_decode: split decode over the q8_0 cache, plan from the host
+/* attn_q8_0_decode_host: split decode over the q8_0 cache (position from host)
  * [spec specs/q8_0.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
  * decode, position=host, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
  * [h * n_splits + split].
  */
-__global__ void attn_q8_0_decode(const float *q, const unsigned char *k_cache,
-                                 const unsigned char *v_cache, float *m_out, float *l_out,
-                                 float *acc_out, int kv_groups, int head_dim, int max_seq,
-                                 int seq_len, int n_splits, int split_len, int attn_sink,
-                                 int attn_win, float scale) {
+__global__ void attn_q8_0_decode_host(const float *q, const unsigned char *k_cache,
+                                      const unsigned char *v_cache, float *m_out, float *l_out,
+                                      float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                      int seq_len, int n_splits, int split_len, int attn_sink,
+                                      int attn_win, float scale) {
     constexpr int TILE_KEYS = 16;   /* keys per tile */
     constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
     constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
@@ -495,17 +496,18 @@ const float *pj_s = p_s + (size_t)j * G;
     }
 }
 
-/* attn_q8_0_decode_dev: q8_0 split decode with the plan recomputed from pos[0]
+/* attn_q8_0_decode_device: split decode over the q8_0 cache (position from device)
  * [spec specs/q8_0.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
  * decode, position=device, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
  * [h * n_splits + split].
  */
-__global__ void attn_q8_0_decode_dev(const float *q, const unsigned char *k_cache,
-                                     const unsigned char *v_cache, float *m_out, float *l_out,
-                                     float *acc_out, int kv_groups, int head_dim, int max_seq,
-                                     const int *pos, int kps, int splits_cap, int attn_sink,
-                                     int attn_win, float scale) {
+__global__ void attn_q8_0_decode_device(const float *q, const unsigned char *k_cache,
+                                        const unsigned char *v_cache, float *m_out,
+                                        float *l_out, float *acc_out, int kv_groups,
+                                        int head_dim, int max_seq, const int *pos, int kps,
+                                        int splits_cap, int attn_sink, int attn_win,
+                                        float scale) {
     constexpr int TILE_KEYS = 16;   /* keys per tile */
     constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
     constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
@@ -658,7 +660,7 @@ const float *pj_s = p_s + (size_t)j * G;
     }
 }
 
-/* attn_q8_0_decode_slots: multi-user split decode over per-slot q8_0 rings
+/* attn_q8_0_decode_slots: split decode over the q8_0 cache (position from slots)
  * [spec specs/q8_0.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
  * decode, position=slots, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
  * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 PTX = Path(__file__).with_name("attn_q8_0.ptx")
 
 KERNELS = {
-    "attn_q8_0_append": kernel("attn_q8_0_append", {
+    "attn_q8_0_append_host": kernel("attn_q8_0_append_host", {
         'module': 'attn_q8_0',
-        'doc': 'append n rows to the q8_0 cache at (pos0 + t) % max_seq',
+        'doc': 'append rows to the q8_0 cache (position from host)',
         'op': 'kv_append',
         'mode': 'prefill',
         'position': 'host',
@@ -44,9 +44,9 @@ KERNELS = {
         'sink_rows': 8,
         'max_head_dim': 1024,
     }),
-    "attn_q8_0_append_dev": kernel("attn_q8_0_append_dev", {
+    "attn_q8_0_append_device": kernel("attn_q8_0_append_device", {
         'module': 'attn_q8_0',
-        'doc': 'append one q8_0 row at pos[0] (CUDA-graph capture)',
+        'doc': 'append rows to the q8_0 cache (position from device)',
         'op': 'kv_append',
         'mode': 'prefill',
         'position': 'device',
@@ -69,7 +69,7 @@ KERNELS = {
     }),
     "attn_q8_0_append_slots": kernel("attn_q8_0_append_slots", {
         'module': 'attn_q8_0',
-        'doc': "append each slot's row to its own q8_0 ring at pos[slot]",
+        'doc': 'append rows to the q8_0 cache (position from slots)',
         'op': 'kv_append',
         'mode': 'prefill',
         'position': 'slots',
@@ -113,9 +113,9 @@ KERNELS = {
         'sink_rows': 8,
         'max_head_dim': 1024,
     }),
-    "attn_q8_0_decode": kernel("attn_q8_0_decode", {
+    "attn_q8_0_decode_host": kernel("attn_q8_0_decode_host", {
         'module': 'attn_q8_0',
-        'doc': 'split decode over the q8_0 cache, plan from the host',
+        'doc': 'split decode over the q8_0 cache (position from host)',
         'op': 'flash',
         'mode': 'decode',
         'position': 'host',
@@ -136,9 +136,9 @@ KERNELS = {
         'sink_rows': 8,
         'max_head_dim': 1024,
     }),
-    "attn_q8_0_decode_dev": kernel("attn_q8_0_decode_dev", {
+    "attn_q8_0_decode_device": kernel("attn_q8_0_decode_device", {
         'module': 'attn_q8_0',
-        'doc': 'q8_0 split decode with the plan recomputed from pos[0]',
+        'doc': 'split decode over the q8_0 cache (position from device)',
         'op': 'flash',
         'mode': 'decode',
         'position': 'device',
@@ -161,7 +161,7 @@ KERNELS = {
     }),
     "attn_q8_0_decode_slots": kernel("attn_q8_0_decode_slots", {
         'module': 'attn_q8_0',
-        'doc': 'multi-user split decode over per-slot q8_0 rings',
+        'doc': 'split decode over the q8_0 cache (position from slots)',
         'op': 'flash',
         'mode': 'decode',
         'position': 'slots',
@@ -185,7 +185,7 @@ KERNELS = {
 }
 
 
-def attn_q8_0_append(
+def attn_q8_0_append_host(
     k_new: cupy.ndarray,
     v_new: cupy.ndarray,
     k_cache: cupy.ndarray,
@@ -194,13 +194,13 @@ def attn_q8_0_append(
     pos0: int,
     stream=None,
 ):
-    """Append n rows to the q8_0 cache at (pos0 + t) % max_seq.
+    """Append rows to the q8_0 cache (position from host).
 
     Arrays (k_new, v_new, k_cache, v_cache): C-contiguous CuPy arrays of
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_q8_0_append"], PTX, {
+    return launch(KERNELS["attn_q8_0_append_host"], PTX, {
         "k_new": k_new,
         "v_new": v_new,
         "k_cache": k_cache,
@@ -209,7 +209,7 @@ def attn_q8_0_append(
     }, stream=stream)
 
 
-def attn_q8_0_append_dev(
+def attn_q8_0_append_device(
     k_new: cupy.ndarray,
     v_new: cupy.ndarray,
     k_cache: cupy.ndarray,
@@ -219,13 +219,13 @@ def attn_q8_0_append_dev(
     validate_pos: bool = True,
     stream=None,
 ):
-    """Append one q8_0 row at pos[0] (CUDA-graph capture).
+    """Append rows to the q8_0 cache (position from device).
 
     Arrays (k_new, v_new, k_cache, v_cache, pos): C-contiguous CuPy arrays of
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_q8_0_append_dev"], PTX, {
+    return launch(KERNELS["attn_q8_0_append_device"], PTX, {
         "k_new": k_new,
         "v_new": v_new,
         "k_cache": k_cache,
@@ -245,7 +245,7 @@ def attn_q8_0_append_slots(
     validate_pos: bool = True,
     stream=None,
 ):
-    """Append each slot's row to its own q8_0 ring at pos[slot].
+    """Append rows to the q8_0 cache (position from slots).
 
     Arrays (k_new, v_new, k_cache, v_cache, pos): C-contiguous CuPy arrays of
     dtype float32/uint8/int32 as the kernel reads them.
@@ -291,7 +291,7 @@ def attn_q8_0_prefill(
     }, stream=stream)
 
 
-def attn_q8_0_decode(
+def attn_q8_0_decode_host(
     q: cupy.ndarray,
     k_cache: cupy.ndarray,
     v_cache: cupy.ndarray,
@@ -307,13 +307,13 @@ def attn_q8_0_decode(
     scale: float | None = None,
     stream=None,
 ):
-    """Split decode over the q8_0 cache, plan from the host.
+    """Split decode over the q8_0 cache (position from host).
 
     Arrays (q, k_cache, v_cache, m_out, l_out, acc_out): C-contiguous CuPy arrays of
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_q8_0_decode"], PTX, {
+    return launch(KERNELS["attn_q8_0_decode_host"], PTX, {
         "q": q,
         "k_cache": k_cache,
         "v_cache": v_cache,
@@ -329,7 +329,7 @@ def attn_q8_0_decode(
     }, stream=stream)
 
 
-def attn_q8_0_decode_dev(
+def attn_q8_0_decode_device(
     q: cupy.ndarray,
     k_cache: cupy.ndarray,
     v_cache: cupy.ndarray,
@@ -346,13 +346,13 @@ def attn_q8_0_decode_dev(
     validate_pos: bool = True,
     stream=None,
 ):
-    """Q8_0 split decode with the plan recomputed from pos[0].
+    """Split decode over the q8_0 cache (position from device).
 
     Arrays (q, k_cache, v_cache, m_out, l_out, acc_out, pos): C-contiguous CuPy arrays of
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_q8_0_decode_dev"], PTX, {
+    return launch(KERNELS["attn_q8_0_decode_device"], PTX, {
         "q": q,
         "k_cache": k_cache,
         "v_cache": v_cache,
@@ -387,7 +387,7 @@ def attn_q8_0_decode_slots(
     validate_pos: bool = True,
     stream=None,
 ):
-    """Multi-user split decode over per-slot q8_0 rings.
+    """Split decode over the q8_0 cache (position from slots).
 
     Arrays (q, k_cache, v_cache, m_out, l_out, acc_out, pos): C-contiguous CuPy arrays of
     dtype float32/uint8/int32 as the kernel reads them.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kgen.errors import SpecError
 from kgen.geometry import flash_shared_bytes, min_head_dim
-from kgen.runtime.bind import bind
+from kgen.runtime.bind import bind, shape_refusal
 from kgen.runtime.contracts import ContractError
 from kgen.spec.axes import Mode, Op, Position
 from kgen.spec.ir import Kernel
@@ -127,7 +127,7 @@ def required(k: Kernel) -> list[Case]:
         return [Case(f"hd{hd}_smallest", n_head=3, head_dim=hd, n_splits=2, seq_len=2 * T + 3,
                      kps=T, cap=4)]
     out = []
-    for groups in _group_counts(k, hd):
+    for hd, groups in _flash_shapes(k):
         name = f"hd{hd}_g{groups}_partial_tile"
         if k.mode is Mode.PREFILL:
             out.append(Case(name, n=T + 3, n_head=2 * groups, n_head_kv=2, head_dim=hd,
@@ -142,12 +142,28 @@ def required(k: Kernel) -> list[Case]:
     return out
 
 
-def _group_counts(k: Kernel, hd: int) -> list[int]:
-    """1 and the largest group count whose shared memory fits at head_dim ``hd``."""
+# The head sizes of current models (Llama, Mistral, Qwen: 128; older and small
+# models: 64; some 80, 96, 112, 192; Gemma 256; a few 512): every flash kernel is
+# tested at each one it accepts.
+MODEL_HEAD_DIMS = (64, 80, 96, 112, 128, 192, 256, 512)
+
+
+def _top_groups(k: Kernel, hd: int) -> int:
+    """The largest group count whose shared memory fits at head_dim ``hd``."""
     top = k.max_groups
     while top > 1 and flash_shared_bytes(k, top, hd) > TARGET.shared_per_block:
         top -= 1
-    return sorted({1, top})
+    return top
+
+
+def _flash_shapes(k: Kernel) -> list[tuple[int, int]]:
+    """(head_dim, groups): the smallest head_dim with one group and with the most,
+    then every model head size the kernel accepts, with the most groups."""
+    hd0 = smallest_head_dim(k)
+    shapes = [(hd0, g) for g in sorted({1, _top_groups(k, hd0)})]
+    shapes += [(hd, _top_groups(k, hd)) for hd in MODEL_HEAD_DIMS
+               if hd != hd0 and shape_refusal(k, hd, 1) is None]
+    return shapes
 
 
 def refusal(k: Kernel, case: Case) -> str | None:

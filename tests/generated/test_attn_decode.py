@@ -17,6 +17,7 @@ K = mod.KERNELS
 FC_ATTN_FLASH_DECODE_CASES = [
     Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
@@ -56,6 +57,7 @@ def test_fc_attn_flash_decode_refuses(mutation):
 FC_ATTN_FLASH_DECODE_DEV_CASES = [
     Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
@@ -94,6 +96,7 @@ def test_fc_attn_flash_decode_dev_refuses(mutation):
 FC_ATTN_FLASH_DECODE_Q4_CASES = [
     Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, sink=4, win=8, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, sink=8, win=64, attn_sink=4, attn_win=50),
@@ -135,6 +138,7 @@ def test_fc_attn_flash_decode_q4_refuses(mutation):
 FC_ATTN_FLASH_DECODE_Q4_DEV_CASES = [
     Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, sink=2, win=16, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, sink=4, win=8, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, sink=8, win=64, attn_sink=4, attn_win=50),
@@ -175,6 +179,7 @@ def test_fc_attn_flash_decode_q4_dev_refuses(mutation):
 FC_ATTN_FLASH_DECODE_SLOTS_CASES = [
     Case('hd256_g1_partial_tile', n_head=1, n_head_kv=1, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=7, n_head_kv=1, head_dim=512, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
     Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
 ]
@@ -211,6 +216,7 @@ def test_fc_attn_flash_decode_slots_refuses(mutation):
 FC_ATTN_FLASH_DECODE_SLOTS_Q4_CASES = [
     Case('hd256_g1_partial_tile', n_head=1, n_head_kv=1, max_seq=72, positions=(34, 0, 16), sink=2, win=16, kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=72, positions=(34, 0, 16), sink=2, win=16, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=7, n_head_kv=1, head_dim=512, max_seq=72, positions=(34, 0, 16), sink=2, win=16, kps=16, cap=4),
     Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), sink=4, win=64),
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), sink=4, win=40, attn_sink=4, attn_win=40, kps=32, cap=16),
 ]

@@ -12,9 +12,9 @@ from kgen_kernels import attn_f16 as mod
 
 K = mod.KERNELS
 
-# ---- attn_f16_append: append n rows to the f16 cache at (pos0 + t) % max_seq
+# ---- attn_f16_append_host: append rows to the f16 cache (position from host)
 
-ATTN_F16_APPEND_CASES = [
+ATTN_F16_APPEND_HOST_CASES = [
     Case('hd1_smallest', n=3, head_dim=1, max_seq=16, pos0=2),
     Case('n5_pos3', n=5, pos0=3),
     Case('n9_ring_wrap', n=9, n_head_kv=1, max_seq=32, pos0=28),
@@ -25,9 +25,9 @@ ATTN_F16_APPEND_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ATTN_F16_APPEND_CASES, ids=str)
-def test_attn_f16_append(case):
-    check_kernel(K["attn_f16_append"], mod.attn_f16_append, case)
+@pytest.mark.parametrize("case", ATTN_F16_APPEND_HOST_CASES, ids=str)
+def test_attn_f16_append_host(case):
+    check_kernel(K["attn_f16_append_host"], mod.attn_f16_append_host, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -42,12 +42,12 @@ def test_attn_f16_append(case):
     "negative_pos0",
     "append_ring_race",
 ])
-def test_attn_f16_append_refuses(mutation):
-    check_mutation(K["attn_f16_append"], ATTN_F16_APPEND_CASES[0], mutation)
+def test_attn_f16_append_host_refuses(mutation):
+    check_mutation(K["attn_f16_append_host"], ATTN_F16_APPEND_HOST_CASES[0], mutation)
 
-# ---- attn_f16_append_dev: append one f16 row at pos[0] (CUDA-graph capture)
+# ---- attn_f16_append_device: append rows to the f16 cache (position from device)
 
-ATTN_F16_APPEND_DEV_CASES = [
+ATTN_F16_APPEND_DEVICE_CASES = [
     Case('hd1_smallest', head_dim=1, max_seq=16, pos0=2, positions=(2,)),
     Case('pos40', positions=(40,)),
     Case('pos300_ring', n_head_kv=1, head_dim=128, max_seq=320, positions=(300,)),
@@ -56,9 +56,9 @@ ATTN_F16_APPEND_DEV_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ATTN_F16_APPEND_DEV_CASES, ids=str)
-def test_attn_f16_append_dev(case):
-    check_kernel(K["attn_f16_append_dev"], mod.attn_f16_append_dev, case)
+@pytest.mark.parametrize("case", ATTN_F16_APPEND_DEVICE_CASES, ids=str)
+def test_attn_f16_append_device(case):
+    check_kernel(K["attn_f16_append_device"], mod.attn_f16_append_device, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -70,10 +70,10 @@ def test_attn_f16_append_dev(case):
     "device_append_rows",
     "negative_device_pos",
 ])
-def test_attn_f16_append_dev_refuses(mutation):
-    check_mutation(K["attn_f16_append_dev"], ATTN_F16_APPEND_DEV_CASES[0], mutation)
+def test_attn_f16_append_device_refuses(mutation):
+    check_mutation(K["attn_f16_append_device"], ATTN_F16_APPEND_DEVICE_CASES[0], mutation)
 
-# ---- attn_f16_append_slots: append each slot's row to its own f16 ring at pos[slot]
+# ---- attn_f16_append_slots: append rows to the f16 cache (position from slots)
 
 ATTN_F16_APPEND_SLOTS_CASES = [
     Case('hd1_smallest', n=2, head_dim=1, max_seq=8, positions=(5, 0)),
@@ -103,6 +103,7 @@ def test_attn_f16_append_slots_refuses(mutation):
 ATTN_F16_PREFILL_CASES = [
     Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17),
     Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17),
+    Case('hd512_g7_partial_tile', n=19, n_head=14, head_dim=512, max_seq=72, pos0=17),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
@@ -137,11 +138,12 @@ def test_attn_f16_prefill(case):
 def test_attn_f16_prefill_refuses(mutation):
     check_mutation(K["attn_f16_prefill"], ATTN_F16_PREFILL_CASES[0], mutation)
 
-# ---- attn_f16_decode: split decode over the f16 cache, plan from the host
+# ---- attn_f16_decode_host: split decode over the f16 cache (position from host)
 
-ATTN_F16_DECODE_CASES = [
+ATTN_F16_DECODE_HOST_CASES = [
     Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
@@ -151,9 +153,9 @@ ATTN_F16_DECODE_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ATTN_F16_DECODE_CASES, ids=str)
-def test_attn_f16_decode(case):
-    check_kernel(K["attn_f16_decode"], mod.attn_f16_decode, case)
+@pytest.mark.parametrize("case", ATTN_F16_DECODE_HOST_CASES, ids=str)
+def test_attn_f16_decode_host(case):
+    check_kernel(K["attn_f16_decode_host"], mod.attn_f16_decode_host, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -173,14 +175,15 @@ def test_attn_f16_decode(case):
     "split_len_not_tiles",
     "partials_too_small",
 ])
-def test_attn_f16_decode_refuses(mutation):
-    check_mutation(K["attn_f16_decode"], ATTN_F16_DECODE_CASES[0], mutation)
+def test_attn_f16_decode_host_refuses(mutation):
+    check_mutation(K["attn_f16_decode_host"], ATTN_F16_DECODE_HOST_CASES[0], mutation)
 
-# ---- attn_f16_decode_dev: f16 split decode with the plan recomputed from pos[0]
+# ---- attn_f16_decode_device: split decode over the f16 cache (position from device)
 
-ATTN_F16_DECODE_DEV_CASES = [
+ATTN_F16_DECODE_DEVICE_CASES = [
     Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
@@ -190,9 +193,9 @@ ATTN_F16_DECODE_DEV_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ATTN_F16_DECODE_DEV_CASES, ids=str)
-def test_attn_f16_decode_dev(case):
-    check_kernel(K["attn_f16_decode_dev"], mod.attn_f16_decode_dev, case)
+@pytest.mark.parametrize("case", ATTN_F16_DECODE_DEVICE_CASES, ids=str)
+def test_attn_f16_decode_device(case):
+    check_kernel(K["attn_f16_decode_device"], mod.attn_f16_decode_device, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -211,14 +214,15 @@ def test_attn_f16_decode_dev(case):
     "device_pos_past_max_seq",
     "partials_too_small",
 ])
-def test_attn_f16_decode_dev_refuses(mutation):
-    check_mutation(K["attn_f16_decode_dev"], ATTN_F16_DECODE_DEV_CASES[0], mutation)
+def test_attn_f16_decode_device_refuses(mutation):
+    check_mutation(K["attn_f16_decode_device"], ATTN_F16_DECODE_DEVICE_CASES[0], mutation)
 
-# ---- attn_f16_decode_slots: multi-user split decode over per-slot f16 rings
+# ---- attn_f16_decode_slots: split decode over the f16 cache (position from slots)
 
 ATTN_F16_DECODE_SLOTS_CASES = [
     Case('hd256_g1_partial_tile', n_head=1, n_head_kv=1, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=7, n_head_kv=1, head_dim=512, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
     Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
 ]

@@ -17,6 +17,7 @@ K = mod.KERNELS
 FC_ATTN_FLASH_PREFILL_CASES = [
     Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17),
     Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17),
+    Case('hd512_g7_partial_tile', n=19, n_head=14, head_dim=512, max_seq=72, pos0=17),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
@@ -56,6 +57,7 @@ def test_fc_attn_flash_prefill_refuses(mutation):
 FC_ATTN_FLASH_PREFILL_Q4_CASES = [
     Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
     Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd512_g7_partial_tile', n=19, n_head=14, head_dim=512, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
@@ -215,6 +217,7 @@ def test_fc_attn_flash_prefill_q4_kvs_refuses(mutation):
 FC_ATTN_FLASH_PREFILL_Q4_KH_CASES = [
     Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
     Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd512_g8_partial_tile', n=19, n_head=16, head_dim=512, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
@@ -274,6 +277,7 @@ def test_fc_attn_flash_prefill_q4_kh_refuses(mutation):
 FC_ATTN_FLASH_PREFILL_Q4_KQH_CASES = [
     Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, sink=2, win=21),
     Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd512_g8_partial_tile', n=19, n_head=16, head_dim=512, max_seq=72, pos0=17, sink=2, win=21),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),

@@ -12,9 +12,9 @@ from kgen_kernels import attn_q8_0 as mod
 
 K = mod.KERNELS
 
-# ---- attn_q8_0_append: append n rows to the q8_0 cache at (pos0 + t) % max_seq
+# ---- attn_q8_0_append_host: append rows to the q8_0 cache (position from host)
 
-ATTN_Q8_0_APPEND_CASES = [
+ATTN_Q8_0_APPEND_HOST_CASES = [
     Case('hd32_smallest', n=3, head_dim=32, max_seq=16, pos0=2),
     Case('n5_pos3', n=5, pos0=3),
     Case('n9_ring_wrap', n=9, n_head_kv=1, max_seq=32, pos0=28),
@@ -25,9 +25,9 @@ ATTN_Q8_0_APPEND_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ATTN_Q8_0_APPEND_CASES, ids=str)
-def test_attn_q8_0_append(case):
-    check_kernel(K["attn_q8_0_append"], mod.attn_q8_0_append, case)
+@pytest.mark.parametrize("case", ATTN_Q8_0_APPEND_HOST_CASES, ids=str)
+def test_attn_q8_0_append_host(case):
+    check_kernel(K["attn_q8_0_append_host"], mod.attn_q8_0_append_host, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -43,12 +43,12 @@ def test_attn_q8_0_append(case):
     "negative_pos0",
     "append_ring_race",
 ])
-def test_attn_q8_0_append_refuses(mutation):
-    check_mutation(K["attn_q8_0_append"], ATTN_Q8_0_APPEND_CASES[0], mutation)
+def test_attn_q8_0_append_host_refuses(mutation):
+    check_mutation(K["attn_q8_0_append_host"], ATTN_Q8_0_APPEND_HOST_CASES[0], mutation)
 
-# ---- attn_q8_0_append_dev: append one q8_0 row at pos[0] (CUDA-graph capture)
+# ---- attn_q8_0_append_device: append rows to the q8_0 cache (position from device)
 
-ATTN_Q8_0_APPEND_DEV_CASES = [
+ATTN_Q8_0_APPEND_DEVICE_CASES = [
     Case('hd32_smallest', head_dim=32, max_seq=16, pos0=2, positions=(2,)),
     Case('pos40', positions=(40,)),
     Case('pos300_ring', n_head_kv=1, head_dim=128, max_seq=320, positions=(300,)),
@@ -57,9 +57,9 @@ ATTN_Q8_0_APPEND_DEV_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ATTN_Q8_0_APPEND_DEV_CASES, ids=str)
-def test_attn_q8_0_append_dev(case):
-    check_kernel(K["attn_q8_0_append_dev"], mod.attn_q8_0_append_dev, case)
+@pytest.mark.parametrize("case", ATTN_Q8_0_APPEND_DEVICE_CASES, ids=str)
+def test_attn_q8_0_append_device(case):
+    check_kernel(K["attn_q8_0_append_device"], mod.attn_q8_0_append_device, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -72,10 +72,10 @@ def test_attn_q8_0_append_dev(case):
     "device_append_rows",
     "negative_device_pos",
 ])
-def test_attn_q8_0_append_dev_refuses(mutation):
-    check_mutation(K["attn_q8_0_append_dev"], ATTN_Q8_0_APPEND_DEV_CASES[0], mutation)
+def test_attn_q8_0_append_device_refuses(mutation):
+    check_mutation(K["attn_q8_0_append_device"], ATTN_Q8_0_APPEND_DEVICE_CASES[0], mutation)
 
-# ---- attn_q8_0_append_slots: append each slot's row to its own q8_0 ring at pos[slot]
+# ---- attn_q8_0_append_slots: append rows to the q8_0 cache (position from slots)
 
 ATTN_Q8_0_APPEND_SLOTS_CASES = [
     Case('hd32_smallest', n=2, head_dim=32, max_seq=8, positions=(5, 0)),
@@ -106,6 +106,7 @@ def test_attn_q8_0_append_slots_refuses(mutation):
 ATTN_Q8_0_PREFILL_CASES = [
     Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17),
     Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17),
+    Case('hd512_g7_partial_tile', n=19, n_head=14, head_dim=512, max_seq=72, pos0=17),
     Case('g1_n5', n=5, n_head=2, max_seq=32),
     Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
     Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
@@ -140,11 +141,12 @@ def test_attn_q8_0_prefill(case):
 def test_attn_q8_0_prefill_refuses(mutation):
     check_mutation(K["attn_q8_0_prefill"], ATTN_Q8_0_PREFILL_CASES[0], mutation)
 
-# ---- attn_q8_0_decode: split decode over the q8_0 cache, plan from the host
+# ---- attn_q8_0_decode_host: split decode over the q8_0 cache (position from host)
 
-ATTN_Q8_0_DECODE_CASES = [
+ATTN_Q8_0_DECODE_HOST_CASES = [
     Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
@@ -154,9 +156,9 @@ ATTN_Q8_0_DECODE_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ATTN_Q8_0_DECODE_CASES, ids=str)
-def test_attn_q8_0_decode(case):
-    check_kernel(K["attn_q8_0_decode"], mod.attn_q8_0_decode, case)
+@pytest.mark.parametrize("case", ATTN_Q8_0_DECODE_HOST_CASES, ids=str)
+def test_attn_q8_0_decode_host(case):
+    check_kernel(K["attn_q8_0_decode_host"], mod.attn_q8_0_decode_host, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -176,14 +178,15 @@ def test_attn_q8_0_decode(case):
     "split_len_not_tiles",
     "partials_too_small",
 ])
-def test_attn_q8_0_decode_refuses(mutation):
-    check_mutation(K["attn_q8_0_decode"], ATTN_Q8_0_DECODE_CASES[0], mutation)
+def test_attn_q8_0_decode_host_refuses(mutation):
+    check_mutation(K["attn_q8_0_decode_host"], ATTN_Q8_0_DECODE_HOST_CASES[0], mutation)
 
-# ---- attn_q8_0_decode_dev: q8_0 split decode with the plan recomputed from pos[0]
+# ---- attn_q8_0_decode_device: split decode over the q8_0 cache (position from device)
 
-ATTN_Q8_0_DECODE_DEV_CASES = [
+ATTN_Q8_0_DECODE_DEVICE_CASES = [
     Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, kps=16, cap=4),
     Case('g2_seq1', n_head=4, max_seq=16),
     Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
     Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
@@ -193,9 +196,9 @@ ATTN_Q8_0_DECODE_DEV_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ATTN_Q8_0_DECODE_DEV_CASES, ids=str)
-def test_attn_q8_0_decode_dev(case):
-    check_kernel(K["attn_q8_0_decode_dev"], mod.attn_q8_0_decode_dev, case)
+@pytest.mark.parametrize("case", ATTN_Q8_0_DECODE_DEVICE_CASES, ids=str)
+def test_attn_q8_0_decode_device(case):
+    check_kernel(K["attn_q8_0_decode_device"], mod.attn_q8_0_decode_device, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -214,14 +217,15 @@ def test_attn_q8_0_decode_dev(case):
     "device_pos_past_max_seq",
     "partials_too_small",
 ])
-def test_attn_q8_0_decode_dev_refuses(mutation):
-    check_mutation(K["attn_q8_0_decode_dev"], ATTN_Q8_0_DECODE_DEV_CASES[0], mutation)
+def test_attn_q8_0_decode_device_refuses(mutation):
+    check_mutation(K["attn_q8_0_decode_device"], ATTN_Q8_0_DECODE_DEVICE_CASES[0], mutation)
 
-# ---- attn_q8_0_decode_slots: multi-user split decode over per-slot q8_0 rings
+# ---- attn_q8_0_decode_slots: split decode over the q8_0 cache (position from slots)
 
 ATTN_Q8_0_DECODE_SLOTS_CASES = [
     Case('hd256_g1_partial_tile', n_head=1, n_head_kv=1, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
     Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=7, n_head_kv=1, head_dim=512, max_seq=72, positions=(34, 0, 16), kps=16, cap=4),
     Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
 ]
