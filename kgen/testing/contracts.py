@@ -9,7 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.geometry import flash_shared_bytes, head_dim_step, tile_threads
+from kgen.geometry import (
+    block_threads,
+    flash_shared_bytes,
+    head_dim_step,
+    min_head_dim,
+    padded,
+    tile_threads,
+)
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import ContractError
 from kgen.spec.axes import KStage, Mode, Op, Position, VStage
@@ -103,13 +110,22 @@ def _below_tile(k) -> int | None:
     """A head_dim that passes the warp and block rules but leaves keys unscored."""
     step = head_dim_step(k)
     hd = (tile_threads(k) - 1) // step * step
+    while hd >= step and block_threads(k, hd) >= tile_threads(k):
+        hd -= step
     return hd if hd >= step else None
 
 
 def _partial_warp(k) -> int | None:
-    """A head_dim above the tile that is whole format blocks but not whole warps."""
+    """A head_dim above the tile that is whole format blocks but not whole warps
+    (a block of head_dim threads only)."""
     hd = -(-tile_threads(k) // TARGET.warp) * TARGET.warp + TARGET.warp // 2
-    return hd if k.fmt.accepts_head_dim(hd) else None
+    return hd if k.fmt.accepts_head_dim(hd) and not padded(k) else None
+
+
+def _partial_chunk(k) -> int | None:
+    """A head_dim a whole-warp block runs but its dot lanes cannot split evenly."""
+    hd = min_head_dim(k) + k.dot_lanes // 2
+    return hd if padded(k) and k.dot_lanes > 1 and k.fmt.accepts_head_dim(hd) else None
 
 
 def _over_chunk(k) -> int | None:
@@ -235,6 +251,9 @@ MUTATIONS: dict[str, Mutation] = {
     "head_dim_partial_warp": Mutation(
         "whole warps", lambda k: _flash(k) and _partial_warp(k) is not None,
         lambda k, c: host_args(k, c.with_(head_dim=_partial_warp(k)))),
+    "head_dim_partial_chunk": Mutation(
+        "dot chunks", lambda k: _flash(k) and _partial_chunk(k) is not None,
+        lambda k, c: host_args(k, c.with_(head_dim=_partial_chunk(k)))),
     "row_format_head_dim": Mutation(
         "row format", _blocked,
         lambda k, c: host_args(k, c.with_(head_dim=k.fmt.block + k.fmt.block // 2))),

@@ -257,3 +257,62 @@ def test_a_broken_contract_leaves_state_untouched(cp):
     with pytest.raises(ContractError):
         fn(small, kc, kc, out, pos0=0)
     assert bool(cp.isnan(out).all())
+
+
+def _head_dims(kv: str) -> list[int]:
+    from kgen.testgen import MODEL_HEAD_DIMS
+
+    return [hd for hd in MODEL_HEAD_DIMS if FORMATS[kv].accepts_head_dim(hd)]
+
+
+@pytest.mark.parametrize("kv,hd", [(kv, hd) for kv in FORMATS for hd in _head_dims(kv)])
+def test_every_model_head_size_without_naming_a_kernel(cp, kv, hd):
+    """KVCache at each model head size: prefill, decode and device-position decode,
+    kernels chosen by shape; decode matches the reference and the device-position
+    form matches the host-plan decode bit for bit."""
+    from kgen.runtime.kv import KVCache
+
+    g, seed = rng()
+    hk, H, ms, n = 2, 16, 160, 70
+    sink, win = _shadows(kv, 4, 48)
+    cache = KVCache(hk, hd, ms, kv=kv, sink=sink, win=win)
+    twin = KVCache(hk, hd, ms, kv=kv, sink=sink, win=win)
+    host = _host(cache)
+    scale = 1 / math.sqrt(hd)
+    q, kn, vn = _rand(g, n, H, hd), _rand(g, n, hk, hd), _rand(g, n, hk, hd)
+    got = cache.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
+    twin.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0)
+    ref.append(kn, vn, host, 0, sink, win)
+    kp = cache.kernels.get("prefill", H // hk)[0]
+    floor = (ref.prefill_live_floor(0, n, cache.RING_ROWS)
+             if kp.ring_floor.value == "batch" else None)
+    want = ref.prefill_attention_cache(q, host, H // hk, 0, sink, win, 0, 0, scale, floor,
+                                       tile=kp.tile_keys)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
+                               err_msg=f"{kv} hd{hd} prefill ({kp.name}) seed={seed}")
+    kd = cache.kernels.get("decode", H // hk)[0]
+    pos_dev = cp.zeros(1, cp.int32)
+    for pos in (n, n + 1):
+        qd, k1, v1 = _rand(g, H, hd), _rand(g, 1, hk, hd), _rand(g, 1, hk, hd)
+        out = cache.decode(cp.asarray(qd), cp.asarray(k1), cp.asarray(v1), pos=pos, kps=32,
+                           splits_cap=4).get()
+        pos_dev.fill(pos)
+        dev = twin.decode_device(cp.asarray(qd), cp.asarray(k1), cp.asarray(v1), pos_dev,
+                                 kps=32, splits_cap=4).get()
+        ref.append(k1, v1, host, pos, sink, win)
+        kr, vr = ref.read_kv_rows(host, pos, sink, win)
+        want = ref.decode_attention(qd, kr, vr, H // hk, pos + 1, 32, 4, 0, 0, scale,
+                                    tile=kd.tile_keys)
+        np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL,
+                                   err_msg=f"{kv} hd{hd} decode ({kd.name}) seed={seed}")
+        assert np.array_equal(out.view(np.uint32), dev.view(np.uint32)), \
+            f"{kv} hd{hd}: device-position decode differs from the host plan, seed={seed}"
+
+
+def test_no_kernel_for_a_shape_is_a_clear_error(cp):
+    from kgen.runtime.kv import KVCache
+
+    blocked = next(kv for kv, f in FORMATS.items() if f.block > 1)
+    cache_hd = next(hd for hd in range(40, 1024, 8) if not FORMATS[blocked].accepts_head_dim(hd))
+    with pytest.raises(ContractError, match="head_dim"):
+        KVCache(2, cache_hd, 64, kv=blocked)
