@@ -31,7 +31,7 @@ from kgen.config import Settings
 from kgen.errors import KgenError, SpecError
 from kgen.golden import Golden, golden_files, load_golden
 from kgen.render import Module, render_modules, render_ptx_header, render_python, render_tests
-from kgen.spec.ast import KernelDef, SpecFile
+from kgen.spec.ast import ExpectRelation, KernelDef, SpecFile
 from kgen.spec.check import check
 from kgen.spec.expand import expand_file
 from kgen.spec.files import SPEC_SUFFIX, spec_paths
@@ -156,7 +156,8 @@ def spec_files(work: Work, ctx: Context) -> Work:
 
 def _needs(d: KernelDef) -> set[str]:
     """The names a definition cannot be resolved and checked without."""
-    return {n for n in (d.parent, *(e.other for e in d.expects if hasattr(e, "other"))) if n}
+    others = (e.other for e in d.expects if isinstance(e, ExpectRelation))
+    return {n for n in (d.parent, *others) if n}
 
 
 def _siblings(inputs: tuple[Path, ...], ctx: Context) -> dict[str, tuple[SpecFile, KernelDef]]:
@@ -194,7 +195,8 @@ def spec_context(work: Work, ctx: Context) -> Work:
         picked[name] = pool[name]
         wanted |= _needs(pool[name][1]) - defined
     by_file: dict[str, list] = {}
-    for sf, kd in sorted(picked.values(), key=lambda p: (p[0].path, p[1].pos.line)):
+    for name in sorted(picked, key=list(pool).index):  # as the directory lists them
+        sf, kd = picked[name]
         by_file.setdefault(sf.path, [sf, []])[1].append(kd)
     extra = tuple(replace(sf, kernels=tuple(kds)) for sf, kds in by_file.values())
     return replace(work, files=files, context=extra)

@@ -168,3 +168,23 @@ def test_a_golden_kernel_nothing_generates_is_missing(ws):
 
     only = ws.kgen("verify", gone)
     assert only.rc == 1 and verdicts(only.out) == {gone: "missing"}
+
+
+def test_kernels_beyond_the_golden_are_new_and_pass_the_gate(ws):
+    """A spec file of new kernels (in a module of its own, one from a family) builds,
+    and verify reports them ``new`` without failing."""
+    (ws.specs / "zz_new.kspec").write_text(
+        "kernel fc_new_combine_{position} : fc_attn_flash_decode_combine"
+        " for position in [host, device] {\n    module = attn_new\n}\n", encoding="utf-8")
+    b = ws.kgen("build")
+    assert b.rc == 0, b.text
+    assert (ws.generated / "attn_new.cu").is_file()
+    r = ws.kgen("verify")
+    assert r.rc == 0, r.text
+    kernels = kernels_of(ws)
+    new = {"fc_new_combine_host", "fc_new_combine_device"}
+    assert new <= {k.name for k in kernels}
+    assert verdicts(r.out) == expected(ws, kernels)
+    assert {verdicts(r.out)[name] for name in new} == {"new"}
+    n = len(golden_names(ws))
+    assert r.out.rstrip().endswith(f"{n}/{n} identical, 2 new (not in the golden)")
