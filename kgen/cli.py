@@ -184,7 +184,14 @@ def cmd_check(args, settings: Settings, say: Reporter) -> int:
 
 
 def cmd_list(args, settings: Settings, say: Reporter) -> int:
+    from kgen import coverage
+    from kgen.runtime.spec import axes_of
+
     kernels = _kernels(settings, args)
+    if args.json:
+        print(json.dumps([{"name": k.name, "axes": axes_of(k), **coverage.limits(k)}
+                          for k in kernels], indent=1))
+        return 0
     w = max(len(k.name) for k in kernels)
     for k in kernels:
         axes = f"{k.op.value}"
@@ -194,7 +201,8 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
         elif k.op.value in ("kv_append", "decode_combine"):
             axes += f" pos={k.position.value}" + (f" kv={k.kv.value}" if k.op.value ==
                                                   "kv_append" else "")
-        print(f"{k.name:<{w}}  {k.module:<12}  {axes}")
+        dims = coverage.runs(coverage.head_dims(k))
+        print(f"{k.name:<{w}}  {k.module:<14}  {axes}  head_dim {dims}")
     return 0
 
 
