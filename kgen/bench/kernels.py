@@ -1,28 +1,41 @@
-"""`make bench-kernels`: the prefill and decode variants timed side by side on the GPU
-at hand, as ratios to the q4 baseline.
+"""`make bench-kernels`: the generated kernels timed side by side on the GPU at
+hand, correctness checked in the same run.
 
-Every variant runs on the same inputs; rounds interleave the variants and the
-median of the rounds is reported, each round timing a burst of launches with
-CUDA events. Each launch is bound (contracts checked) once, then replayed
-raw, so the times are the kernels', not the Python launcher's. The bit-exact
-variants' outputs are compared on the way (a benchmark of a wrong kernel is
-worthless). Numbers depend on the GPU: on a K80
-they speak to the sm_37 design; on newer GPUs the driver JIT-compiles the
-sm_37 PTX and the ratios say little about Kepler.
+Tables (printed, and saved as JSON plus PNG charts under $KGEN_BENCH_OUT,
+default bench-out/):
+
+* heads    -- for every model head size and KV format, the prefill and decode
+              kernels KVCache chooses: time, and decode's cache bandwidth;
+* variants -- every prefill variant serving the reference's shape (head_dim 256,
+              8 q heads per kv head), as ratios to the kernel KVCache chooses;
+* launch   -- host cost of one decode step: a raw CuPy launch with prepared
+              arguments, the kgen launcher, KVCache.decode, and a CUDA graph.
+
+Rounds interleave the arms and report medians, each round timing a burst of
+launches with CUDA events; kernels are bound once (contracts checked) and then
+replayed raw, so kernel times are the kernels', not the launcher's. Every timed
+kernel's output is compared with the float64 NumPy reference first (a benchmark
+of a wrong kernel is worthless). On anything but a K80 the driver JIT-compiles
+the sm_37 PTX: absolute times say little about Kepler, ratios more.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import statistics
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
-ROUNDS, BURST, WARMUP = 7, 20, 3
-PREFILL = ["fc_attn_flash_prefill_q4", "fc_attn_flash_prefill_q4_kr",
-           "fc_attn_flash_prefill_q4_kvs", "fc_attn_flash_prefill_q4_kh",
-           "fc_attn_flash_prefill_q4_kqh"]
-BIT_EXACT = ["fc_attn_flash_prefill_q4_kr", "fc_attn_flash_prefill_q4_kvs"]
+ROUNDS, BURST, WARMUP = 7, 10, 2
+HK, H = 2, 16             # kv heads, q heads: 8 q heads per kv head
+SEQ, PREFILL_ROWS = 4096, 128
+KPS, CAP = 256, 16        # the reference engine's decode plan
+RTOL, ATOL = 2e-4, 2e-5
 
 
 def _time(cp, fn, burst: int) -> float:
@@ -32,23 +45,11 @@ def _time(cp, fn, burst: int) -> float:
         fn()
     stop.record()
     stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / burst
+    return cp.cuda.get_elapsed_time(start, stop) / burst  # ms
 
 
-def _raw(launches):
-    """Replay already-bound launches (kgen.runtime.Launch) without re-binding."""
-    from kgen.runtime.launch import module
-
-    calls = [(module(ptx).get_function(b.kernel), b) for ptx, b in launches]
-
-    def run():
-        for f, b in calls:
-            f(b.grid, b.block, b.args, shared_mem=b.shared_bytes)
-    return run
-
-
-def _bench(cp, arms: dict) -> dict[str, float]:
-    arms = {k: _raw(fn()) for k, fn in arms.items()}  # the first call binds and launches
+def bench(cp, arms: dict) -> dict[str, float]:
+    """Median ms per call of each arm, over interleaved rounds."""
     for fn in arms.values():
         for _ in range(WARMUP):
             fn()
@@ -59,91 +60,307 @@ def _bench(cp, arms: dict) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def _function(launcher, kernel: str):
+    """The CuPy function behind a generated launcher (its module, loaded once)."""
+    from kgen.runtime.launch import module
+
+    mod = sys.modules[launcher.__module__]
+    return module(getattr(mod, "ARTIFACT", None) or mod.PTX).get_function(kernel)
+
+
+def replay(bound: list[tuple]) -> callable:
+    """Replay (launcher, Launch) pairs raw: no binding, no checks."""
+    calls = [(_function(fn, b.kernel), b) for fn, b in bound]
+
+    def run():
+        for f, b in calls:
+            f(b.grid, b.block, b.args, shared_mem=b.shared_bytes)
+    return run
+
+
+# ---- inputs --------------------------------------------------------------------------
+
+def _shadows(fmt) -> tuple[int, int]:
+    return (4, 128) if fmt.shadows else (0, 0)
+
+
+def filled_cache(cp, g, kv: str, hd: int):
+    """A KVCache holding SEQ positions and its host mirror (kgen.numpy_ref)."""
+    from kgen import numpy_ref as ref
+    from kgen.runtime.kv import KVCache
+
+    from kgen.formats import FORMATS
+
+    sink, win = _shadows(FORMATS[kv])
+    cache = KVCache(HK, hd, SEQ, kv=kv, sink=sink, win=win)
+    host = ref.HostCache.empty(cache.fmt, HK, SEQ, hd, cache.RING_ROWS, cache.SINK_ROWS)
+    step = cache.RING_ROWS or 1024
+    for lo in range(0, SEQ, step):
+        kx = g.standard_normal((step, HK, hd), dtype=np.float32)
+        vx = g.standard_normal((step, HK, hd), dtype=np.float32)
+        cache.append(cp.asarray(kx), cp.asarray(vx), pos0=lo)
+        ref.append(kx, vx, host, lo, sink, win)
+    return cache, host
+
+
+def _check(name: str, got, want, rtol=RTOL, atol=ATOL) -> None:
+    got = np.asarray(got, dtype=np.float64)
+    if np.isnan(got).any() or not np.allclose(got, want, rtol=rtol, atol=atol):
+        err = float(np.nanmax(np.abs(got - want)))
+        raise SystemExit(f"bench: {name} differs from the NumPy reference (max |err| {err:.3g}); "
+                         "not timing a wrong kernel")
+
+
+# ---- heads ---------------------------------------------------------------------------
+
+def prefill_arm(cp, cache, q, kernel=None):
+    """(arm, out, kernel): the prefill of the last PREFILL_ROWS rows, bound once."""
+    G = q.shape[1] // HK
+    k, fn = cache.kernels.get("prefill", G) if kernel is None else kernel
+    out = cp.full(q.shape, np.nan, cp.float32)
+    b = fn(q, cache.k, cache.v, *cache.shadows, out, pos0=SEQ - PREFILL_ROWS,
+           **cache._shadow_args)
+    return replay([(fn, b)]), out, k
+
+
+def prefill_reference(cache, host, q, k, rows: int = 4):
+    """The reference for the last ``rows`` query rows of the prefill."""
+    from kgen import numpy_ref as ref
+
+    sink, win = cache.sink, cache.win
+    pos0 = SEQ - PREFILL_ROWS
+    floor = (ref.prefill_live_floor(pos0, PREFILL_ROWS, cache.RING_ROWS)
+             if k.ring_floor.value == "batch" else None)
+    k_round = ((lambda x: x.astype(np.float16).astype(np.float32))
+               if k.k_stage.value == "shared_f16" else None)
+    qq = q[-rows:]
+    if k.q_stage.value == "f16":
+        qq = qq.astype(np.float16).astype(np.float32)
+    return ref.prefill_attention_cache(qq, host, q.shape[1] // HK, SEQ - rows, sink, win, 0, 0,
+                                       1 / math.sqrt(q.shape[-1]), floor, tile=k.tile_keys,
+                                       k_round=k_round)
+
+
+def decode_arm(cp, cache, q1):
+    """(arm, out, kernel): split decode over SEQ keys + combine, host plan, bound once."""
+    from kgen.runtime.plan import decode_plan
+
+    G = q1.shape[0] // HK
+    kd, fdec = cache.kernels.get("decode", G)
+    _, fcomb = cache.kernels.get("combine")
+    plan = decode_plan(SEQ, KPS, CAP, kd.tile_keys)
+    m, l, acc = cache.scratch.get(q1.shape[0], plan.n_splits, cache.head_dim)
+    out = cp.full(q1.shape, np.nan, cp.float32)
+    b1 = fdec(q1, cache.k, cache.v, *cache.shadows, m, l, acc, seq_len=SEQ,
+              n_splits=plan.n_splits, split_len=plan.split_len, **cache._shadow_args)
+    b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
+    return replay([(fdec, b1), (fcomb, b2)]), out, kd
+
+
+def heads_table(cp, g) -> list[dict]:
+    from kgen import numpy_ref as ref
+    from kgen.formats import FORMATS
+    from kgen.testgen import MODEL_HEAD_DIMS
+
+    rows = []
+    for hd in MODEL_HEAD_DIMS:
+        for kv, fmt in FORMATS.items():
+            if not fmt.accepts_head_dim(hd):
+                continue
+            cache, host = filled_cache(cp, g, kv, hd)
+            q = cp.asarray(g.standard_normal((PREFILL_ROWS, H, hd), dtype=np.float32))
+            q1 = cp.asarray(g.standard_normal((H, hd), dtype=np.float32))
+            pre, out, kp = prefill_arm(cp, cache, q)
+            dec, out1, kd = decode_arm(cp, cache, q1)
+            pre(), dec()
+            cp.cuda.runtime.deviceSynchronize()
+            _check(f"{kp.name} hd{hd}", out.get()[-4:], prefill_reference(cache, host,
+                                                                       q.get(), kp))
+            kr, vr = ref.read_kv_rows(host, SEQ - 1, cache.sink, cache.win)
+            want = ref.decode_attention(q1.get(), kr, vr, H // HK, SEQ, KPS, CAP, 0, 0,
+                                        1 / math.sqrt(hd), tile=kd.tile_keys)
+            _check(f"{kd.name} hd{hd}", out1.get(), want)
+            t = bench(cp, {"prefill": pre, "decode": dec})
+            cache_bytes = 2 * HK * SEQ * fmt.row_bytes(hd)
+            rows.append({"head_dim": hd, "kv": kv, "prefill_kernel": kp.name,
+                         "decode_kernel": kd.name, "prefill_us": t["prefill"] * 1e3,
+                         "decode_us": t["decode"] * 1e3,
+                         "decode_GBps": cache_bytes / (t["decode"] * 1e-3) / 1e9})
+            del cache, host
+    return rows
+
+
+# ---- prefill variants at the reference shape ------------------------------------------
+
+def variants_table(cp, g) -> list[dict]:
+    from kgen.formats import FORMATS
+    from kgen.runtime.bind import shape_refusal
+    from kgen.runtime.select import generated
+    from kgen.spec.axes import Mode, Op
+
+    hd, out_rows = 256, []
+    for kv in FORMATS:
+        cache, host = filled_cache(cp, g, kv, hd)
+        q = cp.asarray(g.standard_normal((PREFILL_ROWS, H, hd), dtype=np.float32))
+        chosen = cache.kernels.get("prefill", H // HK)[0].name
+        same = [(k, f) for k, f in generated() if k.op is Op.FLASH and k.mode is Mode.PREFILL
+                and k.kv.value == kv and shape_refusal(k, hd, H // HK) is None
+                and (not cache.fmt.shadows or (k.ring_rows, k.sink_rows) ==
+                     (cache.RING_ROWS, cache.SINK_ROWS))]
+        arms = {}
+        for k, f in same:
+            arm, out, _ = prefill_arm(cp, cache, q, (k, f))
+            arm()
+            cp.cuda.runtime.deviceSynchronize()
+            lossy = k.k_stage.value == "shared_f16" or k.q_stage.value == "f16"
+            _check(f"{k.name}", out.get()[-4:], prefill_reference(cache, host, q.get(), k),
+                   *((2e-2, 2e-3) if lossy else (RTOL, ATOL)))
+            arms[k.name] = arm
+        t = bench(cp, arms)
+        for name, ms in t.items():
+            out_rows.append({"kv": kv, "kernel": name, "us": ms * 1e3,
+                             "ratio": t[chosen] / ms, "chosen": name == chosen})
+    return out_rows
+
+
+# ---- launch overhead ---------------------------------------------------------------
+
+def launch_table(cp, g) -> list[dict]:
+    """Host time per decode step at head_dim 256, f32, SEQ keys: each arm is called
+    N times back to back, the wall time divided by N (the GPU time of the same step
+    measured with events beside it)."""
+    from kgen.runtime.plan import decode_plan
+
+    hd, n = 256, 200
+    cache, _ = filled_cache(cp, g, "f32", hd)
+    q1 = cp.asarray(g.standard_normal((H, hd), dtype=np.float32))
+    k1 = cp.asarray(g.standard_normal((1, HK, hd), dtype=np.float32))
+    kd, fdec = cache.kernels.get("decode", H // HK)
+    plan = decode_plan(SEQ, KPS, CAP, kd.tile_keys)
+    m, l, acc = cache.scratch.get(H, plan.n_splits, hd)
+    b = fdec(q1, cache.k, cache.v, m, l, acc, seq_len=SEQ, n_splits=plan.n_splits,
+             split_len=plan.split_len)
+    raw_f = _function(fdec, b.kernel)
+
+    def raw():
+        raw_f(b.grid, b.block, b.args, shared_mem=b.shared_bytes)
+
+    def launcher():
+        fdec(q1, cache.k, cache.v, m, l, acc, seq_len=SEQ, n_splits=plan.n_splits,
+             split_len=plan.split_len)
+
+    def step():
+        cache.length = 0
+        cache.decode(q1, k1, k1, pos=SEQ - 1, kps=KPS, splits_cap=CAP)
+
+    pos = cp.asarray([SEQ - 1], cp.int32)
+    out = cp.empty((H, hd), cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cache.decode_device(q1, k1, k1, pos, kps=KPS, splits_cap=CAP, out=out)
+    with stream:
+        stream.begin_capture()
+        cache.decode_device(q1, k1, k1, pos, kps=KPS, splits_cap=CAP, out=out,
+                            validate_pos=False, stream=stream)
+        graph = stream.end_capture()
+
+    def graphed():
+        graph.launch(stream)
+
+    rows = []
+    for name, fn, sync in (("raw CuPy launch (split kernel)", raw, None),
+                           ("kgen launcher (split kernel)", launcher, None),
+                           ("KVCache.decode (3 launches)", step, None),
+                           ("CUDA graph of decode_device", graphed, stream)):
+        for _ in range(5):
+            fn()
+        cp.cuda.runtime.deviceSynchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        host_us = (time.perf_counter() - t0) / n * 1e6
+        (sync or cp.cuda.get_current_stream()).synchronize()
+        cp.cuda.runtime.deviceSynchronize()
+        wall_us = (time.perf_counter() - t0) / n * 1e6
+        gpu_us = _time(cp, fn, 20) * 1e3 if sync is None else float("nan")
+        rows.append({"arm": name, "host_us": host_us, "wall_us": wall_us, "gpu_us": gpu_us})
+    return rows
+
+
+# ---- output ------------------------------------------------------------------------
+
+def charts(out: Path, record: dict) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    made = []
+    heads = record["heads"]
+    for metric, label in (("prefill_us", "prefill µs (128 rows, 4k context)"),
+                          ("decode_GBps", "decode GB/s of KV cache read (4k context)")):
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for kv in sorted({r["kv"] for r in heads}):
+            pts = [(r["head_dim"], r[metric]) for r in heads if r["kv"] == kv]
+            ax.plot(*zip(*pts, strict=True), marker="o", label=kv)
+        ax.set_xlabel("head_dim")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} on {record['device']}")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        path = out / f"heads_{metric}.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        made.append(str(path))
+    return made
+
+
 def main() -> int:
     import cupy as cp
 
     from kgen.runtime.package import ensure_kgen_kernels
 
     ensure_kgen_kernels()
-    import kgen_kernels as kk
-
-    from kgen.runtime.kv import KVCache
-
-    g = np.random.default_rng()
-    hk, H, hd = 2, 16, 256  # kv_groups 8, head_dim 256: the reference's shipped shape
-    n, pos0, sink, win = 128, 896, 4, 128
-    cache = KVCache(hk, hd, pos0 + n, kv="q4", sink=sink, win=win)
-    for lo in range(0, pos0 + n, 128):
-        rows = g.standard_normal((128, hk, hd), dtype=np.float32)
-        cache.append(cp.asarray(rows), cp.asarray(rows * 0.5), pos0=lo)
-    q = cp.asarray(g.standard_normal((n, H, hd), dtype=np.float32))
-    outs = {k: cp.full((n, H, hd), np.nan, cp.float32) for k in PREFILL}
-    shadows = (cache.k_sink, cache.v_sink, cache.k_win, cache.v_win)
-    arms = {k: (lambda k=k: [(kk.attn_prefill.PTX, getattr(kk, k)(
-        q, cache.k, cache.v, *shadows, outs[k], pos0=pos0, sink=sink, win=win))])
-        for k in PREFILL}
-    prefill = _bench(cp, arms)
-    base = outs[PREFILL[0]].get()
-    for k in BIT_EXACT:
-        if not np.array_equal(outs[k].get().view(np.uint32), base.view(np.uint32)):
-            print(f"bench: {k} is not bit-exact with {PREFILL[0]}", file=sys.stderr)
-            return 1
-
-    seq = 4096
-    f32 = KVCache(hk, hd, seq, kv="f32")
-    q4 = KVCache(hk, hd, seq, kv="q4", sink=sink, win=win)
-    for c in (f32, q4):
-        for lo in range(0, seq, 256):
-            rows = cp.asarray(g.standard_normal((256, hk, hd), dtype=np.float32))
-            c.append(rows, rows, pos0=lo)
-    q1 = cp.asarray(g.standard_normal((H, hd), dtype=np.float32))
-    pos = cp.asarray([seq - 1], cp.int32)
-    out1 = cp.empty((H, hd), cp.float32)
-    decode = _bench(cp, {
-        "decode f32 (host plan)": lambda: _decode(kk, f32, q1, seq, out1),
-        "decode q4 (host plan)": lambda: _decode(kk, q4, q1, seq, out1),
-        "decode q4 (device pos)": lambda: _decode_dev(kk, q4, q1, pos, out1),
-    })
-
+    g = np.random.default_rng(int(os.environ.get("KGEN_BENCH_SEED", "0")) or None)
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
-    print(f"kernel benchmark on {dev['name'].decode()}: {ROUNDS} interleaved rounds x {BURST} "
-          f"launches, medians")
-    print(f"prefill: n={n} rows at pos0={pos0}, kv_groups {H // hk}, head_dim {hd}, q4 cache "
-          f"(sink {sink}, win {win})")
-    for k, t in prefill.items():
-        print(f"  {k:<32} {t * 1e3:8.1f} us   {prefill[PREFILL[0]] / t:5.2f}x vs q4")
-    print(f"decode: seq_len {seq}, kps 256, splits_cap 16 (split kernel + combine)")
-    ref = decode["decode q4 (host plan)"]
-    for k, t in decode.items():
-        print(f"  {k:<32} {t * 1e3:8.1f} us   {ref / t:5.2f}x vs q4")
+    record = {"device": dev["name"].decode(), "rounds": ROUNDS, "burst": BURST,
+              "shape": {"n_head": H, "n_head_kv": HK, "seq": SEQ, "prefill_rows": PREFILL_ROWS,
+                        "kps": KPS, "splits_cap": CAP}}
+    sections = (("heads", heads_table), ("variants", variants_table), ("launch", launch_table))
+    only = set(filter(None, os.environ.get("KGEN_BENCH_ONLY", "").split(",")))
+    for name, fn in sections:
+        if not only or name in only:
+            record[name] = fn(cp, g)
+    print(f"kernel benchmark on {record['device']}: {ROUNDS} interleaved rounds x {BURST} "
+          "launches, medians; every kernel checked against the NumPy reference first")
+    if "heads" in record:
+        print(f"\nheads: prefill {PREFILL_ROWS} rows at the end of a {SEQ}-key context, decode "
+              f"at {SEQ} keys (kps {KPS}, cap {CAP}); {H} q heads, {HK} kv heads")
+        print(f"  {'hd':>4} {'kv':<5} {'prefill kernel':<22} {'us':>9} {'decode kernel':<24} "
+              f"{'us':>8} {'GB/s':>7}")
+        for r in record["heads"]:
+            print(f"  {r['head_dim']:>4} {r['kv']:<5} {r['prefill_kernel']:<22} "
+                  f"{r['prefill_us']:9.1f} {r['decode_kernel']:<24} {r['decode_us']:8.1f} "
+                  f"{r['decode_GBps']:7.1f}")
+    if "variants" in record:
+        print("\nvariants: prefill at head_dim 256, ratio = chosen kernel's time / variant's")
+        for r in record["variants"]:
+            mark = " (chosen)" if r["chosen"] else ""
+            print(f"  {r['kv']:<5} {r['kernel']:<32} {r['us']:9.1f} us  {r['ratio']:5.2f}x{mark}")
+    if "launch" in record:
+        print("\nlaunch: one f32 decode step at head_dim 256, 4k context (host and wall µs "
+              "per call)")
+        for r in record["launch"]:
+            print(f"  {r['arm']:<34} host {r['host_us']:8.1f}  wall {r['wall_us']:8.1f}  "
+                  f"gpu {r['gpu_us']:8.1f}")
+    out = Path(os.environ.get("KGEN_BENCH_OUT", "bench-out"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(json.dumps(record, indent=1) + "\n")
+    made = charts(out, record) if "heads" in record else []
+    print(f"\nwrote {out / 'kernels.json'}" + (f" and {', '.join(made)}" if made else
+                                                 " (matplotlib not importable: no charts)"))
     return 0
-
-
-def _decode(kk, c, q1, seq, out):
-    """Split kernel + combine with the host plan."""
-    from kgen.runtime.plan import decode_plan
-
-    plan = decode_plan(seq, 256, 16)
-    m, l, acc = c.scratch.get(q1.shape[0], plan.n_splits, c.head_dim)
-    q4 = c.kv == "q4"
-    shadows = (c.k_sink, c.v_sink, c.k_win, c.v_win) if q4 else ()
-    extra = {"sink": c.sink, "win": c.win} if q4 else {}
-    fn = kk.fc_attn_flash_decode_q4 if q4 else kk.fc_attn_flash_decode
-    ptx = kk.attn_decode.PTX
-    return [(ptx, fn(q1, c.k, c.v, *shadows, m, l, acc, seq_len=seq, n_splits=plan.n_splits,
-                     split_len=plan.split_len, **extra)),
-            (ptx, kk.fc_attn_flash_decode_combine(m, l, acc, out, n_splits=plan.n_splits))]
-
-
-def _decode_dev(kk, c, q1, pos, out):
-    """The graph-capturable form: plan recomputed on the device from pos[0]."""
-    m, l, acc = c.scratch.get(q1.shape[0], 16, c.head_dim)
-    ptx = kk.attn_decode.PTX
-    return [(ptx, kk.fc_attn_flash_decode_q4_dev(
-                q1, c.k, c.v, c.k_sink, c.v_sink, c.k_win, c.v_win, m, l, acc, pos, kps=256,
-                splits_cap=16, sink=c.sink, win=c.win, validate_pos=False)),
-            (ptx, kk.fc_attn_flash_decode_combine_dev(m, l, acc, out, pos, kps=256,
-                                                      splits_cap=16, validate_pos=False))]
 
 
 if __name__ == "__main__":
