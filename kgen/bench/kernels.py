@@ -87,9 +87,8 @@ def _shadows(fmt) -> tuple[int, int]:
 def filled_cache(cp, g, kv: str, hd: int):
     """A KVCache holding SEQ positions and its host mirror (kgen.numpy_ref)."""
     from kgen import numpy_ref as ref
-    from kgen.runtime.kv import KVCache
-
     from kgen.formats import FORMATS
+    from kgen.runtime.kv import KVCache
 
     sink, win = _shadows(FORMATS[kv])
     cache = KVCache(HK, hd, SEQ, kv=kv, sink=sink, win=win)
