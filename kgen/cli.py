@@ -206,6 +206,18 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
     return 0
 
 
+def cmd_tune(args, settings: Settings, say: Reporter) -> int:
+    """Needs a GPU: search decode plans and variants, check each, store the fastest."""
+    from kgen import tune
+
+    def ints(text: str) -> list[int]:
+        return [int(x) for x in text.split(",") if x]
+
+    tune.main(args.kv.split(","), ints(args.head_dim), ints(args.groups), ints(args.contexts),
+              say=print)
+    return 0
+
+
 def cmd_show(args, settings: Settings, say: Reporter) -> int:
     from kgen.spec.axes import KEYS
 
@@ -257,6 +269,14 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("specs", nargs="*")
     c.set_defaults(fn=cmd_check)
     sub.add_parser("list", parents=[common], help="list kernels").set_defaults(fn=cmd_list)
+    t = sub.add_parser("tune", parents=[common],
+                       help="on a GPU: choose decode plans and variants per shape class")
+    t.add_argument("--kv", default="f32,q4", help="formats (comma-separated)")
+    t.add_argument("--head-dim", default="128,256", help="head dims (comma-separated)")
+    t.add_argument("--groups", default="8", help="q heads per kv head (comma-separated)")
+    t.add_argument("--contexts", default="4096,32768",
+                   help="context lengths, one shape class each (comma-separated)")
+    t.set_defaults(fn=cmd_tune)
     s = sub.add_parser("show", parents=[common], help="one kernel's resolved axes")
     s.add_argument("kernel")
     s.set_defaults(fn=cmd_show)

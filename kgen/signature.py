@@ -37,7 +37,20 @@ def _position(k: Kernel, host: list[Param]) -> list[Param]:
     return _p("const int *", "pos")
 
 
+_PARAMS: dict[int, tuple[Kernel, tuple[Param, ...]]] = {}
+
+
 def params(k: Kernel) -> tuple[Param, ...]:
+    """The kernel's parameter list (memoised per kernel object: launches ask often)."""
+    hit = _PARAMS.get(id(k))
+    if hit is not None and hit[0] is k:
+        return hit[1]
+    out = _params(k)
+    _PARAMS[id(k)] = (k, out)
+    return out
+
+
+def _params(k: Kernel) -> tuple[Param, ...]:
     out: list[Param] = []
     fmt = k.fmt
     shadows = [s.name for s in fmt.shadow_buffers()]

@@ -38,12 +38,12 @@ KPS, CAP = 256, 16        # the reference engine's decode plan
 RTOL, ATOL = 2e-4, 2e-5
 
 
-def _time(cp, fn, burst: int) -> float:
+def _time(cp, fn, burst: int, stream=None) -> float:
     start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
+    start.record(stream)
     for _ in range(burst):
         fn()
-    stop.record()
+    stop.record(stream)
     stop.synchronize()
     return cp.cuda.get_elapsed_time(start, stop) / burst  # ms
 
@@ -84,19 +84,20 @@ def _shadows(fmt) -> tuple[int, int]:
     return (4, 128) if fmt.shadows else (0, 0)
 
 
-def filled_cache(cp, g, kv: str, hd: int):
-    """A KVCache holding SEQ positions and its host mirror (kgen.numpy_ref)."""
+def filled_cache(cp, g, kv: str, hd: int, seq: int = SEQ):
+    """A KVCache holding ``seq`` positions and its host mirror (kgen.numpy_ref)."""
     from kgen import numpy_ref as ref
     from kgen.formats import FORMATS
     from kgen.runtime.kv import KVCache
 
     sink, win = _shadows(FORMATS[kv])
-    cache = KVCache(HK, hd, SEQ, kv=kv, sink=sink, win=win)
-    host = ref.HostCache.empty(cache.fmt, HK, SEQ, hd, cache.RING_ROWS, cache.SINK_ROWS)
+    cache = KVCache(HK, hd, seq, kv=kv, sink=sink, win=win)
+    host = ref.HostCache.empty(cache.fmt, HK, seq, hd, cache.RING_ROWS, cache.SINK_ROWS)
     step = cache.RING_ROWS or 1024
-    for lo in range(0, SEQ, step):
-        kx = g.standard_normal((step, HK, hd), dtype=np.float32)
-        vx = g.standard_normal((step, HK, hd), dtype=np.float32)
+    for lo in range(0, seq, step):
+        n = min(step, seq - lo)
+        kx = g.standard_normal((n, HK, hd), dtype=np.float32)
+        vx = g.standard_normal((n, HK, hd), dtype=np.float32)
         cache.append(cp.asarray(kx), cp.asarray(vx), pos0=lo)
         ref.append(kx, vx, host, lo, sink, win)
     return cache, host
@@ -268,8 +269,8 @@ def launch_table(cp, g) -> list[dict]:
     rows = []
     for name, fn, sync in (("raw CuPy launch (split kernel)", raw, None),
                            ("kgen launcher (split kernel)", launcher, None),
-                           ("KVCache.decode (3 launches)", step, None),
-                           ("CUDA graph of decode_device", graphed, stream)):
+                           ("KVCache.decode (append+split+combine)", step, None),
+                           ("CUDA graph of the same step", graphed, stream)):
         for _ in range(5):
             fn()
         cp.cuda.runtime.deviceSynchronize()
@@ -277,11 +278,17 @@ def launch_table(cp, g) -> list[dict]:
         for _ in range(n):
             fn()
         host_us = (time.perf_counter() - t0) / n * 1e6
-        (sync or cp.cuda.get_current_stream()).synchronize()
         cp.cuda.runtime.deviceSynchronize()
         wall_us = (time.perf_counter() - t0) / n * 1e6
-        gpu_us = _time(cp, fn, 20) * 1e3 if sync is None else float("nan")
+        gpu_us = _time(cp, fn, 20, sync) * 1e3
         rows.append({"arm": name, "host_us": host_us, "wall_us": wall_us, "gpu_us": gpu_us})
+    by = {r["arm"]: r for r in rows}
+    raw_r, lau = by["raw CuPy launch (split kernel)"], by["kgen launcher (split kernel)"]
+    dec, gra = by["KVCache.decode (append+split+combine)"], by["CUDA graph of the same step"]
+    rows.append({"arm": "ratio: launcher host / raw host",
+                 "value": lau["host_us"] / raw_r["host_us"], "goal": 1.2})
+    rows.append({"arm": "ratio: KVCache.decode wall / step GPU time (graph)",
+                 "value": dec["wall_us"] / gra["gpu_us"], "goal": 1.15})
     return rows
 
 
@@ -351,8 +358,11 @@ def main() -> int:
         print("\nlaunch: one f32 decode step at head_dim 256, 4k context (host and wall µs "
               "per call)")
         for r in record["launch"]:
-            print(f"  {r['arm']:<34} host {r['host_us']:8.1f}  wall {r['wall_us']:8.1f}  "
-                  f"gpu {r['gpu_us']:8.1f}")
+            if "value" in r:
+                print(f"  {r['arm']:<52} {r['value']:6.2f}x  (goal <= {r['goal']}x)")
+            else:
+                print(f"  {r['arm']:<38} host {r['host_us']:8.1f}  wall {r['wall_us']:8.1f}  "
+                      f"gpu {r['gpu_us']:8.1f}")
     out = Path(os.environ.get("KGEN_BENCH_OUT", "bench-out"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -50,9 +50,9 @@ def _order(k: Kernel, values: dict) -> tuple[tuple, tuple[str, ...]]:
 
 
 def _grid(c: Checker, grid: tuple[int, int, int]) -> tuple[int, int, int]:
-    c.require(1 <= grid[0] <= TARGET.grid_x_max, "grid", f"grid.x = {grid[0]} out of range")
+    c.require(1 <= grid[0] <= TARGET.grid_x_max, "grid", lambda: f"grid.x = {grid[0]} out of range")
     c.require(grid[1] <= TARGET.grid_yz_max and grid[2] <= TARGET.grid_yz_max, "grid",
-              f"grid {grid} exceeds {TARGET.grid_yz_max} in y or z")
+              lambda: f"grid {grid} exceeds {TARGET.grid_yz_max} in y or z")
     return grid
 
 
@@ -74,11 +74,11 @@ def bind(k: Kernel, a: dict) -> Launch:
 def _head_dim(k: Kernel, c: Checker, hd: int, rows: bool) -> None:
     """A block is head_dim threads; ``rows``: head_dim also lays out cache rows."""
     c.require(TARGET.fits_block(hd), "block size",
-              f"head_dim = {hd}: a block is head_dim threads, at most {TARGET.max_threads}")
+              lambda: f"head_dim = {hd}: a block is head_dim threads, at most {TARGET.max_threads}")
     if rows:
         fmt = k.fmt
         c.require(fmt.accepts_head_dim(hd), "row format",
-                  f"head_dim = {hd} must be a multiple of {fmt.block} (whole {fmt.name} "
+                  lambda: f"head_dim = {hd} must be a multiple of {fmt.block} (whole {fmt.name} "
                   "blocks)")
 
 
@@ -93,7 +93,7 @@ def _cache_arrays(k: Kernel, c: Checker, a: dict, lead: tuple[int, ...], hd: int
     row = fmt.row_width(hd)
     c.shape("k_cache", kc, (*lead, max_seq, row))
     c.shape("v_cache", vc, (*lead, max_seq, row))
-    c.require(1 <= max_seq <= INT_MAX, "max_seq", f"max_seq = {max_seq} out of int range")
+    c.require(1 <= max_seq <= INT_MAX, "max_seq", lambda: f"max_seq = {max_seq} out of int range")
     for s in fmt.shadow_buffers():
         rows = getattr(k, s.rows_key)
         c.array(s.name, a[s.name], np.float16, ndim)
@@ -124,7 +124,7 @@ def _qz_split(k: Kernel, c: Checker, a: dict):
     c.require(total >= 1, "shape", "nothing to split")
     blocks = math.ceil(total / QZ_BLOCK)
     c.require(blocks * QZ_BLOCK <= INT_MAX, "int32 index",
-              f"{total} elements overflow the kernel's int thread index")
+              lambda: f"{total} elements overflow the kernel's int thread index")
     values = dict(qg=qg, q=q, z=z, head_dim=hd, total=total)
     return (blocks, 1, 1), (QZ_BLOCK, 1, 1), 0, values
 
@@ -135,7 +135,7 @@ def check_append_shape(k: Kernel, c: Checker, hd: int) -> None:
     _head_dim(k, c, hd, rows=True)
     if k.fmt.append_staging:
         c.require(hd <= k.max_head_dim, "static staging",
-                  f"head_dim = {hd} exceeds the kernel's shared staging ({k.max_head_dim})")
+                  lambda: f"head_dim = {hd} exceeds the kernel's shared staging ({k.max_head_dim})")
 
 
 def _kv_append(k: Kernel, c: Checker, a: dict):
@@ -152,13 +152,13 @@ def _kv_append(k: Kernel, c: Checker, a: dict):
     _cache_values(k, c, a, values)
     if k.position is Position.HOST:
         pos0 = c.integer("pos0", a["pos0"], 0)
-        c.require(pos0 + n <= INT_MAX, "int32 position", "pos0 + n overflows int")
+        c.require(pos0 + n <= INT_MAX, "int32 position", lambda: "pos0 + n overflows int")
         c.require(n <= max_seq, "ring write race",
-                  f"a batch of {n} rows laps the {max_seq}-row ring inside one launch (two "
+                  lambda: f"a batch of {n} rows laps the {max_seq}-row ring inside one launch (two "
                   "blocks write one row)")
         if not fmt.append_wraps:
             c.require(pos0 + n <= max_seq, "no ring wrap",
-                      f"{fmt.name} rows land at pos0 + t without wrapping: pos0 + n = "
+                      lambda: f"{fmt.name} rows land at pos0 + t without wrapping: pos0 + n = "
                       f"{pos0 + n} > max_seq = {max_seq}")
         values["pos0"] = pos0
     else:
@@ -167,15 +167,15 @@ def _kv_append(k: Kernel, c: Checker, a: dict):
         values["pos"] = a["pos"]
         if k.position is Position.DEVICE:
             c.require(n == 1, "one decode row",
-                      f"the device-position append writes one row per launch (grid.x = 1); "
+                      lambda: f"the device-position append writes one row per launch (grid.x = 1); "
                       f"k_new has {n} rows")
     if values.get("win", 0) > 0:
         # Rows t and t + ring_rows of one batch share a ring slot and are written by
         # different blocks: the slot's final content would be a race.
         c.require(n <= k.ring_rows, "ring write race",
-                  f"a batch of {n} rows with win > 0 laps the {k.ring_rows}-row fp16 window "
-                  "ring inside one launch (two blocks write one slot); append in chunks of "
-                  f"at most {k.ring_rows} rows")
+                  lambda: f"a batch of {n} rows with win > 0 laps the {k.ring_rows}-row "
+                  "fp16 window ring inside one launch (two blocks write one slot); append in "
+                  f"chunks of at most {k.ring_rows} rows")
     grid = (n, n_head_kv, 1)
     return grid, (hd, 1, 1), 0, values
 
@@ -186,14 +186,15 @@ def _positions(k: Kernel, c: Checker, a: dict, count: int, max_seq: int, rows: i
     pos = a["pos"]
     c.array("pos", pos, np.int32, 1)
     c.require(pos.shape[0] >= count, "shape",
-              f"pos has {pos.shape[0]} entries; the launch reads {count}")
+              lambda: f"pos has {pos.shape[0]} entries; the launch reads {count}")
     if not a.get("validate_pos", True):
         return None
     host = np.asarray(pos.get() if hasattr(pos, "get") else pos)[:count]
-    c.require(bool((host >= 0).all()), "position", f"negative position in pos: {host.min()}")
+    c.require(bool((host >= 0).all()), "position",
+              lambda: f"negative position in pos: {host.min()}")
     if not wrap:
         c.require(int(host.max()) + rows <= max_seq, "no ring wrap",
-                  f"position {int(host.max())} + {rows} row(s) exceeds max_seq = {max_seq}")
+                  lambda: f"position {int(host.max())} + {rows} row(s) exceeds max_seq = {max_seq}")
     return host
 
 
@@ -204,40 +205,42 @@ def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
     scored by its own dot lanes."""
     threads = block_threads(k, hd)
     c.require(TARGET.fits_block(threads), "block size",
-              f"head_dim = {hd}: a block is {threads} threads, at most {TARGET.max_threads}")
+              lambda: f"head_dim = {hd}: a block is {threads} threads, at most "
+              f"{TARGET.max_threads}")
     _head_dim(k, c, hd, rows=True)
     if padded(k):
         c.require(hd % k.dot_lanes == 0, "dot chunks",
-                  f"head_dim = {hd}: each of the {k.dot_lanes} dot lanes takes whole chunks "
-                  f"(head_dim % {k.dot_lanes} == 0)")
+                  lambda: f"head_dim = {hd}: each of the {k.dot_lanes} dot lanes takes "
+                  f"whole chunks (head_dim % {k.dot_lanes} == 0)")
     else:
         c.require(hd % TARGET.warp == 0, "whole warps",
-                  f"head_dim = {hd}: the dot shuffles use full-warp masks, so a block must be "
-                  f"whole warps (head_dim % {TARGET.warp} == 0; threads = warps pads it)")
+                  lambda: f"head_dim = {hd}: the dot shuffles use full-warp masks, so a "
+                  f"block must be whole warps (head_dim % {TARGET.warp} == 0; threads = warps "
+                  "pads it)")
     tt = tile_threads(k)
     c.require(threads >= tt, "every key scored",
-              f"head_dim = {hd}: {threads} threads < tile_keys * dot_lanes = {tt}: thread "
+              lambda: f"head_dim = {hd}: {threads} threads < tile_keys * dot_lanes = {tt}: thread "
               f"ky = tid / {k.dot_lanes} scores key ky, so keys {threads // k.dot_lanes}.."
               f"{k.tile_keys - 1} of each tile would keep stale scores")
     if k.k_stage is KStage.REGISTERS:
         c.require(hd <= k.kreg_max_chunk * k.dot_lanes, "register K chunk",
-                  f"head_dim = {hd} > kreg_max_chunk * dot_lanes = "
+                  lambda: f"head_dim = {hd} > kreg_max_chunk * dot_lanes = "
                   f"{k.kreg_max_chunk * k.dot_lanes}: K would not fit the register chunk")
     if k.v_stage is VStage.SHARED_Q4:
         c.require(hd == tt, "shared-V shape",
-                  f"the shared-V tile is sized for head_dim = {tt}, not {hd}")
+                  lambda: f"the shared-V tile is sized for head_dim = {tt}, not {hd}")
 
 
 def check_flash_groups(k: Kernel, c: Checker, G: int, hd: int) -> int:
     """kv_groups within the compile-time bound, and the shared memory it needs fits;
     returns that many bytes."""
     c.require(1 <= G <= k.max_groups, "kv_groups",
-              f"kv_groups = {G} exceeds the compile-time bound max_groups = {k.max_groups}")
+              lambda: f"kv_groups = {G} exceeds the compile-time bound max_groups = {k.max_groups}")
     smem = flash_shared_bytes(k, G, hd)
     limit = TARGET.shared_per_block
     c.require(smem <= limit, "shared memory",
-              f"needs {smem} bytes of shared memory (kv_groups {G}, head_dim {hd}); a block "
-              f"may use {limit}")
+              lambda: f"needs {smem} bytes of shared memory (kv_groups {G}, head_dim "
+              f"{hd}); a block may use {limit}")
     return smem
 
 
@@ -275,7 +278,7 @@ def _flash(k: Kernel, c: Checker, a: dict):
 
     check_flash_shape(k, c, hd)
     c.require(n_head_kv >= 1 and n_head % n_head_kv == 0, "GQA",
-              f"n_head = {n_head} is not a multiple of n_head_kv = {n_head_kv}")
+              lambda: f"n_head = {n_head} is not a multiple of n_head_kv = {n_head_kv}")
     G = n_head // n_head_kv
     smem = check_flash_groups(k, c, G, hd)
 
@@ -286,7 +289,7 @@ def _flash(k: Kernel, c: Checker, a: dict):
     values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0))
     scale = a.get("scale")
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
-    c.require(math.isfinite(scale), "scale", f"scale must be finite, not {scale}")
+    c.require(math.isfinite(scale), "scale", lambda: f"scale must be finite, not {scale}")
     values["scale"] = scale
 
     if prefill:
@@ -296,7 +299,7 @@ def _flash(k: Kernel, c: Checker, a: dict):
         c.shape("out", out, (n, n_head, hd))
         pos0 = c.integer("pos0", a["pos0"], 0)
         c.require(pos0 + n <= max_seq, "no ring wrap",
-                  f"query rows read cache rows [0, pos0 + n) = [0, {pos0 + n}) without "
+                  lambda: f"query rows read cache rows [0, pos0 + n) = [0, {pos0 + n}) without "
                   f"wrapping; max_seq = {max_seq}")
         values.update(out=out, pos0=pos0)
         return (n, n_head_kv, 1), (block_threads(k, hd), 1, 1), smem, values
@@ -307,9 +310,9 @@ def _flash(k: Kernel, c: Checker, a: dict):
         n_splits = c.integer("n_splits", a["n_splits"], 1)
         split_len = c.integer("split_len", a["split_len"], 1)
         c.require(split_len % k.tile_keys == 0, "split plan",
-                  f"split_len = {split_len} must be whole tiles of {k.tile_keys}")
+                  lambda: f"split_len = {split_len} must be whole tiles of {k.tile_keys}")
         c.require(n_splits == -(-seq_len // split_len), "split plan",
-                  f"n_splits = {n_splits} does not cover seq_len = {seq_len} in splits of "
+                  lambda: f"n_splits = {n_splits} does not cover seq_len = {seq_len} in splits of "
                   f"{split_len} (expected {-(-seq_len // split_len)})")
         width = n_splits
         grid = (n_splits, n_head_kv, 1)
@@ -328,7 +331,7 @@ def _flash(k: Kernel, c: Checker, a: dict):
                 need = max(decode_plan(int(p) + 1, kps, cap, k.tile_keys).n_splits
                            for p in host)
                 c.require(width >= need, "slot plan coverage",
-                          f"launch_splits = {width} < {need}, the longest slot's plan: its "
+                          lambda: f"launch_splits = {width} < {need}, the longest slot's plan: its "
                           "later splits would never be computed")
             grid = (width, n_head_kv, lead_q[0])
         else:
@@ -339,10 +342,10 @@ def _flash(k: Kernel, c: Checker, a: dict):
         c.array(name, a[name], np.float32)
     # Partials are strided by the live split count; size them for the widest.
     c.require(a["m_out"].size >= heads * width and a["l_out"].size >= heads * width,
-              "partials size", f"m_out/l_out need {heads * width} floats "
+              "partials size", lambda: f"m_out/l_out need {heads * width} floats "
               f"({heads} heads x {width} splits)")
     c.require(a["acc_out"].size >= heads * width * hd, "partials size",
-              f"acc_out needs {heads * width * hd} floats")
+              lambda: f"acc_out needs {heads * width * hd} floats")
     values.update(m_out=a["m_out"], l_out=a["l_out"], acc_out=a["acc_out"])
     return grid, (block_threads(k, hd), 1, 1), smem, values
 
@@ -368,7 +371,7 @@ def _combine(k: Kernel, c: Checker, a: dict):
         if host is not None:  # the live plan: partials are strided by its n_splits
             width = decode_plan(int(host[0]) + 1, values["kps"], width, k.tile_keys).n_splits
     c.require(a["m_in"].size >= heads * width and a["l_in"].size >= heads * width,
-              "partials size", f"m_in/l_in need {heads * width} floats")
+              "partials size", lambda: f"m_in/l_in need {heads * width} floats")
     c.require(a["acc_in"].size >= heads * width * hd, "partials size",
-              f"acc_in needs {heads * width * hd} floats")
+              lambda: f"acc_in needs {heads * width * hd} floats")
     return (heads, 1, 1), (hd, 1, 1), 0, values

@@ -20,34 +20,39 @@ class Checker:
     def __init__(self, kernel: str):
         self.kernel = kernel
 
-    def require(self, ok: bool, contract: str, message: str) -> None:
+    def require(self, ok: bool, contract: str, message) -> None:
+        """``message``: the text, or a callable making it (formatted only on failure:
+        a launch checks dozens of contracts, and formatting them all costs more than
+        the launch)."""
         if not ok:
-            raise ContractError(self.kernel, contract, message)
+            raise ContractError(self.kernel, contract, message() if callable(message)
+                                else message)
 
     def array(self, name: str, a, dtype, ndim: int | None = None) -> None:
         """dtype, C-contiguity and rank of one array argument."""
         self.require(hasattr(a, "shape") and hasattr(a, "dtype"), "array",
-                     f"{name} must be an array, not {type(a).__name__}")
-        self.require(a.dtype == np.dtype(dtype), "dtype",
-                     f"{name} must be {np.dtype(dtype).name}, not {a.dtype}")
+                     lambda: f"{name} must be an array, not {type(a).__name__}")
+        self.require(a.dtype == dtype, "dtype",
+                     lambda: f"{name} must be {np.dtype(dtype).name}, not {a.dtype}")
         if ndim is not None:
             self.require(a.ndim == ndim, "shape",
-                         f"{name} must have {ndim} dimensions, not shape {tuple(a.shape)}")
+                         lambda: f"{name} must have {ndim} dimensions, not shape "
+                         f"{tuple(a.shape)}")
         flags = getattr(a, "flags", None)
         self.require(flags is None or bool(flags.c_contiguous), "contiguous",
-                     f"{name} must be C-contiguous")
+                     lambda: f"{name} must be C-contiguous")
 
     def shape(self, name: str, a, expected: tuple[int, ...]) -> None:
         self.require(tuple(a.shape) == tuple(expected), "shape",
-                     f"{name} has shape {tuple(a.shape)}; expected {tuple(expected)}")
+                     lambda: f"{name} has shape {tuple(a.shape)}; expected {tuple(expected)}")
 
     def integer(self, name: str, v, lo: int | None = None, hi: int | None = None,
                 contract: str = "range") -> int:
         self.require(isinstance(v, int | np.integer) and not isinstance(v, bool), "type",
-                     f"{name} must be an integer, not {v!r}")
+                     lambda: f"{name} must be an integer, not {v!r}")
         v = int(v)
         if lo is not None:
-            self.require(v >= lo, contract, f"{name} = {v} is below {lo}")
+            self.require(v >= lo, contract, lambda: f"{name} = {v} is below {lo}")
         if hi is not None:
-            self.require(v <= hi, contract, f"{name} = {v} exceeds {hi}")
+            self.require(v <= hi, contract, lambda: f"{name} = {v} exceeds {hi}")
         return v

@@ -78,7 +78,8 @@ class _Kernels:
         if unknown:
             raise ContractError("KVCache", "variant", f"unknown role(s) {sorted(unknown)}; "
                                 f"roles are {sorted(ROLES)}")
-        self._chosen: dict[tuple[str, int], tuple] = {}
+        self._chosen: dict[tuple[str, int, int | None], tuple] = {}
+        self._pinned: set[tuple[str, int, int | None]] = set()
         self.layout = self.get("append")[0]  # fixes ring_rows / sink_rows
 
     def _same_layout(self, k) -> bool:
@@ -86,16 +87,48 @@ class _Kernels:
             return True
         return (k.ring_rows, k.sink_rows) == (self.layout.ring_rows, self.layout.sink_rows)
 
+    def prefer(self, role: str, kernel: str, groups: int) -> None:
+        """Use ``kernel`` for ``role`` (and its device-position sibling for the
+        device form) unless the caller named variants; ignored if it cannot serve."""
+        if role in self.variants or (role, groups, None) in self._pinned:
+            return
+        from kgen.runtime.select import generated, sibling
+
+        try:
+            self._chosen[(role, groups, None)] = find(
+                self._role(role), self.head_dim, groups, kernel, self._same_layout)
+            sib = sibling(kernel, Position.DEVICE, generated())
+            if sib is not None and "decode_dev" not in self.variants:
+                self._chosen[("decode_dev", groups, None)] = find(
+                    self._role("decode_dev"), self.head_dim, groups, sib, self._same_layout)
+        except ContractError:
+            pass
+        self._pinned.add((role, groups, None))
+
+    def _role(self, role: str) -> Role:
+        base = ROLES[role]
+        return Role(base.op, base.position, base.mode,
+                    self.kv if base.op in (Op.FLASH, Op.KV_APPEND) else None)
+
+    def has(self, *roles: str, groups: int = 1) -> bool:
+        """Whether every role can be served (the device combine at the decode's tile)."""
+        try:
+            tile = None
+            for role in roles:
+                k, _ = self.get(role, groups, tile if role.startswith("combine") else None)
+                if k.op is Op.FLASH:
+                    tile = k.tile_keys
+        except ContractError:
+            return False
+        return True
+
     def get(self, role: str, groups: int = 1, tile: int | None = None):
         key = (role, groups, tile)
         if key not in self._chosen:
-            base = ROLES[role]
-            r = Role(base.op, base.position, base.mode,
-                     self.kv if base.op in (Op.FLASH, Op.KV_APPEND) else None)
-
             def where(k):
                 return self._same_layout(k) and (tile is None or k.tile_keys == tile)
-            self._chosen[key] = find(r, self.head_dim, groups, self.variants.get(role), where)
+            self._chosen[key] = find(self._role(role), self.head_dim, groups,
+                                     self.variants.get(role), where)
         return self._chosen[key]
 
 
@@ -127,6 +160,8 @@ class KVCache:
         self.sink, self.win = self._shadow_counts(sink, win)
         self.length = 0  # positions [0, length) hold keys
         self.scratch = _Scratch()
+        self._pos = None  # device copy of decode's position (the device-position path)
+        self.last_plan: tuple[int, int, str] | None = None  # (kps, cap, given/tuned/default)
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
             self.k, self.v, *shadows = buffers
         else:
@@ -244,19 +279,56 @@ class KVCache:
         self._check_rows("v_new", v_new, 1)
         return self._groups(q)
 
-    def decode(self, q, k_new, v_new, pos: int, kps: int = 256, splits_cap: int = 16,
-               attn_sink: int = 0, attn_win: int = 0, scale: float | None = None,
-               stream=None):
+    def decode(self, q, k_new, v_new, pos: int, kps: int | None = None,
+               splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
+               scale: float | None = None, stream=None):
         """Append the token at ``pos``, then split decode + combine; returns [n_head, hd].
-        Everything is checked before the row is appended."""
-        cp = _cp()
+        Everything is checked on the host before the row is appended. Where the
+        format has device-position kernels, the step runs through them with the
+        position staged in device memory: every launch argument is then the same
+        from step to step, so each launch replays a remembered binding (the host
+        plan and the device plan are one formula: the results are bit-identical).
+
+        With no plan given, a plan and variant tuned for this GPU (`kgen tune`) are
+        used when one is stored for the shape class, else kps 256 and 16 splits."""
         G = self._check_decode(q, k_new, v_new)
         self._check_span(pos, 1)
         attn = self._attn_args(attn_sink, attn_win, scale)
+        source = "given"
+        if kps is None and splits_cap is None:
+            kps, splits_cap = self._tuned_plan(G, pos + 1)
+            source = "default" if kps is None else "tuned"
+        kps = _positive("kps", 256 if kps is None else kps)
+        splits_cap = _positive("splits_cap", 16 if splits_cap is None else splits_cap)
+        self.last_plan = (kps, splits_cap, source)
+        if self.kernels.has("decode_dev", "append_dev", "combine_dev", groups=G):
+            cp = _cp()
+            if self._pos is None:
+                self._pos = cp.zeros(1, cp.int32)
+            self._pos.set(np.asarray([pos], np.int32), stream=stream)
+            out = self.decode_device(q, k_new, v_new, self._pos, kps, splits_cap,
+                                     validate_pos=False, stream=stream, **attn)
+            self.length = max(self.length, pos + 1)
+            return out
+        return self._decode_host(q, k_new, v_new, pos, kps, splits_cap, G, attn, stream)
+
+    def _tuned_plan(self, groups: int, seq_len: int) -> tuple[int | None, int | None]:
+        """(kps, splits_cap) stored by `kgen tune`, adopting its variant for decode
+        (and the device-position sibling of that variant) unless variants were named."""
+        from kgen.tune import tuned
+
+        c = tuned(self.kv, self.head_dim, groups, seq_len)
+        if c is None:
+            return None, None
+        self.kernels.prefer("decode", c.kernel, groups)
+        return c.kps, c.splits_cap
+
+    def _decode_host(self, q, k_new, v_new, pos, kps, splits_cap, G, attn, stream):
+        """The host-plan form: split kernel over the live plan + combine."""
+        cp = _cp()
         kdec, fdec = self.kernels.get("decode", G)
         _, fcomb = self.kernels.get("combine")
-        plan = decode_plan(pos + 1, _positive("kps", kps), _positive("splits_cap", splits_cap),
-                           kdec.tile_keys)
+        plan = decode_plan(pos + 1, kps, splits_cap, kdec.tile_keys)
         self.append(k_new, v_new, pos, stream=stream)
         n_head = q.shape[0]
         m, l, acc = self.scratch.get(n_head, plan.n_splits, self.head_dim)

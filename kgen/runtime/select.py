@@ -90,3 +90,21 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
                         f"no generated kernel serves {role} at head_dim {head_dim}, kv_groups "
                         f"{groups}" + (f"; closest: {reasons}" if reasons else
                                        " (none has these axes; add a spec)"))
+
+
+def sibling(name: str, position: Position, kernels: list[tuple[Kernel, Callable]]
+            ) -> str | None:
+    """The kernel with ``name``'s axes but another position form, if one is generated."""
+    from kgen.runtime.spec import axes_of
+
+    mine = next((k for k, _ in kernels if k.name == name), None)
+    if mine is None:
+        return None
+    want = {**axes_of(mine), "position": position.value}
+    want.pop("doc"), want.pop("module")
+    for k, _ in kernels:
+        axes = axes_of(k)
+        axes.pop("doc"), axes.pop("module")
+        if axes == want:
+            return k.name
+    return None

@@ -1,0 +1,195 @@
+"""`kgen tune`: choose the decode plan and variant per shape class on the GPU at
+hand, and remember the choice.
+
+A shape class is (KV format, head_dim, kv_groups, context bucket). For each,
+every generated decode kernel that serves it is run with every candidate plan
+(keys per split x split cap); each candidate's output is first checked against
+the float64 NumPy reference (outputs are reset to NaN between candidates), then
+the survivors are timed in interleaved rounds. The fastest is stored in a JSON
+cache keyed by device name and driver version, each entry carrying the source
+hash of the kernel's module: an entry whose kernel source changed since is
+stale and ignored. ``KVCache.decode`` asks :func:`tuned` when no plan is given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+KPS = (64, 128, 256, 512, 1024)
+CAPS = (16, 32, 64, 128, 256)
+DEFAULT_CONTEXTS = (1024, 4096, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class Choice:
+    kernel: str
+    source_sha256: str
+    kps: int
+    splits_cap: int
+    us: float
+
+
+def bucket(seq_len: int) -> int:
+    """The context bucket a length falls in: the next power of two (at least 1024)."""
+    return max(1024, 1 << max(seq_len - 1, 1).bit_length())
+
+
+def shape_key(kv: str, head_dim: int, groups: int, seq_len: int) -> str:
+    return f"decode/{kv}/hd{head_dim}/g{groups}/ctx{bucket(seq_len)}"
+
+
+def cache_path(device: str, driver: int) -> Path:
+    from kgen.config import Settings
+
+    root = Path(os.environ.get("KGEN_TUNE_DIR") or Path(Settings.load().cache_dir) / "tune")
+    safe = "".join(c if c.isalnum() else "_" for c in device)
+    return root / f"{safe}-driver{driver}.json"
+
+
+def _device() -> tuple[str, int]:
+    import cupy as cp
+
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
+    return props["name"].decode(), cp.cuda.runtime.driverGetVersion()
+
+
+def module_sha(kernel: str) -> str:
+    """The generated source hash of the module holding ``kernel`` (its manifest entry)."""
+    import kgen_kernels
+
+    manifest = json.loads((Path(kgen_kernels.__file__).parent / "manifest.json").read_text())
+    for info in manifest["modules"].values():
+        if kernel in info["kernels"]:
+            return info["source_sha256"]
+    return ""
+
+
+def load(device: str, driver: int) -> dict[str, Choice]:
+    try:
+        raw = json.loads(cache_path(device, driver).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: Choice(**v) for k, v in raw.get("choices", {}).items()}
+
+
+def tuned(kv: str, head_dim: int, groups: int, seq_len: int) -> Choice | None:
+    """The stored choice for this shape class on this GPU and driver, unless stale."""
+    try:
+        device, driver = _device()
+    except Exception:  # no CuPy or no GPU: nothing tuned applies
+        return None
+    key = (device, driver)
+    if key not in _loaded:
+        _loaded[key] = load(device, driver)
+    c = _loaded[key].get(shape_key(kv, head_dim, groups, seq_len))
+    if c is None or c.source_sha256 != module_sha(c.kernel):
+        return None
+    return c
+
+
+_loaded: dict[tuple[str, int], dict[str, Choice]] = {}
+
+
+def _save(device: str, driver: int, choices: dict[str, Choice]) -> Path:
+    import tempfile
+
+    path = cache_path(device, driver)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"device": device, "driver": driver,
+            "choices": {k: asdict(v) for k, v in sorted(choices.items())}}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tune-")
+    with os.fdopen(fd, "w") as f:  # a reader sees the old file or the new one
+        f.write(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    _loaded.pop((device, driver), None)
+    return path
+
+
+def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print) -> Choice:
+    """Check, then time, every (kernel, plan) candidate of one shape class."""
+    from kgen import numpy_ref as ref
+    from kgen.bench.kernels import HK, bench, filled_cache, replay
+    from kgen.runtime.bind import shape_refusal
+    from kgen.runtime.plan import decode_plan
+    from kgen.runtime.select import Role, generated
+    from kgen.spec.axes import Mode, Op, Position
+
+    g = np.random.default_rng(0)
+    cache, host = filled_cache(cp, g, kv, head_dim, seq_len)
+    H = HK * groups
+    q1 = cp.asarray(g.standard_normal((H, head_dim), dtype=np.float32))
+    kr, vr = ref.read_kv_rows(host, seq_len - 1, cache.sink, cache.win)
+    role = Role(Op.FLASH, Position.HOST, Mode.DECODE, kv)
+    _, fcomb = cache.kernels.get("combine")
+    arms, meta = {}, {}
+    for k, fdec in generated():
+        if not role.matches(k) or shape_refusal(k, head_dim, groups) is not None:
+            continue
+        if cache.fmt.shadows and (k.ring_rows, k.sink_rows) != (cache.RING_ROWS,
+                                                                cache.SINK_ROWS):
+            continue
+        want = ref.decode_attention(q1.get(), kr, vr, groups, seq_len, 1, 1, 0, 0,
+                                    1 / math.sqrt(head_dim), tile=k.tile_keys)
+        seen = set()
+        for kps in KPS:
+            for cap in CAPS:
+                plan = decode_plan(seq_len, kps, cap, k.tile_keys)
+                if (plan.n_splits, plan.split_len) in seen:
+                    continue  # another (kps, cap) already gives this plan
+                seen.add((plan.n_splits, plan.split_len))
+                m = cp.full(H * plan.n_splits, np.nan, cp.float32)
+                l = cp.full(H * plan.n_splits, np.nan, cp.float32)  # noqa: E741
+                acc = cp.full(H * plan.n_splits * head_dim, np.nan, cp.float32)
+                out = cp.full((H, head_dim), np.nan, cp.float32)
+                b1 = fdec(q1, cache.k, cache.v, *cache.shadows, m, l, acc, seq_len=seq_len,
+                          n_splits=plan.n_splits, split_len=plan.split_len,
+                          **cache._shadow_args)
+                b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
+                got = out.get()
+                if np.isnan(got).any() or not np.allclose(got, want, rtol=2e-4, atol=2e-5):
+                    say(f"  {k.name} kps {kps} cap {cap}: wrong output, not timed")
+                    continue
+                name = f"{k.name}/{kps}/{cap}"
+                arms[name] = replay([(fdec, b1), (fcomb, b2)])
+                meta[name] = (k.name, kps, cap)
+    if not arms:
+        raise SystemExit(f"tune: nothing serves decode kv={kv} head_dim={head_dim} "
+                         f"groups={groups}")
+    times = bench(cp, arms)
+    best = min(times, key=times.get)
+    name, kps, cap = meta[best]
+    default = f"{cache.kernels.get('decode', groups)[0].name}/256/16"
+    base = times.get(default, float("nan")) * 1e3
+    say(f"  {shape_key(kv, head_dim, groups, seq_len)}: {len(arms)} candidates checked; "
+        f"best {name} kps {kps} cap {cap} {times[best] * 1e3:.1f} us (default kernel and "
+        f"plan {base:.1f} us)")
+    return Choice(name, module_sha(name), kps, cap, times[best] * 1e3)
+
+
+def main(kvs, head_dims, groups_list, contexts, say=print) -> Path:
+    import cupy as cp
+
+    from kgen.formats import FORMATS
+    from kgen.runtime.package import ensure_kgen_kernels
+
+    ensure_kgen_kernels()
+    device, driver = _device()
+    choices = load(device, driver)
+    say(f"tuning decode on {device} (driver {driver})")
+    for kv in kvs:
+        for hd in head_dims:
+            if not FORMATS[kv].accepts_head_dim(hd):
+                continue
+            for groups in groups_list:
+                for ctx in contexts:
+                    c = tune_class(cp, kv, hd, groups, ctx, say)
+                    choices[shape_key(kv, hd, groups, ctx)] = c
+    path = _save(device, driver, choices)
+    say(f"wrote {path}")
+    return path

@@ -1,0 +1,55 @@
+"""`kgen tune` on the GPU: candidates are checked before they are timed, the
+choice is stored per device and driver, and a new KVCache picks it up."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kgen import numpy_ref as ref
+from kgen.testing import rng
+
+pytestmark = pytest.mark.gpu
+
+
+def test_a_tuned_plan_is_stored_and_used(tmp_path, monkeypatch):
+    import cupy as cp
+
+    from kgen import tune
+    from kgen.runtime.kv import KVCache
+
+    monkeypatch.setenv("KGEN_TUNE_DIR", str(tmp_path))
+    path = tune.main(["f32"], [128], [2], [2048], say=lambda *_: None)
+    device, driver = tune._device()
+    stored = tune.load(device, driver)[tune.shape_key("f32", 128, 2, 2048)]
+    assert stored.source_sha256 == tune.module_sha(stored.kernel) and path.is_file()
+
+    g, seed = rng()
+    hk, hd, n = 2, 128, 1500
+    cache = KVCache(hk, hd, 2048, kv="f32")
+    host = ref.HostCache.empty("f32", hk, 2048, hd)
+    kn, vn = g.standard_normal((n, hk, hd), np.float32), g.standard_normal((n, hk, hd),
+                                                                             np.float32)
+    cache.append(cp.asarray(kn), cp.asarray(vn), pos0=0)
+    ref.append(kn, vn, host, 0)
+    q = g.standard_normal((2 * hk, hd), np.float32)
+    k1, v1 = g.standard_normal((1, hk, hd), np.float32), g.standard_normal((1, hk, hd),
+                                                                         np.float32)
+    out = cache.decode(cp.asarray(q), cp.asarray(k1), cp.asarray(v1), pos=n).get()
+    assert cache.last_plan == (stored.kps, stored.splits_cap, "tuned")
+    assert cache.kernels.get("decode", 2)[0].name == stored.kernel
+    ref.append(k1, v1, host, n)
+    kr, vr = ref.read_kv_rows(host, n)
+    kd = cache.kernels.get("decode", 2)[0]
+    want = ref.decode_attention(q, kr, vr, 2, n + 1, stored.kps, stored.splits_cap, 0, 0,
+                                1 / math.sqrt(hd), tile=kd.tile_keys)
+    np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5, err_msg=f"seed={seed}")
+    # A choice whose kernel source changed is stale and ignored.
+    tune._loaded.clear()
+    monkeypatch.setattr(tune, "module_sha", lambda name: "changed")
+    fresh = KVCache(hk, hd, 2048, kv="f32")
+    fresh.append(cp.asarray(kn), cp.asarray(vn), pos0=0)
+    fresh.decode(cp.asarray(q), cp.asarray(k1), cp.asarray(v1), pos=n)
+    assert fresh.last_plan == (256, 16, "default")
