@@ -127,7 +127,7 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
     kr, vr = ref.read_kv_rows(host, seq_len - 1, cache.sink, cache.win)
     role = Role(Op.FLASH, Position.HOST, Mode.DECODE, kv)
     _, fcomb = cache.kernels.get("combine")
-    arms, meta = {}, {}
+    arms, meta, default = {}, {}, None
     for k, fdec in generated():
         if not role.matches(k) or shape_refusal(k, head_dim, groups) is not None:
             continue
@@ -136,13 +136,13 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
             continue
         want = ref.decode_attention(q1.get(), kr, vr, groups, seq_len, 1, 1, 0, 0,
                                     1 / math.sqrt(head_dim), tile=k.tile_keys)
-        seen = set()
+        seen: dict[tuple[int, int], str] = {}
         for kps in KPS:
             for cap in CAPS:
                 plan = decode_plan(seq_len, kps, cap, k.tile_keys)
                 if (plan.n_splits, plan.split_len) in seen:
                     continue  # another (kps, cap) already gives this plan
-                seen.add((plan.n_splits, plan.split_len))
+                seen[(plan.n_splits, plan.split_len)] = f"{k.name}/{kps}/{cap}"
                 m = cp.full(H * plan.n_splits, np.nan, cp.float32)
                 l = cp.full(H * plan.n_splits, np.nan, cp.float32)  # noqa: E741
                 acc = cp.full(H * plan.n_splits * head_dim, np.nan, cp.float32)
@@ -158,13 +158,15 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
                 name = f"{k.name}/{kps}/{cap}"
                 arms[name] = replay([(fdec, b1), (fcomb, b2)])
                 meta[name] = (k.name, kps, cap)
+        if k.name == cache.kernels.get("decode", groups)[0].name:
+            p = decode_plan(seq_len, 256, 16, k.tile_keys)  # KVCache's untuned plan
+            default = seen.get((p.n_splits, p.split_len))
     if not arms:
         raise SystemExit(f"tune: nothing serves decode kv={kv} head_dim={head_dim} "
                          f"groups={groups}")
     times = bench(cp, arms)
     best = min(times, key=times.get)
     name, kps, cap = meta[best]
-    default = f"{cache.kernels.get('decode', groups)[0].name}/256/16"
     base = times.get(default, float("nan")) * 1e3
     say(f"  {shape_key(kv, head_dim, groups, seq_len)}: {len(arms)} candidates checked; "
         f"best {name} kps {kps} cap {cap} {times[best] * 1e3:.1f} us (default kernel and "

@@ -367,8 +367,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps(record, indent=1) + "\n")
     made = charts(out, record) if "heads" in record else []
-    print(f"\nwrote {out / 'kernels.json'}" + (f" and {', '.join(made)}" if made else
-                                                 " (matplotlib not importable: no charts)"))
+    why = "" if made or "heads" not in record else " (matplotlib not importable: no charts)"
+    print(f"\nwrote {out / 'kernels.json'}" + (f" and {', '.join(made)}" if made else why))
     return 0
 
 
