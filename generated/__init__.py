@@ -8,6 +8,7 @@ kgen_kernels: one launcher per generated kernel. Import a kernel by name,
 
 from . import attn_append
 from . import attn_decode
+from . import attn_engine
 from . import attn_f16
 from . import attn_prefill
 from . import attn_q8_0
@@ -31,6 +32,28 @@ from .attn_decode import (
     fc_attn_flash_decode_slots_q4,
     fc_attn_flash_decode_combine,
     fc_attn_flash_decode_combine_dev,
+)
+from .attn_engine import (
+    ae_f32_prefill,
+    ae_q4_prefill,
+    ae_f16_prefill,
+    ae_q8_0_prefill,
+    ae_f32_prefill_full,
+    ae_f16_prefill_full,
+    ae_f32_decode,
+    ae_f32_decode_dev,
+    ae_f32_decode_slots,
+    ae_q4_decode,
+    ae_q4_decode_dev,
+    ae_q4_decode_slots,
+    ae_f16_decode_host,
+    ae_f16_decode_device,
+    ae_f16_decode_slots,
+    ae_q8_0_decode_host,
+    ae_q8_0_decode_device,
+    ae_q8_0_decode_slots,
+    ae_combine,
+    ae_combine_dev,
 )
 from .attn_f16 import (
     attn_f16_append_host,
@@ -127,6 +150,7 @@ from .heads_prefill import (
 MODULES = {
     "attn_append": attn_append,
     "attn_decode": attn_decode,
+    "attn_engine": attn_engine,
     "attn_f16": attn_f16,
     "attn_prefill": attn_prefill,
     "attn_q8_0": attn_q8_0,
@@ -153,6 +177,27 @@ __all__ = [
     "fc_attn_flash_decode_slots_q4",
     "fc_attn_flash_decode_combine",
     "fc_attn_flash_decode_combine_dev",
+    "attn_engine",
+    "ae_f32_prefill",
+    "ae_q4_prefill",
+    "ae_f16_prefill",
+    "ae_q8_0_prefill",
+    "ae_f32_prefill_full",
+    "ae_f16_prefill_full",
+    "ae_f32_decode",
+    "ae_f32_decode_dev",
+    "ae_f32_decode_slots",
+    "ae_q4_decode",
+    "ae_q4_decode_dev",
+    "ae_q4_decode_slots",
+    "ae_f16_decode_host",
+    "ae_f16_decode_device",
+    "ae_f16_decode_slots",
+    "ae_q8_0_decode_host",
+    "ae_q8_0_decode_device",
+    "ae_q8_0_decode_slots",
+    "ae_combine",
+    "ae_combine_dev",
     "attn_f16",
     "attn_f16_append_host",
     "attn_f16_append_device",

@@ -106,6 +106,8 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
                         if (templates / by_name[n].lib).is_file()],
         "window": any(k.op is Op.FLASH for k in kernels),
         "combine": any(k.op is Op.DECODE_COMBINE for k in kernels),
+        "combine_sinks": any(k.op is Op.DECODE_COMBINE and k.learned_sinks for k in kernels),
+        "exact_window": any(k.op is Op.FLASH and k.exact_window for k in kernels),
         "plan": any(k.position is not Position.HOST and k.op in (Op.FLASH, Op.DECODE_COMBINE)
                     for k in kernels),
     }

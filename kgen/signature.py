@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.spec.axes import Mode, Op, Position
+from kgen.spec.axes import Mode, Op, Position, Sinks, SoftCap, Window
 from kgen.spec.ir import Kernel
 
 
@@ -70,6 +70,8 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _p("const __half *", *shadows)
         if k.mode is Mode.PREFILL:
             out += _p("float *", "out")
+            if k.sinks is Sinks.LEARNED:
+                out += _p("const float *", "sinks")
         else:
             out += _p("float *", "m_out", "l_out", "acc_out")
         out += _p("int", "kv_groups", "head_dim", "max_seq")
@@ -80,10 +82,17 @@ def _params(k: Kernel) -> tuple[Param, ...]:
             if k.position is not Position.HOST:
                 out += _p("int", "kps", "splits_cap")
         out += _p("int", *shadow_scalars)
-        out += _p("int", "attn_sink", "attn_win")
+        if k.window is Window.EXACT:
+            out += _p("int", "attn_sink", "win_left", "win_right")
+        else:
+            out += _p("int", "attn_sink", "attn_win")
         out += _p("float", "scale")
+        if k.softcap is SoftCap.TANH:
+            out += _p("float", "softcap")
     elif k.op is Op.DECODE_COMBINE:
         out += _p("const float *", "m_in", "l_in", "acc_in") + _p("float *", "out")
+        if k.sinks is Sinks.LEARNED:
+            out += _p("const float *", "sinks")
         out += _p("int", "head_dim")
         out += _position(k, _p("int", "n_splits"))
         if k.position is not Position.HOST:

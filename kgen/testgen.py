@@ -17,7 +17,7 @@ from kgen.errors import SpecError
 from kgen.geometry import flash_shared_bytes, min_head_dim
 from kgen.runtime.bind import bind, shape_refusal
 from kgen.runtime.contracts import ContractError
-from kgen.spec.axes import Mode, Op, Position
+from kgen.spec.axes import Mode, Op, Position, Sinks, SoftCap, Window
 from kgen.spec.ir import Kernel
 from kgen.target import TARGET
 from kgen.testing import Case, host_args
@@ -124,8 +124,10 @@ def required(k: Kernel) -> list[Case]:
         return [Case(f"hd{hd}_smallest", n=n, n_head_kv=2, head_dim=hd, max_seq=16, pos0=2,
                      positions=(2,) if k.position is Position.DEVICE else (), sink=4, win=8)]
     if k.op is Op.DECODE_COMBINE:
-        return [Case(f"hd{hd}_smallest", n_head=3, head_dim=hd, n_splits=2, seq_len=2 * T + 3,
-                     kps=T, cap=4)]
+        base = Case(f"hd{hd}_smallest", n_head=3, head_dim=hd, n_splits=2, seq_len=2 * T + 3,
+                    kps=T, cap=4)
+        return [base, *([base.with_(name=f"{base.name}_sinks", sinks=True)]
+                         if k.sinks is Sinks.LEARNED else [])]
     out = []
     for hd, groups in _flash_shapes(k):
         name = f"hd{hd}_g{groups}_partial_tile"
@@ -139,6 +141,26 @@ def required(k: Kernel) -> list[Case]:
             out.append(Case(name, n_head=2 * groups, n_head_kv=2, head_dim=hd,
                             max_seq=4 * T + 8, seq_len=3 * T + 3, kps=T, cap=4, sink=2,
                             win=T))
+    return out + _option_cases(k, out[-1] if len(out) < 3 else out[1])
+
+
+def _option_cases(k: Kernel, base: Case) -> list[Case]:
+    """The attention options a kernel has, each switched on over a small shape:
+    key-exact windows (narrow, one key with a sink prefix, reaching right of the
+    query under a full mask), soft-capping, learned sinks, and all together."""
+    out = []
+    if k.window is Window.EXACT:
+        out += [base.with_(name=f"{base.name}_win5", win_left=5, win_right=0),
+                base.with_(name=f"{base.name}_win0_sink3", win_left=0, attn_sink=3),
+                base.with_(name=f"{base.name}_win11_right3", win_left=11, win_right=3)]
+    if k.softcap is SoftCap.TANH:
+        out.append(base.with_(name=f"{base.name}_softcap1", softcap=1.0))
+    if k.sinks is Sinks.LEARNED:
+        out.append(base.with_(name=f"{base.name}_sinks", sinks=True))
+    if len(out) > 1:
+        out.append(base.with_(name=f"{base.name}_all_options", win_left=7, attn_sink=2,
+                              softcap=2.0 if k.softcap is SoftCap.TANH else 0.0,
+                              sinks=k.sinks is Sinks.LEARNED))
     return out
 
 
@@ -215,6 +237,25 @@ def cases(k: Kernel) -> list[Case]:
     return out
 
 
+def _common(a: Kernel, b: Kernel, c: Case) -> Case:
+    """``c`` with the options only one of the two kernels has switched off: a
+    relation compares the kernels where they mean the same thing."""
+    if a.window is not b.window:
+        c = c.with_(win_left=None, win_right=None, attn_sink=0, attn_win=0)
+    if a.softcap is not b.softcap:
+        c = c.with_(softcap=0.0)
+    if a.sinks is not b.sinks:
+        c = c.with_(sinks=False)
+    return c
+
+
 def shared_cases(a: Kernel, b: Kernel) -> list[Case]:
-    """Cases of ``a`` that ``b`` also launches (the relation compares them)."""
-    return [c for c in cases(a) if refusal(b, c) is None]
+    """Cases of ``a`` that ``b`` also launches (the relation compares them), with
+    the options only one of them has switched off; duplicates dropped."""
+    out: list[Case] = []
+    for c in cases(a):
+        c = _common(a, b, c)
+        same = any(c.with_(name="") == o.with_(name="") for o in out)
+        if not same and refusal(b, c) is None:
+            out.append(c)
+    return out

@@ -13,13 +13,17 @@ from kgen.geometry import Region, flash_regions
 from kgen.signature import Param, params
 from kgen.spec.axes import (
     KStage,
+    Mask,
     Mode,
     Op,
     Position,
     QStage,
     RingFloor,
+    Sinks,
+    SoftCap,
     Threads,
     VStage,
+    Window,
 )
 from kgen.spec.ir import Kernel
 from kgen.spellings import K_TILE_ELEM, Q_ELEM, SHARED_SYMBOL
@@ -80,6 +84,22 @@ class KernelView:
     def padded(self) -> bool:
         """The block is head_dim rounded up to whole warps (threads = warps)."""
         return self.k.threads is Threads.WARPS
+
+    @property
+    def exact_window(self) -> bool:
+        return self.k.window is Window.EXACT
+
+    @property
+    def mask_full(self) -> bool:
+        return self.k.mask is Mask.FULL
+
+    @property
+    def softcap_tanh(self) -> bool:
+        return self.k.softcap is SoftCap.TANH
+
+    @property
+    def learned_sinks(self) -> bool:
+        return self.k.sinks is Sinks.LEARNED
 
     @property
     def block_note(self) -> str:

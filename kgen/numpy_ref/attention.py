@@ -136,8 +136,40 @@ def _scale64(scale: float) -> float:
     return float(np.float32(scale))
 
 
+def exact_keys(cur_pos: int, keys: int | tuple[int, int], seq_len: int, attn_sink: int,
+               window: tuple[int, int]) -> np.ndarray:
+    """Boolean mask over key positions ``0 .. k_hi-1`` a key-exact window
+    (``window = exact``) attends: keys of ``keys`` (``seq_len`` or a split's
+    ``(k_lo, k_hi)``) in ``[cur_pos - left, cur_pos + right]`` clamped to
+    ``[0, seq_len)``, or in the sink prefix ``[0, attn_sink)``. Tiles only skip
+    work here: every visible key's tile is kept, the rest are masked to -inf."""
+    k_lo, k_hi = (0, keys) if isinstance(keys, int | np.integer) else keys
+    left, right = window
+    lo = max(cur_pos - left, 0)
+    hi = min(cur_pos + right, seq_len - 1)
+    kp = np.arange(max(int(k_hi), 0))
+    return (kp >= k_lo) & ((kp < attn_sink) | ((kp >= lo) & (kp <= hi)))
+
+
+def key_mask(cur_pos: int, keys, seq_len: int, attn_sink: int, attn_win: int, tile: int,
+             window: tuple[int, int] | None) -> np.ndarray:
+    """The attended keys: key-exact when ``window`` is given, else whole tiles."""
+    if window is not None:
+        return exact_keys(cur_pos, keys, seq_len, attn_sink, window)
+    return attended_keys(cur_pos, keys, attn_sink, attn_win, tile)
+
+
+def soft_cap(s: np.ndarray, cap: float) -> np.ndarray:
+    """``cap * tanh(s / cap)``; a cap of 0 is off."""
+    if cap <= 0:
+        return s
+    cap = float(np.float32(cap))
+    return cap * np.tanh(s / cap)
+
+
 def _partial(
-    qg: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float
+    qg: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
+    softcap: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Online-softmax state after folding the masked keys, for a group of heads.
 
@@ -152,7 +184,7 @@ def _partial(
     # Only masked-in rows are touched: unread rows may hold NaN poison.
     kk = k[idx].astype(np.float64)
     vv = v[idx].astype(np.float64)
-    s = (qg.astype(np.float64) @ kk.T) * scale
+    s = soft_cap((qg.astype(np.float64) @ kk.T) * scale, softcap)
     m = s.max(axis=1)
     p = np.exp(s - m[:, None])
     return m, p.sum(axis=1), p @ vv
@@ -160,7 +192,7 @@ def _partial(
 
 def _group_state(
     q_heads: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, mask: np.ndarray,
-    kv_groups: int, scale: float,
+    kv_groups: int, scale: float, softcap: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_partial` for every kv head; ``q_heads [n_head][hd]``, rows ``[n_kv][L][hd]``."""
     n_head, hd = q_heads.shape
@@ -169,7 +201,8 @@ def _group_state(
     acc = np.empty((n_head, hd))
     for kvh in range(k_rows.shape[0]):
         hs = slice(kvh * kv_groups, (kvh + 1) * kv_groups)
-        m[hs], lsum[hs], acc[hs] = _partial(q_heads[hs], k_rows[kvh], v_rows[kvh], mask, scale)
+        m[hs], lsum[hs], acc[hs] = _partial(q_heads[hs], k_rows[kvh], v_rows[kvh], mask, scale,
+                                            softcap)
     return m, lsum, acc
 
 
@@ -178,9 +211,15 @@ def _group_state(
 
 def prefill_attention_rows(
     q: np.ndarray, rows_fn: RowsFn, kv_groups: int, pos0: int, attn_sink: int, attn_win: int,
-    scale: float, tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
+    scale: float, tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS, *,
+    window: tuple[int, int] | None = None, softcap: float = 0.0, full: bool = False,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal GQA prefill over caller-supplied K/V rows; float64 ``[n][n_head][hd]``.
+
+    Options of the newer kernels: ``window`` = (left, right) for a key-exact
+    window, ``softcap``, ``full`` (mask = full: every row sees all ``pos0 + n``
+    keys) and ``sinks`` (one logit per q head joining each denominator).
 
     Query ``t`` (position ``cur_pos = pos0 + t``) attends keys ``[0, cur_pos]``
     kept by the tile predicate (``tile`` keys a tile). ``rows_fn(t, cur_pos)``
@@ -193,18 +232,24 @@ def prefill_attention_rows(
     out = np.empty((n, n_head, hd))
     for t in range(n):
         cur_pos = pos0 + t
-        k_rows, v_rows = rows_fn(t, cur_pos)
+        seq_len = pos0 + n if full else cur_pos + 1
+        k_rows, v_rows = rows_fn(t, seq_len - 1)
         _check_gqa(n_head, k_rows.shape[0], kv_groups, max_groups)
-        mask = attended_keys(cur_pos, cur_pos + 1, attn_sink, attn_win, tile)
-        m, lsum, acc = _group_state(q[t], k_rows, v_rows, mask, kv_groups, scale)
-        out[t] = acc / lsum[:, None]
+        mask = key_mask(cur_pos, seq_len, seq_len, attn_sink, attn_win, tile, window)
+        m, lsum, acc = _group_state(q[t], k_rows, v_rows, mask, kv_groups, scale, softcap)
+        if sinks is not None:  # rescale to max(m, sink): the sink adds to l, not to acc
+            top = np.maximum(m, sinks)
+            w = np.exp(m - top)
+            out[t] = acc * w[:, None] / (lsum * w + np.exp(sinks - top))[:, None]
+        else:
+            out[t] = acc / lsum[:, None]
     return out
 
 
 def prefill_attention(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_groups: int, pos0: int,
     attn_sink: int, attn_win: int, scale: float, tile: int = TILE_KEYS,
-    max_groups: int = MAX_GROUPS,
+    max_groups: int = MAX_GROUPS, **options,
 ) -> np.ndarray:
     """Prefill over float32 K/V rows ``[n_head_kv][max_seq][hd]`` (an f32 cache as
     it is), in float64. Key ``kp`` is row ``kp`` (no ring wrap), so
@@ -213,13 +258,13 @@ def prefill_attention(
         raise ValueError("prefill needs 0 <= pos0 and pos0 + n <= max_seq (no ring wrap)")
     return prefill_attention_rows(
         q, lambda _t, _p: (k_cache, v_cache), kv_groups, pos0, attn_sink, attn_win, scale,
-        tile, max_groups)
+        tile, max_groups, **options)
 
 
 def prefill_attention_cache(
     q: np.ndarray, cache: HostCache, kv_groups: int, pos0: int, sink: int, win: int,
     attn_sink: int, attn_win: int, scale: float, live_floor: int | None = None,
-    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS, k_round=None,
+    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS, k_round=None, **options,
 ) -> np.ndarray:
     """Prefill over a cache of any format, in float64: each query sees the rows its
     kernel reads (body, or for a shadowed format the sink/window shadows, with the
@@ -229,12 +274,13 @@ def prefill_attention_cache(
     if pos0 < 0 or pos0 + n > cache.max_seq:
         raise ValueError("prefill needs 0 <= pos0 and pos0 + n <= max_seq")
 
-    def rows(_t: int, cur_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        kk, vv = read_kv_rows(cache, cur_pos, sink, win, cur_pos + 1, live_floor)
+    def rows(t: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+        # The shadow choice depends on the query's own position, the keys on ``last``.
+        kk, vv = read_kv_rows(cache, pos0 + t, sink, win, last + 1, live_floor)
         return (k_round(kk) if k_round else kk), vv
 
     return prefill_attention_rows(q, rows, kv_groups, pos0, attn_sink, attn_win, scale, tile,
-                                  max_groups)
+                                  max_groups, **options)
 
 
 # ---------------------------------------------------------------- decode
@@ -243,7 +289,8 @@ def prefill_attention_cache(
 def _split_states(
     q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, kv_groups: int, seq_len: int,
     n_splits: int, split_len: int, attn_sink: int, attn_win: int, scale: float,
-    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
+    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS, *,
+    window: tuple[int, int] | None = None, softcap: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-split partials: ``m``, ``l`` ``[n_head][n_splits]``; ``acc [n_head][n_splits][hd]``."""
     q = np.asarray(q, dtype=np.float32)
@@ -259,17 +306,17 @@ def _split_states(
     for split in range(n_splits):
         # A split past seq_len runs no tile, and a split whose tiles are all
         # outside the window skips every one: both leave the initial state.
-        mask = attended_keys(cur_pos, split_bounds(split, split_len, seq_len), attn_sink,
-                             attn_win, tile)
+        mask = key_mask(cur_pos, split_bounds(split, split_len, seq_len), seq_len, attn_sink,
+                        attn_win, tile, window)
         m[:, split], lsum[:, split], acc[:, split] = _group_state(
-            q, k_rows, v_rows, mask, kv_groups, scale)
+            q, k_rows, v_rows, mask, kv_groups, scale, softcap)
     return m, lsum, acc
 
 
 def decode_partials(
     q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, kv_groups: int, seq_len: int,
     n_splits: int, split_len: int, attn_sink: int, attn_win: int, scale: float,
-    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
+    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS, **options,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The (m, l, acc) scratch the decode split kernels write, in float64.
 
@@ -280,11 +327,12 @@ def decode_partials(
     kernels' layout.
     """
     m, lsum, acc = _split_states(q, k_rows, v_rows, kv_groups, seq_len, n_splits, split_len,
-                                 attn_sink, attn_win, scale, tile, max_groups)
+                                 attn_sink, attn_win, scale, tile, max_groups, **options)
     return m.reshape(-1), lsum.reshape(-1), acc.reshape(-1)
 
 
-def combine(m: np.ndarray, l: np.ndarray, acc: np.ndarray, n_splits: int) -> np.ndarray:  # noqa: E741
+def combine(m: np.ndarray, l: np.ndarray, acc: np.ndarray, n_splits: int,  # noqa: E741
+            sinks: np.ndarray | None = None) -> np.ndarray:
     """The combine kernels in float64.
 
     Per head: ``M = max(m)``, ``w_s = exp(m_s - M)`` (0 for an empty split),
@@ -295,9 +343,14 @@ def combine(m: np.ndarray, l: np.ndarray, acc: np.ndarray, n_splits: int) -> np.
     lsum = np.asarray(l, dtype=np.float64).reshape(-1, n_splits)
     acc = np.asarray(acc, dtype=np.float64).reshape(m.shape[0], n_splits, -1)
     big_m = m.max(axis=1, keepdims=True)
+    if sinks is not None:  # one logit per head: joins the denominator only
+        sinks = np.asarray(sinks, dtype=np.float64).reshape(-1, 1)
+        big_m = np.maximum(big_m, sinks)
     with np.errstate(invalid="ignore"):
         w = np.exp(m - big_m)
     big_l = (lsum * w).sum(axis=1)
+    if sinks is not None:
+        big_l = big_l + np.exp(sinks - big_m)[:, 0]
     o = (acc * w[:, :, None]).sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return o / big_l[:, None]
@@ -306,14 +359,14 @@ def combine(m: np.ndarray, l: np.ndarray, acc: np.ndarray, n_splits: int) -> np.
 def decode_attention(
     q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, kv_groups: int, seq_len: int,
     kps: int, cap: int, attn_sink: int, attn_win: int, scale: float,
-    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
+    tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS, sinks=None, **options,
 ) -> np.ndarray:
     """Split decode with the plan followed by the combine; float64 ``[n_head][hd]``.
     Equals single-query attention over the attended keys."""
     n_splits, split_len = decode_plan(seq_len, kps, cap, tile)
     m, lsum, acc = decode_partials(q, k_rows, v_rows, kv_groups, seq_len, n_splits, split_len,
-                                   attn_sink, attn_win, scale, tile, max_groups)
-    return combine(m, lsum, acc, n_splits).reshape(np.shape(q))
+                                   attn_sink, attn_win, scale, tile, max_groups, **options)
+    return combine(m, lsum, acc, n_splits, sinks).reshape(np.shape(q))
 
 
 # ---------------------------------------------------------------- multi-user decode
@@ -336,6 +389,7 @@ def decode_partials_slots(
     q: np.ndarray, k_rows: SlotRows, v_rows: np.ndarray | None, pos: np.ndarray, kv_groups: int,
     kps: int, cap: int, attn_sink: int, attn_win: int, scale: float,
     launch_splits: int | None = None, tile: int = TILE_KEYS, max_groups: int = MAX_GROUPS,
+    **options,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Partials of the slots decode kernels, in float64.
 
@@ -360,7 +414,7 @@ def decode_partials_slots(
     for u, (n_splits, split_len) in enumerate(plans):
         k_u, v_u = _slot_rows(k_rows, v_rows, u)
         st = _split_states(q[u], k_u, v_u, kv_groups, int(pos[u]) + 1, n_splits, split_len,
-                           attn_sink, attn_win, scale, tile, max_groups)
+                           attn_sink, attn_win, scale, tile, max_groups, **options)
         m[u, :, :n_splits], lsum[u, :, :n_splits], acc[u, :, :n_splits] = st
     return m.reshape(-1), lsum.reshape(-1), acc.reshape(-1), width
 

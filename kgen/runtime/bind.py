@@ -17,7 +17,7 @@ from kgen.geometry import block_threads, flash_shared_bytes, padded, tile_thread
 from kgen.runtime.contracts import Checker, ContractError
 from kgen.runtime.plan import decode_plan
 from kgen.signature import params
-from kgen.spec.axes import KStage, Mode, Op, Position, VStage
+from kgen.spec.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
 from kgen.spec.ir import Kernel
 from kgen.target import TARGET
 
@@ -285,12 +285,17 @@ def _flash(k: Kernel, c: Checker, a: dict):
     max_seq = _cache_arrays(k, c, a, lead, hd)
     values = dict(q=q, kv_groups=G, head_dim=hd, max_seq=max_seq)
     _cache_values(k, c, a, values)
-    values["attn_sink"] = c.integer("attn_sink", a.get("attn_sink", 0), 0)
-    values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0))
-    scale = a.get("scale")
-    scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
-    c.require(math.isfinite(scale), "scale", lambda: f"scale must be finite, not {scale}")
-    values["scale"] = scale
+    values["attn_sink"] = c.integer("attn_sink", a.get("attn_sink", 0), 0, INT_MAX)
+    if k.window is Window.EXACT:
+        values["win_left"] = c.integer("win_left", a.get("win_left", INT_MAX), 0, INT_MAX)
+        values["win_right"] = c.integer("win_right", a.get("win_right", INT_MAX), 0, INT_MAX)
+    else:
+        values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0), 0, INT_MAX)
+    values["scale"] = _float32(c, "scale", a.get("scale"), 1.0 / math.sqrt(hd), positive=True)
+    if k.softcap is SoftCap.TANH:
+        values["softcap"] = _float32(c, "softcap", a.get("softcap", 0.0), 0.0)
+    if k.sinks is Sinks.LEARNED:
+        values["sinks"] = _sinks(c, a, (lead_q[0] if slots and not prefill else 1) * n_head)
 
     if prefill:
         n = lead_q[0]
@@ -352,6 +357,27 @@ def _flash(k: Kernel, c: Checker, a: dict):
 
 # ---- decode combine --------------------------------------------------------------
 
+def _float32(c: Checker, name: str, v, default: float, positive: bool = False) -> float:
+    """A float scalar as the kernel receives it: finite in float32 (and > 0, or >= 0)."""
+    v = default if v is None else v
+    c.require(isinstance(v, int | float | np.floating) and not isinstance(v, bool), "type",
+              lambda: f"{name} must be a number, not {v!r}")
+    with np.errstate(over="ignore"):
+        f32 = float(np.float32(v))
+    ok = math.isfinite(f32) and (f32 > 0 if positive else f32 >= 0)
+    c.require(ok, name, lambda: f"{name} = {v!r} must be finite in float32 and "
+              f"{'> 0' if positive else '>= 0'}")
+    return float(v)
+
+
+def _sinks(c: Checker, a: dict, heads: int):
+    """One learned sink logit per q head (float32; -inf is no sink)."""
+    s = a["sinks"]
+    c.array("sinks", s, np.float32, 1)
+    c.shape("sinks", s, (heads,))
+    return s
+
+
 def _combine(k: Kernel, c: Checker, a: dict):
     out = a["out"]
     c.array("out", out, np.float32, 2)
@@ -360,6 +386,8 @@ def _combine(k: Kernel, c: Checker, a: dict):
     for name in ("m_in", "l_in", "acc_in"):
         c.array(name, a[name], np.float32)
     values = dict(m_in=a["m_in"], l_in=a["l_in"], acc_in=a["acc_in"], out=out, head_dim=hd)
+    if k.sinks is Sinks.LEARNED:
+        values["sinks"] = _sinks(c, a, heads)
     if k.position is Position.HOST:
         width = c.integer("n_splits", a["n_splits"], 1)
         values["n_splits"] = width

@@ -55,6 +55,23 @@ class Threads(StrEnum):
 
 class Window(StrEnum):
     SINK_RECENT = "sink_recent"  # attention sinks + recent window, per 16-key tile
+    EXACT = "exact"              # keys in [p - win_left, p + win_right] (and the sink
+    #                              prefix), key-exact; whole tiles outside are skipped
+
+
+class Mask(StrEnum):
+    CAUSAL = "causal"  # query at position p sees keys j <= p
+    FULL = "full"      # every key of the sequence (encoder form; prefill)
+
+
+class SoftCap(StrEnum):
+    NONE = "none"
+    TANH = "tanh"      # s -> softcap * tanh(s / softcap) before the softmax; 0 = off
+
+
+class Sinks(StrEnum):
+    NONE = "none"
+    LEARNED = "learned"  # one logit per q head joins the softmax denominator
 
 
 class RingFloor(StrEnum):
@@ -91,6 +108,10 @@ KEYS: dict[str, Key] = {
     "v_stage": Key(VStage, VStage.GLOBAL, FLASH, "where V rows are read from"),
     "threads": Key(Threads, Threads.HEAD_DIM, FLASH, "threads of a block"),
     "window": Key(Window, Window.SINK_RECENT, FLASH, "which key tiles are attended"),
+    "mask": Key(Mask, Mask.CAUSAL, FLASH, "which keys a query sees before any window"),
+    "softcap": Key(SoftCap, SoftCap.NONE, FLASH, "logit soft-capping"),
+    "sinks": Key(Sinks, Sinks.NONE, frozenset({Op.FLASH, Op.DECODE_COMBINE}),
+                 "learned attention-sink logits (decode: in the combine)"),
     "ring_floor": Key(RingFloor, RingFloor.NONE, FLASH, "fp16 window-ring liveness"),
     "tile_keys": Key(int, 16, PLAN_OPS, "keys per tile (and split rounding)"),
     "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),

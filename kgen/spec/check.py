@@ -15,10 +15,12 @@ from kgen.spec.axes import (
     KEYS,
     RESOURCES,
     KStage,
+    Mask,
     Mode,
     Op,
     Position,
     RingFloor,
+    Sinks,
     VStage,
 )
 from kgen.spec.ir import Kernel
@@ -74,6 +76,21 @@ def check_mode_position(k: Kernel, ctx: _Ctx) -> None:
     if k.op is Op.DECODE_COMBINE and k.position is Position.SLOTS:
         raise ctx.error(k.where("position"), "combine has no slots form: per-slot partials "
                         "are merged by the host-position combine over nslots * n_head heads")
+
+
+def check_attention_options(k: Kernel, ctx: _Ctx) -> None:
+    """A full (non-causal) mask is a prefill form (a decode query is the last
+    position); a split decode leaves learned sinks to its combine, which sees the
+    whole denominator."""
+    if k.op is not Op.FLASH or k.mode is Mode.PREFILL:
+        return
+    if k.mask is Mask.FULL:
+        raise ctx.error(k.where("mask"), "mask = full needs mode = prefill (a decode query "
+                        "is the last position: it sees every key already)")
+    if k.sinks is Sinks.LEARNED:
+        raise ctx.error(k.where("sinks"), "a split decode kernel cannot add the sinks (each "
+                        "split sees part of the denominator): set sinks = learned on the "
+                        "decode_combine kernel")
 
 
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:
@@ -193,6 +210,7 @@ CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
     check_module_name,
     check_doc_comment,
     check_mode_position,
+    check_attention_options,
     check_ring_floor,
     check_dot_shape,
     check_register_k,

@@ -13,11 +13,14 @@ from kgen.formats import KvFormat, KvFormatName
 from kgen.spec.ast import ExpectRelation, ExpectResource
 from kgen.spec.axes import (
     KStage,
+    Mask,
     Mode,
     Op,
     Position,
     QStage,
     RingFloor,
+    Sinks,
+    SoftCap,
     Threads,
     VStage,
     Window,
@@ -38,6 +41,9 @@ class Kernel:
     v_stage: VStage
     threads: Threads
     window: Window
+    mask: Mask
+    softcap: SoftCap
+    sinks: Sinks
     ring_floor: RingFloor
     tile_keys: int
     dot_lanes: int

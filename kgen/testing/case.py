@@ -23,7 +23,11 @@ class Case:
     sink: int = 0              # fp16 sink rows written/read (shadowed formats)
     win: int = 0               # fp16 window rows (shadowed formats)
     attn_sink: int = 0
-    attn_win: int = 0
+    attn_win: int = 0          # tile-granular recent window (window = sink_recent)
+    win_left: int | None = None   # key-exact window (window = exact); None: unbounded
+    win_right: int | None = None
+    softcap: float = 0.0       # softcap = tanh kernels; 0 is off
+    sinks: bool = False        # sinks = learned kernels: random sink logits (else -inf)
     kps: int = 64
     cap: int = 8
     n_splits: int = 3          # combine only
@@ -34,6 +38,21 @@ class Case:
 
     def with_(self, **kw) -> Case:
         return replace(self, **kw)
+
+    def neutral(self) -> Case:
+        """The case with every optional feature off (what a relation between a kernel
+        with the feature and one without compares)."""
+        return replace(self, win_left=None, win_right=None, softcap=0.0, sinks=False,
+                       attn_sink=0, attn_win=0)
+
+    @property
+    def window(self) -> tuple[int, int] | None:
+        """The exact window as the reference takes it (None: unbounded)."""
+        if self.win_left is None and self.win_right is None:
+            return None
+        big = 2**31 - 1
+        return (big if self.win_left is None else self.win_left,
+                big if self.win_right is None else self.win_right)
 
 
 def rng() -> tuple[np.random.Generator, int]:

@@ -19,10 +19,24 @@ from kgen.geometry import (
 )
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import ContractError
-from kgen.spec.axes import KStage, Mode, Op, Position, VStage
+from kgen.spec.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
 from kgen.spec.ir import Kernel
 from kgen.target import TARGET
 from kgen.testing.case import Case
+
+
+def options(k: Kernel, case: Case) -> dict:
+    """The window and soft-cap arguments a flash kernel takes, from the case."""
+    out: dict = {}
+    if k.window is Window.EXACT:
+        big = 2**31 - 1
+        out["win_left"] = big if case.win_left is None else case.win_left
+        out["win_right"] = big if case.win_right is None else case.win_right
+    else:
+        out["attn_win"] = case.attn_win
+    if k.softcap is SoftCap.TANH:
+        out["softcap"] = case.softcap
+    return out
 
 
 def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
@@ -56,7 +70,9 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
             a["pos"] = np.array(case.positions or (case.pos0,), dtype=np.int32)
         return a
     if k.op is Op.FLASH:
-        a.update(attn_sink=0, attn_win=0, scale=None)
+        a.update(attn_sink=0, scale=None, **options(k, case))
+        if k.sinks is Sinks.LEARNED:
+            a["sinks"] = z((case.n_head,), f32)
         if k.mode is Mode.PREFILL:
             a.update(q=z((case.n, case.n_head, hd), f32), out=z((case.n, case.n_head, hd), f32),
                      pos0=case.pos0)
@@ -74,6 +90,8 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
     S = case.cap
     a.update(m_in=z(case.n_head * S, f32), l_in=z(case.n_head * S, f32),
              acc_in=z(case.n_head * S * hd, f32), out=z((case.n_head, hd), f32))
+    if k.sinks is Sinks.LEARNED:
+        a["sinks"] = z((case.n_head,), f32)
     if k.position is Position.HOST:
         a["n_splits"] = S
     else:
@@ -229,6 +247,17 @@ MUTATIONS: dict[str, Mutation] = {
     "not_an_integer": Mutation("type", lambda k: _int_scalar(k) is not None, _not_an_integer),
     "scale_not_finite": Mutation("scale", _flash, lambda k, c: {
         **host_args(k, c), "scale": float("inf")}),
+    "scale_overflows_float32": Mutation("scale", _flash, lambda k, c: {
+        **host_args(k, c), "scale": 1e300}),
+    "negative_window": Mutation("range", _flash, lambda k, c: {
+        **host_args(k, c), **({"win_left": -5} if k.window is Window.EXACT
+                              else {"attn_win": -5})}),
+    "softcap_not_finite": Mutation("softcap", lambda k: _flash(k) and
+                                   k.softcap is SoftCap.TANH, lambda k, c: {
+                                       **host_args(k, c), "softcap": float("nan")}),
+    "sinks_wrong_size": Mutation("shape", lambda k: k.sinks is Sinks.LEARNED and
+                                 k.op in (Op.FLASH, Op.DECODE_COMBINE), lambda k, c: {
+                                     **host_args(k, c), "sinks": np.zeros(1, np.float32)}),
     "head_dim_over_block": Mutation("block size", lambda k: k.op is not Op.QZ_SPLIT,
                                     _big_head_dim),
     "qz_int32_index": Mutation("int32 index", lambda k: k.op is Op.QZ_SPLIT,

@@ -9,7 +9,18 @@ import math
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.spec.axes import KStage, Mode, Op, Position, QStage, RingFloor
+from kgen.spec.axes import (
+    KStage,
+    Mask,
+    Mode,
+    Op,
+    Position,
+    QStage,
+    RingFloor,
+    Sinks,
+    SoftCap,
+    Window,
+)
 from kgen.spec.ir import Kernel
 from kgen.testing.case import Case, rng
 
@@ -122,6 +133,31 @@ def _narrow(k: Kernel):
     return k_round, q_round
 
 
+def sink_logits(g, case: Case, heads: int) -> np.ndarray:
+    """Learned sink logits of every q head: random when the case turns sinks on, else
+    -inf (a sink that changes no bit)."""
+    if case.sinks:
+        return (_rand(g, heads) * 2).astype(np.float32)
+    return np.full(heads, -np.inf, np.float32)
+
+
+def _options(k: Kernel, case: Case) -> dict:
+    """Launch keywords of the attention options this kernel has."""
+    from kgen.testing.contracts import options
+
+    return options(k, case)
+
+
+def _ref_options(k: Kernel, case: Case) -> dict:
+    """The same options as the NumPy reference takes them."""
+    out = {"window": case.window if k.window is Window.EXACT else None}
+    if k.softcap is SoftCap.TANH:
+        out["softcap"] = case.softcap
+    if k.mode is Mode.PREFILL:
+        out["full"] = k.mask is Mask.FULL
+    return out
+
+
 def _flash_inputs(k: Kernel, case: Case, g):
     """(q, cache): q as the launch takes it; the cache holds the keys it reads."""
     hd = case.head_dim
@@ -142,7 +178,7 @@ def _tiling(k: Kernel) -> dict:
     return {"tile": k.tile_keys, "max_groups": k.max_groups}
 
 
-def prefill_reference(k: Kernel, case: Case, q, cache) -> np.ndarray:
+def prefill_reference(k: Kernel, case: Case, q, cache, sinks=None) -> np.ndarray:
     G = case.n_head // case.n_head_kv
     scale = 1.0 / math.sqrt(case.head_dim)
     k_round, q_round = _narrow(k)
@@ -150,13 +186,15 @@ def prefill_reference(k: Kernel, case: Case, q, cache) -> np.ndarray:
              if k.ring_floor is RingFloor.BATCH else None)
     return ref.prefill_attention_cache(q_round(q), cache, G, case.pos0, case.sink, case.win,
                                        case.attn_sink, case.attn_win, scale, floor,
-                                       k_round=k_round, **_tiling(k))
+                                       k_round=k_round, **_tiling(k), **_ref_options(k, case),
+                                       sinks=sinks if k.sinks is Sinks.LEARNED else None)
 
 
-def run_prefill(k: Kernel, fn, case: Case, q, cache):
+def run_prefill(k: Kernel, fn, case: Case, q, cache, sinks=None):
     out = _poisoned(q.shape)
+    extra = {"sinks": _dev(sinks)} if k.sinks is Sinks.LEARNED else {}
     fn(_dev(q), *_upload(cache), out, pos0=case.pos0, attn_sink=case.attn_sink,
-       attn_win=case.attn_win, **_shadow_args(k, case))
+       **_options(k, case), **_shadow_args(k, case), **extra)
     return out.get()
 
 
@@ -176,12 +214,13 @@ def decode_reference(k: Kernel, case: Case, q, cache):
         m, l, acc, width = ref.decode_partials_slots(
             q, lambda u: rows(cache.slot(u), int(pos[u])), None, pos, G, case.kps, case.cap,
             case.attn_sink, case.attn_win, scale, launch_splits=case.extra.get("launch"),
-            **_tiling(k))
+            **_tiling(k), **_ref_options(k, case))
         return m, l, acc, ref.combine(m, l, acc, width), width
     n_splits, split_len = ref.decode_plan(case.seq_len, case.kps, case.cap, k.tile_keys)
     kr, vr = rows(cache, case.seq_len - 1)
     m, l, acc = ref.decode_partials(q, kr, vr, G, case.seq_len, n_splits, split_len,
-                                    case.attn_sink, case.attn_win, scale, **_tiling(k))
+                                    case.attn_sink, case.attn_win, scale, **_tiling(k),
+                                    **_ref_options(k, case))
     return m, l, acc, ref.combine(m, l, acc, n_splits), n_splits
 
 
@@ -193,7 +232,7 @@ def run_decode(k: Kernel, fn, case: Case, q, cache, width: int):
     buf_w = case.cap if k.position is Position.DEVICE else width
     m, l = _poisoned(heads * buf_w), _poisoned(heads * buf_w)
     acc = _poisoned(heads * buf_w * case.head_dim)
-    common = dict(attn_sink=case.attn_sink, attn_win=case.attn_win, **_shadow_args(k, case))
+    common = dict(attn_sink=case.attn_sink, **_options(k, case), **_shadow_args(k, case))
     if k.position is Position.HOST:
         n_splits, split_len = ref.decode_plan(case.seq_len, case.kps, case.cap, k.tile_keys)
         fn(_dev(q), *_upload(cache), m, l, acc, seq_len=case.seq_len, n_splits=n_splits,
@@ -214,8 +253,9 @@ def _check_flash(k, fn, case):
     g, seed = rng()
     q, cache = _flash_inputs(k, case, g)
     if k.mode is Mode.PREFILL:
-        _assert_close(k.name, run_prefill(k, fn, case, q, cache),
-                      prefill_reference(k, case, q, cache), seed)
+        sinks = sink_logits(g, case, case.n_head)
+        _assert_close(k.name, run_prefill(k, fn, case, q, cache, sinks),
+                      prefill_reference(k, case, q, cache, sinks), seed)
         return
     m_ref, l_ref, acc_ref, out_ref, width = decode_reference(k, case, q, cache)
     m, l, acc = run_decode(k, fn, case, q, cache, width)
@@ -239,12 +279,15 @@ def _check_combine(k, fn, case):
     if S > 1:  # an empty split (window-skipped or off-plan) must weigh exactly 0
         m[0, S - 1], l[0, S - 1], acc[0, S - 1] = -np.inf, 0.0, 0.0
     out = _poisoned((heads, hd))
+    sinks = sink_logits(g, case, heads) if k.sinks is Sinks.LEARNED else None
+    extra = {"sinks": _dev(sinks)} if sinks is not None else {}
     if k.position is Position.HOST:
-        fn(_dev(m), _dev(l), _dev(acc), out, n_splits=S)
+        fn(_dev(m), _dev(l), _dev(acc), out, *extra.values(), n_splits=S)
     else:
         pos = _cp().asarray([case.seq_len - 1], dtype=np.int32)
-        fn(_dev(m), _dev(l), _dev(acc), out, pos, kps=case.kps, splits_cap=case.cap)
-    _assert_close(k.name, out.get(), ref.combine(m, l, acc, S), seed)
+        fn(_dev(m), _dev(l), _dev(acc), out, *extra.values(), pos, kps=case.kps,
+           splits_cap=case.cap)
+    _assert_close(k.name, out.get(), ref.combine(m, l, acc, S, sinks), seed)
 
 
 # ---- relations between kernels ------------------------------------------------------
@@ -255,10 +298,13 @@ def check_relation(kind: str, tolerance: float, ka: Kernel, fa, kb: Kernel, fb,
     within ``tolerance`` relative to the largest output magnitude (decode: the
     combined output, since an empty split's m is -inf in both)."""
     g, seed = rng()
+    if ka.op is Op.DECODE_COMBINE:
+        return _combine_relation(kind, tolerance, ka, fa, kb, fb, case, g, seed)
     q, cache = _flash_inputs(ka, case, g)
     if ka.mode is Mode.PREFILL:
-        a = run_prefill(ka, fa, case, q, cache)
-        b = run_prefill(kb, fb, case, q, cache)
+        sinks = sink_logits(g, case, case.n_head)
+        a = run_prefill(ka, fa, case, q, cache, sinks)
+        b = run_prefill(kb, fb, case, q, cache, sinks)
     else:
         width = decode_reference(kb, case, q, cache)[4]
         pa = run_decode(ka, fa, case, q, cache, width)
@@ -277,3 +323,31 @@ def check_relation(kind: str, tolerance: float, ka: Kernel, fa, kb: Kernel, fb,
                                  f"{tolerance:g}, seed={seed}"
 
 
+
+
+def _combine_relation(kind, tolerance, ka, fa, kb, fb, case, g, seed):
+    """Two combine kernels on the same partials (each given the sinks it takes)."""
+    heads, S, hd = case.n_head, case.n_splits, case.head_dim
+    if ka.position is Position.DEVICE:
+        S = ref.decode_plan(case.seq_len, case.kps, case.cap, ka.tile_keys)[0]
+    m, l = _rand(g, heads, S) * 3, np.abs(_rand(g, heads, S)) + 0.5
+    acc = _rand(g, heads, S, hd)
+    sinks = sink_logits(g, case, heads)
+    outs = []
+    for k, fn in ((ka, fa), (kb, fb)):
+        out = _poisoned((heads, hd))
+        extra = [_dev(sinks)] if k.sinks is Sinks.LEARNED else []
+        if k.position is Position.HOST:
+            fn(_dev(m), _dev(l), _dev(acc), out, *extra, n_splits=S)
+        else:
+            pos = _cp().asarray([case.seq_len - 1], dtype=np.int32)
+            fn(_dev(m), _dev(l), _dev(acc), out, *extra, pos, kps=case.kps,
+               splits_cap=case.cap)
+        outs.append(out.get())
+    a, b = outs
+    if kind == "bit_exact":
+        diff = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
+        assert diff == 0, f"{ka.name} vs {kb.name}: {diff} of {a.size} floats differ, seed={seed}"
+    else:
+        err = float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+        assert err <= tolerance, f"{ka.name} vs {kb.name}: relative error {err:.3g}, seed={seed}"
