@@ -13,6 +13,7 @@ ring is never lapped inside one launch. Kernels are chosen by their axes
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -105,31 +106,123 @@ class _Kernels:
             pass
         self._pinned.add((role, groups, None))
 
-    def _role(self, role: str) -> Role:
+    def _role(self, role: str, needs: tuple = ()) -> Role:
         base = ROLES[role]
         return Role(base.op, base.position, base.mode,
-                    self.kv if base.op in (Op.FLASH, Op.KV_APPEND) else None)
+                    self.kv if base.op in (Op.FLASH, Op.KV_APPEND) else None, needs)
 
-    def has(self, *roles: str, groups: int = 1) -> bool:
+    def has(self, *roles: str, groups: int = 1, needs: dict | None = None) -> bool:
         """Whether every role can be served (the device combine at the decode's tile)."""
         try:
             tile = None
             for role in roles:
-                k, _ = self.get(role, groups, tile if role.startswith("combine") else None)
+                k, _ = self.get(role, groups, tile if role.startswith("combine") else None,
+                                (needs or {}).get(role, ()))
                 if k.op is Op.FLASH:
                     tile = k.tile_keys
         except ContractError:
             return False
         return True
 
-    def get(self, role: str, groups: int = 1, tile: int | None = None):
-        key = (role, groups, tile)
+    def get(self, role: str, groups: int = 1, tile: int | None = None, needs: tuple = ()):
+        """The kernel for ``role``; ``needs``: option axes it must have (e.g. an exact
+        window), from what the call asked for."""
+        key = (role, groups, tile, needs) if needs else (role, groups, tile)
         if key not in self._chosen:
             def where(k):
                 return self._same_layout(k) and (tile is None or k.tile_keys == tile)
-            self._chosen[key] = find(self._role(role), self.head_dim, groups,
+            self._chosen[key] = find(self._role(role, needs), self.head_dim, groups,
                                      self.variants.get(role), where)
         return self._chosen[key]
+
+
+INT_MAX = 2**31 - 1
+
+
+def _count(name: str, v, lo: int = 0) -> int:
+    if not isinstance(v, int | np.integer) or isinstance(v, bool) or not lo <= v <= INT_MAX:
+        raise ContractError("KVCache", "range", f"{name} must be an integer in [{lo}, "
+                            f"{INT_MAX}], not {v!r}")
+    return int(v)
+
+
+def _finite32(name: str, v, positive: bool) -> float:
+    ok = isinstance(v, int | float | np.floating) and not isinstance(v, bool)
+    if ok:
+        with np.errstate(over="ignore"):
+            f = float(np.float32(v))
+        ok = math.isfinite(f) and (f > 0 if positive else f >= 0)
+    if not ok:
+        raise ContractError("KVCache", name, f"{name} must be finite in float32 and "
+                            f"{'> 0' if positive else '>= 0'}, not {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The attention options of one call, checked; which option axes the kernels
+    must have for them, and the launch arguments each kernel takes."""
+
+    attn_sink: int = 0
+    attn_win: int = 0
+    scale: float | None = None
+    window: tuple[int, int] | None = None
+    softcap: float = 0.0
+    sinks: object = None
+    causal: bool = True
+
+    @classmethod
+    def checked(cls, n_head, attn_sink, attn_win, scale, window, softcap, sinks, causal):
+        attn_sink, attn_win = _count("attn_sink", attn_sink), _count("attn_win", attn_win)
+        if scale is not None:
+            scale = _finite32("scale", scale, positive=True)
+        if window is not None:
+            if not (isinstance(window, tuple | list) and len(window) == 2):
+                raise ContractError("KVCache", "window", "window is (left, right), distances "
+                                    f"from the query (FlashAttention's window_size), not "
+                                    f"{window!r}")
+            window = (_count("window left", window[0]), _count("window right", window[1]))
+            if attn_win:
+                raise ContractError("KVCache", "window", "give either window (key-exact) or "
+                                    "attn_win (tile-granular), not both")
+        softcap = _finite32("softcap", softcap, positive=False)
+        if sinks is not None and (getattr(sinks, "dtype", None) != np.float32 or
+                                  tuple(getattr(sinks, "shape", ())) != (n_head,)):
+            raise ContractError("KVCache", "sinks", f"sinks must be float32 [{n_head}] (one "
+                                f"logit per q head), not {getattr(sinks, 'dtype', sinks)!r} "
+                                f"{tuple(getattr(sinks, 'shape', ()))}")
+        return cls(attn_sink, attn_win, scale, window, softcap, sinks, bool(causal))
+
+    def needs(self, role: str) -> tuple[tuple[str, str], ...]:
+        """The option axes the kernel serving ``role`` must have."""
+        out = []
+        if role.startswith(("prefill", "decode")):
+            if self.window is not None:
+                out.append(("window", "exact"))
+            if self.softcap > 0:
+                out.append(("softcap", "tanh"))
+        if role == "prefill" and not self.causal:
+            out.append(("mask", "full"))
+        if self.sinks is not None and role in ("prefill", "combine", "combine_dev"):
+            out.append(("sinks", "learned"))
+        return tuple(out)
+
+    def kwargs(self, k) -> dict:
+        """The keyword arguments a flash kernel with ``k``'s axes takes."""
+        out = {"attn_sink": self.attn_sink, "scale": self.scale}
+        if k.window.value == "exact":
+            left, right = self.window or (INT_MAX, INT_MAX)
+            out.update(win_left=left, win_right=right)
+        else:
+            out["attn_win"] = self.attn_win
+        if k.softcap.value == "tanh":
+            out["softcap"] = self.softcap
+        if k.sinks.value == "learned" and k.op is Op.FLASH:
+            out["sinks"] = self.sinks
+        return out
+
+    def combine_arrays(self, k) -> tuple:
+        return (self.sinks,) if k.sinks.value == "learned" else ()
 
 
 class KVCache:
@@ -234,24 +327,21 @@ class KVCache:
                                 f"n_head_kv = {self.n_head_kv}")
         return n_head // self.n_head_kv
 
-    def _attn_args(self, attn_sink, attn_win, scale) -> dict:
-        for name, v in (("attn_sink", attn_sink), ("attn_win", attn_win)):
-            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
-                raise ContractError("KVCache", "range", f"{name} must be an integer >= 0 "
-                                    f"(0 = off), not {v!r}")
-            if v > 2**31 - 1:
-                raise ContractError("KVCache", "range", f"{name} = {v} exceeds int32")
-        if scale is not None:
-            s32 = float(np.float32(scale)) if math.isfinite(float(scale)) else math.inf
-            if not (math.isfinite(s32) and s32 != 0):
-                raise ContractError("KVCache", "scale", f"scale must be finite and nonzero "
-                                    f"in float32, not {scale!r}")
-        return dict(attn_sink=int(attn_sink), attn_win=int(attn_win), scale=scale)
+    def _options(self, n_head: int, attn_sink=0, attn_win=0, scale=None, window=None,
+                 softcap=0.0, sinks=None, causal=True) -> Options:
+        return Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks,
+                               causal)
 
     def prefill(self, q, k_new, v_new, pos0: int, attn_sink: int = 0, attn_win: int = 0,
-                scale: float | None = None, stream=None):
-        """Append rows [pos0, pos0+n) and attend each query row causally; returns out.
-        Everything is checked before the first row is written."""
+                scale: float | None = None, window: tuple[int, int] | None = None,
+                softcap: float = 0.0, sinks=None, causal: bool = True, stream=None):
+        """Append rows [pos0, pos0+n) and attend each query row; returns out.
+
+        Options (each picks a kernel that has it): ``window`` = (left, right) key-exact
+        (FlashAttention's window_size), ``softcap`` > 0, ``sinks`` (a float32 logit per
+        q head), ``causal=False`` (every row sees all pos0 + n keys). ``attn_win`` is
+        the reference kernels' tile-granular recent window. Everything is checked
+        before the first row is written."""
         cp = _cp()
         n = q.shape[0]
         if getattr(q, "ndim", 0) != 3 or q.dtype != np.float32 or q.shape[-1] != self.head_dim:
@@ -260,15 +350,20 @@ class KVCache:
         self._check_rows("k_new", k_new, n)
         self._check_rows("v_new", v_new, n)
         self._check_span(pos0, n)
-        attn = self._attn_args(attn_sink, attn_win, scale)
-        _, fn = self.kernels.get("prefill", self._groups(q))
+        opts = self._options(q.shape[1], attn_sink, attn_win, scale, window, softcap, sinks,
+                             causal)
+        kp, fn = self.kernels.get("prefill", self._groups(q), needs=opts.needs("prefill"))
         out = cp.empty(q.shape, cp.float32)
-        step = self.max_prefill_chunk()
+        step = n if not causal else self.max_prefill_chunk()
+        if not causal and n > self.max_prefill_chunk():
+            raise ContractError("KVCache", "non-causal batch", f"a non-causal prefill sees "
+                                "every row of its batch, so it runs in one launch: at most "
+                                f"{self.max_prefill_chunk()} rows with this window ring")
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             self.append(k_new[lo:hi], v_new[lo:hi], pos0 + lo, stream=stream)
             fn(q[lo:hi], self.k, self.v, *self.shadows, out[lo:hi], pos0=pos0 + lo,
-               **self._shadow_args, **attn, stream=stream)
+               **self._shadow_args, **opts.kwargs(kp), stream=stream)
         return out
 
     def _check_decode(self, q, k_new, v_new) -> int:
@@ -281,36 +376,39 @@ class KVCache:
 
     def decode(self, q, k_new, v_new, pos: int, kps: int | None = None,
                splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
-               scale: float | None = None, stream=None):
+               scale: float | None = None, window: tuple[int, int] | None = None,
+               softcap: float = 0.0, sinks=None, stream=None):
         """Append the token at ``pos``, then split decode + combine; returns [n_head, hd].
-        Everything is checked on the host before the row is appended. Where the
-        format has device-position kernels, the step runs through them with the
-        position staged in device memory: every launch argument is then the same
-        from step to step, so each launch replays a remembered binding (the host
-        plan and the device plan are one formula: the results are bit-identical).
+        Options as for prefill (``sinks`` join in the combine). Everything is checked
+        on the host before the row is appended. Where the format has device-position
+        kernels, the step runs through them with the position staged in device
+        memory: every launch argument is then the same from step to step, so each
+        launch replays a remembered binding (the host plan and the device plan are
+        one formula: the results are bit-identical).
 
         With no plan given, a plan and variant tuned for this GPU (`kgen tune`) are
         used when one is stored for the shape class, else kps 256 and 16 splits."""
         G = self._check_decode(q, k_new, v_new)
         self._check_span(pos, 1)
-        attn = self._attn_args(attn_sink, attn_win, scale)
+        opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
         source = "given"
-        if kps is None and splits_cap is None:
+        if kps is None and splits_cap is None and not opts.needs("decode"):
             kps, splits_cap = self._tuned_plan(G, pos + 1)
             source = "default" if kps is None else "tuned"
         kps = _positive("kps", 256 if kps is None else kps)
         splits_cap = _positive("splits_cap", 16 if splits_cap is None else splits_cap)
         self.last_plan = (kps, splits_cap, source)
-        if self.kernels.has("decode_dev", "append_dev", "combine_dev", groups=G):
+        needs = {r: opts.needs(r) for r in ("decode_dev", "combine_dev")}
+        if self.kernels.has("decode_dev", "append_dev", "combine_dev", groups=G, needs=needs):
             cp = _cp()
             if self._pos is None:
                 self._pos = cp.zeros(1, cp.int32)
             self._pos.set(np.asarray([pos], np.int32), stream=stream)
-            out = self.decode_device(q, k_new, v_new, self._pos, kps, splits_cap,
-                                     validate_pos=False, stream=stream, **attn)
+            out = self._device_step(q, k_new, v_new, self._pos, kps, splits_cap, opts, None,
+                                    False, stream)
             self.length = max(self.length, pos + 1)
             return out
-        return self._decode_host(q, k_new, v_new, pos, kps, splits_cap, G, attn, stream)
+        return self._decode_host(q, k_new, v_new, pos, kps, splits_cap, G, opts, stream)
 
     def _tuned_plan(self, groups: int, seq_len: int) -> tuple[int | None, int | None]:
         """(kps, splits_cap) stored by `kgen tune`, adopting its variant for decode
@@ -323,44 +421,52 @@ class KVCache:
         self.kernels.prefer("decode", c.kernel, groups)
         return c.kps, c.splits_cap
 
-    def _decode_host(self, q, k_new, v_new, pos, kps, splits_cap, G, attn, stream):
+    def _decode_host(self, q, k_new, v_new, pos, kps, splits_cap, G, opts, stream):
         """The host-plan form: split kernel over the live plan + combine."""
         cp = _cp()
-        kdec, fdec = self.kernels.get("decode", G)
-        _, fcomb = self.kernels.get("combine")
+        kdec, fdec = self.kernels.get("decode", G, needs=opts.needs("decode"))
+        kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
         plan = decode_plan(pos + 1, kps, splits_cap, kdec.tile_keys)
         self.append(k_new, v_new, pos, stream=stream)
         n_head = q.shape[0]
         m, l, acc = self.scratch.get(n_head, plan.n_splits, self.head_dim)
         fdec(q, self.k, self.v, *self.shadows, m, l, acc, seq_len=plan.seq_len,
-             n_splits=plan.n_splits, split_len=plan.split_len, **self._shadow_args, **attn,
-             stream=stream)
+             n_splits=plan.n_splits, split_len=plan.split_len, **self._shadow_args,
+             **opts.kwargs(kdec), stream=stream)
         out = cp.empty((n_head, self.head_dim), cp.float32)
-        fcomb(m, l, acc, out, n_splits=plan.n_splits, stream=stream)
+        fcomb(m, l, acc, out, *opts.combine_arrays(kc), n_splits=plan.n_splits, stream=stream)
         return out
 
     def decode_device(self, q, k_new, v_new, pos_dev, kps: int = 256, splits_cap: int = 16,
                       attn_sink: int = 0, attn_win: int = 0, scale: float | None = None,
-                      out=None, validate_pos: bool = True, stream=None):
+                      window: tuple[int, int] | None = None, softcap: float = 0.0,
+                      sinks=None, out=None, validate_pos: bool = True, stream=None):
         """decode with the position in device memory (capturable in a CUDA graph):
         every launch argument and grid is position-invariant."""
-        cp = _cp()
-        G = self._check_decode(q, k_new, v_new)
-        attn = self._attn_args(attn_sink, attn_win, scale)
-        kdec, fdec = self.kernels.get("decode_dev", G)
-        _, fapp = self.kernels.get("append_dev")
-        _, fcomb = self.kernels.get("combine_dev", tile=kdec.tile_keys)
+        self._check_decode(q, k_new, v_new)
+        opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
         kps, splits_cap = _positive("kps", kps), _positive("splits_cap", splits_cap)
+        return self._device_step(q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
+                                 validate_pos, stream)
+
+    def _device_step(self, q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
+                     validate_pos, stream):
+        cp = _cp()
+        G = self._groups(q)
+        kdec, fdec = self.kernels.get("decode_dev", G, needs=opts.needs("decode_dev"))
+        _, fapp = self.kernels.get("append_dev")
+        kc, fcomb = self.kernels.get("combine_dev", tile=kdec.tile_keys,
+                                     needs=opts.needs("combine_dev"))
         n_head = q.shape[0]
         m, l, acc = self.scratch.get(n_head, splits_cap, self.head_dim)
         fapp(k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **self._shadow_args,
              validate_pos=validate_pos, stream=stream)
         fdec(q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
-             splits_cap=splits_cap, **self._shadow_args, **attn, validate_pos=validate_pos,
-             stream=stream)
+             splits_cap=splits_cap, **self._shadow_args, **opts.kwargs(kdec),
+             validate_pos=validate_pos, stream=stream)
         out = cp.empty((n_head, self.head_dim), cp.float32) if out is None else out
-        fcomb(m, l, acc, out, pos_dev, kps=kps, splits_cap=splits_cap,
-              validate_pos=validate_pos, stream=stream)
+        fcomb(m, l, acc, out, *opts.combine_arrays(kc), pos_dev, kps=kps,
+              splits_cap=splits_cap, validate_pos=validate_pos, stream=stream)
         return out
 
 
@@ -438,7 +544,7 @@ class SlotKVCache:
 
     def decode(self, q, k_new, v_new, pos, kps: int = 256, splits_cap: int = 16,
                attn_sink: int = 0, attn_win: int = 0, scale: float | None = None,
-               stream=None):
+               window: tuple[int, int] | None = None, softcap: float = 0.0, stream=None):
         """Each slot appends its row at pos[slot] and attends its own ring.
 
         ``pos``: host ints (one per slot) or a device int32 array. Returns
@@ -453,9 +559,10 @@ class SlotKVCache:
         if n_head % self.n_head_kv:
             raise ContractError("SlotKVCache", "GQA", f"n_head = {n_head} is not a multiple "
                                 f"of n_head_kv = {self.n_head_kv}")
-        kdec, fdec = self.kernels.get("decode_slots", n_head // self.n_head_kv)
+        opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, None, True)
+        kdec, fdec = self.kernels.get("decode_slots", n_head // self.n_head_kv,
+                                      needs=opts.needs("decode_slots"))
         _, fcomb = self.kernels.get("combine")
-        attn = KVCache._attn_args(self, attn_sink, attn_win, scale)
         kps, splits_cap = _positive("kps", kps), _positive("splits_cap", splits_cap)
         width = max(decode_plan(p + 1, kps, splits_cap, kdec.tile_keys).n_splits
                     for p in pos_host)
@@ -464,7 +571,7 @@ class SlotKVCache:
         heads = self.nslots * n_head
         m, l, acc = self.scratch.get(heads, width, self.head_dim)
         fdec(q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
-             splits_cap=splits_cap, **self._shadow_args, **attn, launch_splits=width,
+             splits_cap=splits_cap, **self._shadow_args, **opts.kwargs(kdec), launch_splits=width,
              stream=stream)
         out = cp.empty((heads, self.head_dim), cp.float32)
         fcomb(m, l, acc, out, n_splits=width, stream=stream)

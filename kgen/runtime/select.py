@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from kgen.geometry import padded, tile_threads
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
-from kgen.spec.axes import KStage, Mode, Op, Position, QStage
+from kgen.spec.axes import KEYS, KStage, Mode, Op, Position, QStage
 from kgen.spec.ir import Kernel
 
 
@@ -27,16 +27,29 @@ class Role:
     position: Position = Position.HOST
     mode: Mode | None = None      # flash only
     kv: str | None = None         # cache ops only
+    needs: tuple[tuple[str, str], ...] = ()  # option axes that must have these values
 
     def matches(self, k: Kernel) -> bool:
         return (k.op is self.op and k.position is self.position
                 and (self.mode is None or k.mode is self.mode)
-                and (self.kv is None or k.kv.value == self.kv))
+                and (self.kv is None or k.kv.value == self.kv)
+                and all(getattr(k, key).value == value for key, value in self.needs))
 
     def __str__(self) -> str:
         parts = [self.op.value, *([self.mode.value] if self.mode else []),
-                 f"position={self.position.value}", *([f"kv={self.kv}"] if self.kv else [])]
+                 f"position={self.position.value}", *([f"kv={self.kv}"] if self.kv else []),
+                 *(f"{key}={value}" for key, value in self.needs)]
         return " ".join(parts)
+
+
+# Attention options a kernel may carry; a kernel with options nobody asked for is
+# chosen only after the plain ones (its neutral options give the same bits anyway).
+OPTION_AXES = ("window", "mask", "softcap", "sinks")
+
+
+def options(k: Kernel) -> int:
+    """How many option axes of ``k`` are off their spec default."""
+    return sum(getattr(k, a) != KEYS[a].default for a in OPTION_AXES)
 
 
 def generated() -> list[tuple[Kernel, Callable]]:
@@ -52,12 +65,13 @@ def generated() -> list[tuple[Kernel, Callable]]:
 
 def rank(k: Kernel) -> tuple:
     """Preference among kernels that serve a shape (smaller first): exact staging
-    before fp16 q or K tiles, then the widest tile (the most of the block scoring
+    before fp16 q or K tiles, then the fewest options nobody asked for, then the
+    widest tile (the most of the block scoring
     keys: fewer tile steps), then a block with no idle threads."""
     if k.op is not Op.FLASH:
-        return (0,)
+        return (options(k),)
     lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
-    return (lossy, -tile_threads(k), padded(k))
+    return (lossy, options(k), -tile_threads(k), padded(k))
 
 
 def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,

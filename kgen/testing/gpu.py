@@ -150,7 +150,8 @@ def _options(k: Kernel, case: Case) -> dict:
 
 def _ref_options(k: Kernel, case: Case) -> dict:
     """The same options as the NumPy reference takes them."""
-    out = {"window": case.window if k.window is Window.EXACT else None}
+    big = 2**31 - 1  # an exact-window kernel with no window given sees every key
+    out = {"window": (case.window or (big, big)) if k.window is Window.EXACT else None}
     if k.softcap is SoftCap.TANH:
         out["softcap"] = case.softcap
     if k.mode is Mode.PREFILL:

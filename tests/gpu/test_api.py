@@ -316,3 +316,93 @@ def test_no_kernel_for_a_shape_is_a_clear_error(cp):
     cache_hd = next(hd for hd in range(40, 1024, 8) if not FORMATS[blocked].accepts_head_dim(hd))
     with pytest.raises(ContractError, match="head_dim"):
         KVCache(2, cache_hd, 64, kv=blocked)
+
+
+OPTIONS = [
+    {},
+    {"window": (37, 0)},
+    {"window": (0, 0), "attn_sink": 4},
+    {"softcap": 1.5},
+    {"sinks": True},
+    {"window": (20, 0), "softcap": 2.0, "sinks": True, "attn_sink": 2},
+]
+
+
+@pytest.mark.parametrize("kv", _served("append", "prefill", "decode", "combine"))
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: "-".join(o) or "plain")
+def test_engine_options_through_the_cache(cp, kv, opt):
+    """KVCache prefill then decode with each option on (kernels chosen by what the
+    call asks for), against the reference; and the same options at their neutral
+    values give the plain kernels' bits."""
+    from kgen.runtime.kv import KVCache
+
+    g, seed = rng()
+    hk, H, hd, ms, n = 2, 8, HD, 200, 90
+    sink, win = _shadows(kv, 4, 100)
+    cache = KVCache(hk, hd, ms, kv=kv, sink=sink, win=win)
+    host = _host(cache)
+    scale = 1 / math.sqrt(hd)
+    sinks = (_rand(g, H) * 2) if opt.get("sinks") else None
+    kw = {k: v for k, v in opt.items() if k != "sinks"}
+    dev_kw = {**kw, **({"sinks": cp.asarray(sinks)} if sinks is not None else {})}
+    q, kn, vn = _rand(g, n, H, hd), _rand(g, n, hk, hd), _rand(g, n, hk, hd)
+    try:
+        got = cache.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0,
+                            **dev_kw).get()
+    except ContractError as exc:
+        pytest.skip(f"no {kv} kernel with these options: {exc}")
+    ref.append(kn, vn, host, 0, sink, win)
+    kp = cache.kernels.get("prefill", H // hk, needs=_needs(cache, opt, "prefill"))[0]
+    floor = (ref.prefill_live_floor(0, n, cache.RING_ROWS)
+             if kp.ring_floor.value == "batch" else None)
+    want = ref.prefill_attention_cache(q, host, H // hk, 0, sink, win, kw.get("attn_sink", 0),
+                                       0, scale, floor, tile=kp.tile_keys,
+                                       window=kw.get("window"), softcap=kw.get("softcap", 0),
+                                       sinks=sinks)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
+                               err_msg=f"{kv} {opt} prefill ({kp.name}) seed={seed}")
+    qd, k1, v1 = _rand(g, H, hd), _rand(g, 1, hk, hd), _rand(g, 1, hk, hd)
+    got = cache.decode(cp.asarray(qd), cp.asarray(k1), cp.asarray(v1), pos=n, kps=32,
+                       splits_cap=4, **dev_kw).get()
+    ref.append(k1, v1, host, n, sink, win)
+    kr, vr = ref.read_kv_rows(host, n, sink, win)
+    kd = cache.kernels.get("decode_dev", H // hk, needs=_needs(cache, opt, "decode_dev"))[0]
+    want = ref.decode_attention(qd, kr, vr, H // hk, n + 1, 32, 4, kw.get("attn_sink", 0), 0,
+                                scale, tile=kd.tile_keys, sinks=sinks, window=kw.get("window"),
+                                softcap=kw.get("softcap", 0))
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
+                               err_msg=f"{kv} {opt} decode ({kd.name}) seed={seed}")
+
+
+def _needs(cache, opt, role):
+    from kgen.runtime.kv import Options
+
+    return Options(window=opt.get("window"), softcap=opt.get("softcap", 0.0),
+                   sinks=True if opt.get("sinks") else None).needs(role)
+
+
+@pytest.mark.parametrize("kv", _served("append", "prefill"))
+def test_neutral_options_are_the_plain_path_bit_for_bit(cp, kv):
+    """The gate: an exact window that covers everything, soft-cap 0 and sinks of
+    -inf give the plain kernels' bits (prefill and decode through the cache)."""
+    from kgen.runtime.kv import INT_MAX, KVCache
+
+    g, seed = rng()
+    hk, H, hd, ms, n = 2, 8, HD, 160, 70
+    sink, win = _shadows(kv, 4, 64)
+    q, kn, vn = _rand(g, n, H, hd), _rand(g, n, hk, hd), _rand(g, n, hk, hd)
+    qd, k1, v1 = _rand(g, H, hd), _rand(g, 1, hk, hd), _rand(g, 1, hk, hd)
+    outs = []
+    for opts in ({}, {"window": (INT_MAX, 0), "softcap": 0.0,
+                      "sinks": cp.full(H, -np.inf, cp.float32)}):
+        cache = KVCache(hk, hd, ms, kv=kv, sink=sink, win=win)
+        try:
+            p = cache.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0, **opts)
+        except ContractError as exc:
+            pytest.skip(f"no {kv} kernel with the options: {exc}")
+        d = cache.decode(cp.asarray(qd), cp.asarray(k1), cp.asarray(v1), pos=n, kps=32,
+                         splits_cap=4, **opts)
+        outs.append((p.get(), d.get()))
+    for a, b, what in ((outs[0][0], outs[1][0], "prefill"), (outs[0][1], outs[1][1], "decode")):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+            f"{kv} {what}: neutral options changed bits, seed={seed}"
