@@ -4,13 +4,29 @@
  *
  * module:    heads_decode
  * specs:     specs/heads.kspec
- * templates: kernels/decode_combine.cu.j2, kernels/flash.cu.j2, kv/f16.j2, kv/f32.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
- * kernels:   hd_f32_t8_host, hd_f32_t8_device, hd_f32_t8_slots, hd_q4_t8_host, hd_q4_t8_device, hd_q4_t8_slots, hd_f16_t8_host, hd_f16_t8_device, hd_f16_t8_slots, hd_q8_0_t8_host, hd_q8_0_t8_device, hd_q8_0_t8_slots, hd_f32_t4_host, hd_f32_t4_device, hd_f32_t4_slots, hd_q4_t4_host, hd_q4_t4_device, hd_q4_t4_slots, hd_f16_t4_host, hd_f16_t4_device, hd_f16_t4_slots, hd_q8_0_t4_host, hd_q8_0_t4_device, hd_q8_0_t4_slots, hd_f32_w_host, hd_f32_w_device, hd_f32_w_slots, hd_q4_w_host, hd_q4_w_device, hd_q4_w_slots, hd_f16_w_host, hd_f16_w_device, hd_f16_w_slots, hd_q8_0_w_host, hd_q8_0_w_device, hd_q8_0_w_slots, hd_f32_p_host, hd_f32_p_device, hd_f32_p_slots, hd_f16_p_host, hd_f16_p_device, hd_f16_p_slots, hc_t4_dev, hc_t8_dev
+ * templates: kernels/decode_combine.cu.j2, kernels/flash.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
+ * kernels:   hd_f32_t8_host, hd_f32_t8_device, hd_f32_t8_slots, hd_q4_t8_host, hd_q4_t8_device, hd_q4_t8_slots, hd_f16_t8_host, hd_f16_t8_device, hd_f16_t8_slots, hd_q8_0_t8_host, hd_q8_0_t8_device, hd_q8_0_t8_slots, hd_fp8_e4m3_t8_host, hd_fp8_e4m3_t8_device, hd_fp8_e4m3_t8_slots, hd_f32_t4_host, hd_f32_t4_device, hd_f32_t4_slots, hd_q4_t4_host, hd_q4_t4_device, hd_q4_t4_slots, hd_f16_t4_host, hd_f16_t4_device, hd_f16_t4_slots, hd_q8_0_t4_host, hd_q8_0_t4_device, hd_q8_0_t4_slots, hd_fp8_e4m3_t4_host, hd_fp8_e4m3_t4_device, hd_fp8_e4m3_t4_slots, hd_f32_w_host, hd_f32_w_device, hd_f32_w_slots, hd_q4_w_host, hd_q4_w_device, hd_q4_w_slots, hd_f16_w_host, hd_f16_w_device, hd_f16_w_slots, hd_q8_0_w_host, hd_q8_0_w_device, hd_q8_0_w_slots, hd_fp8_e4m3_w_host, hd_fp8_e4m3_w_device, hd_fp8_e4m3_w_slots, hd_f32_p_host, hd_f32_p_device, hd_f32_p_slots, hd_f16_p_host, hd_f16_p_device, hd_f16_p_slots, hd_fp8_e4m3_p_host, hd_fp8_e4m3_p_device, hd_fp8_e4m3_p_slots, hc_t4_dev, hc_t8_dev
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
  * against the golden instruction stream of the hand-written original.
  */
 #include <cuda_fp16.h>
+
+/* ---- fp8 e4m3fn elements (templates/lib/fp8_e4m3.cuh.j2) ----------------
+ * One byte S.EEEE.MMM, exponent bias 7, no infinities, S.1111.111 = NaN, largest
+ * finite 448. sm_37 has no fp8 instructions: integer code both ways, mirrored
+ * by kgen/formats/fp8_e4m3.py bit for bit. */
+
+/* Exact: a normal's bits move into a float's; a subnormal is m * 2^-9. */
+__device__ __forceinline__ float kgen_fp8_e4m3_to_float(unsigned int x) {
+    const unsigned int sign = (x & 0x80u) << 24;
+    const unsigned int em = x & 0x7fu;
+    if (em == 0x7fu)
+        return __int_as_float(0x7fffffff);
+    if (em < 8u)
+        return __int_as_float(__float_as_int((float)em * 0.001953125f) | (int)sign);
+    return __int_as_float((int)(sign | ((em + (120u << 3)) << 20)));
+}
 
 /* ---- Q4_0 row format (templates/lib/q4.cuh.j2) -------------------------
  * A row of head_dim values is head_dim/32 blocks of 18 bytes: an fp16 scale
@@ -2189,6 +2205,498 @@ const float *pj_s = p_s + (size_t)j * G;
     }
 }
 
+/* hd_fp8_e4m3_t8_host: fp8_e4m3 split decode, 8-key tiles (position from host)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void hd_fp8_e4m3_t8_host(const float *q, const unsigned char *k_cache,
+                                    const unsigned char *v_cache, float *m_out, float *l_out,
+                                    float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                    int seq_len, int n_splits, int split_len, float k_scale,
+                                    float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_t8_device: fp8_e4m3 split decode, 8-key tiles (position from device)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=device, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void hd_fp8_e4m3_t8_device(const float *q, const unsigned char *k_cache,
+                                      const unsigned char *v_cache, float *m_out, float *l_out,
+                                      float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                      const int *pos, int kps, int splits_cap, float k_scale,
+                                      float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_t8_slots: fp8_e4m3 split decode, 8-key tiles (position from slots)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=slots, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void hd_fp8_e4m3_t8_slots(const float *q, const unsigned char *k_cache,
+                                     const unsigned char *v_cache, float *m_out, float *l_out,
+                                     float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                     const int *pos, int kps, int splits_cap, float k_scale,
+                                     float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
 /* hd_f32_t4_host: f32 split decode, 4-key tiles (position from host)
  * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
  * decode, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
@@ -4223,6 +4731,498 @@ __syncthreads();
          * j == 0, where it contracts to one fma (hoisting it changes bits). */
         for (int j = 0; j < tk; j++) {
             float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_t4_host: fp8_e4m3 split decode, 4-key tiles (position from host)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void hd_fp8_e4m3_t4_host(const float *q, const unsigned char *k_cache,
+                                    const unsigned char *v_cache, float *m_out, float *l_out,
+                                    float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                    int seq_len, int n_splits, int split_len, float k_scale,
+                                    float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_t4_device: fp8_e4m3 split decode, 4-key tiles (position from device)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=device, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void hd_fp8_e4m3_t4_device(const float *q, const unsigned char *k_cache,
+                                      const unsigned char *v_cache, float *m_out, float *l_out,
+                                      float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                      const int *pos, int kps, int splits_cap, float k_scale,
+                                      float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_t4_slots: fp8_e4m3 split decode, 4-key tiles (position from slots)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=slots, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void hd_fp8_e4m3_t4_slots(const float *q, const unsigned char *k_cache,
+                                     const unsigned char *v_cache, float *m_out, float *l_out,
+                                     float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                     const int *pos, int kps, int splits_cap, float k_scale,
+                                     float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
 const float *pj_s = p_s + (size_t)j * G;
 #pragma unroll
             for (int g = 0; g < MAX_GROUPS; g++) {
@@ -6311,6 +7311,498 @@ const float *pj_s = p_s + (size_t)j * G;
     }
 }
 
+/* hd_fp8_e4m3_w_host: fp8_e4m3 split decode, 8 keys x 32 lanes (position from host)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void hd_fp8_e4m3_w_host(const float *q, const unsigned char *k_cache,
+                                   const unsigned char *v_cache, float *m_out, float *l_out,
+                                   float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                   int seq_len, int n_splits, int split_len, float k_scale,
+                                   float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 32;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_w_device: fp8_e4m3 split decode, 8 keys x 32 lanes (position from device)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=device, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void hd_fp8_e4m3_w_device(const float *q, const unsigned char *k_cache,
+                                     const unsigned char *v_cache, float *m_out, float *l_out,
+                                     float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                     const int *pos, int kps, int splits_cap, float k_scale,
+                                     float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 32;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_w_slots: fp8_e4m3 split decode, 8 keys x 32 lanes (position from slots)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=slots, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void hd_fp8_e4m3_w_slots(const float *q, const unsigned char *k_cache,
+                                    const unsigned char *v_cache, float *m_out, float *l_out,
+                                    float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                    const int *pos, int kps, int splits_cap, float k_scale,
+                                    float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 32;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
 /* hd_f32_p_host: f32 split decode, whole-warp blocks (position from host)
  * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
  * decode, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
@@ -7286,6 +8778,511 @@ __syncthreads();
         if (tid < head_dim)
         for (int j = 0; j < tk; j++) {
             float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    if (tid >= head_dim)
+        return; /* no barrier follows */
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_p_host: fp8_e4m3 split decode, whole-warp blocks (position from host)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim rounded up to whole warps; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void hd_fp8_e4m3_p_host(const float *q, const unsigned char *k_cache,
+                                   const unsigned char *v_cache, float *m_out, float *l_out,
+                                   float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                   int seq_len, int n_splits, int split_len, float k_scale,
+                                   float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    if (tid < head_dim) /* threads past head_dim own no dim: they only score and stage */
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        if (tid < head_dim)
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    if (tid >= head_dim)
+        return; /* no barrier follows */
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_p_device: fp8_e4m3 split decode, whole-warp blocks (position from device)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=device, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim rounded up to whole warps; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void hd_fp8_e4m3_p_device(const float *q, const unsigned char *k_cache,
+                                     const unsigned char *v_cache, float *m_out, float *l_out,
+                                     float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                     const int *pos, int kps, int splits_cap, float k_scale,
+                                     float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    if (tid < head_dim) /* threads past head_dim own no dim: they only score and stage */
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        if (tid < head_dim)
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    if (tid >= head_dim)
+        return; /* no barrier follows */
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* hd_fp8_e4m3_p_slots: fp8_e4m3 split decode, whole-warp blocks (position from slots)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=slots, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim rounded up to whole warps; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void hd_fp8_e4m3_p_slots(const float *q, const unsigned char *k_cache,
+                                    const unsigned char *v_cache, float *m_out, float *l_out,
+                                    float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                    const int *pos, int kps, int splits_cap, float k_scale,
+                                    float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            if (tid < head_dim)
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    if (tid < head_dim) /* threads past head_dim own no dim: they only score and stage */
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        if (tid < head_dim)
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
 const float *pj_s = p_s + (size_t)j * G;
 #pragma unroll
             for (int g = 0; g < MAX_GROUPS; g++) {

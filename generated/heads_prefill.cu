@@ -4,13 +4,29 @@
  *
  * module:    heads_prefill
  * specs:     specs/heads.kspec
- * templates: kernels/flash.cu.j2, kv/f16.j2, kv/f32.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
- * kernels:   hp_f32_t8, hp_q4_t8, hp_f16_t8, hp_q8_0_t8, hp_f32_t4, hp_q4_t4, hp_f16_t4, hp_q8_0_t4, hp_f32_w, hp_q4_w, hp_f16_w, hp_q8_0_w, hp_f32_p, hp_f16_p
+ * templates: kernels/flash.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
+ * kernels:   hp_f32_t8, hp_q4_t8, hp_f16_t8, hp_q8_0_t8, hp_fp8_e4m3_t8, hp_f32_t4, hp_q4_t4, hp_f16_t4, hp_q8_0_t4, hp_fp8_e4m3_t4, hp_f32_w, hp_q4_w, hp_f16_w, hp_q8_0_w, hp_fp8_e4m3_w, hp_f32_p, hp_f16_p, hp_fp8_e4m3_p
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
  * against the golden instruction stream of the hand-written original.
  */
 #include <cuda_fp16.h>
+
+/* ---- fp8 e4m3fn elements (templates/lib/fp8_e4m3.cuh.j2) ----------------
+ * One byte S.EEEE.MMM, exponent bias 7, no infinities, S.1111.111 = NaN, largest
+ * finite 448. sm_37 has no fp8 instructions: integer code both ways, mirrored
+ * by kgen/formats/fp8_e4m3.py bit for bit. */
+
+/* Exact: a normal's bits move into a float's; a subnormal is m * 2^-9. */
+__device__ __forceinline__ float kgen_fp8_e4m3_to_float(unsigned int x) {
+    const unsigned int sign = (x & 0x80u) << 24;
+    const unsigned int em = x & 0x7fu;
+    if (em == 0x7fu)
+        return __int_as_float(0x7fffffff);
+    if (em < 8u)
+        return __int_as_float(__float_as_int((float)em * 0.001953125f) | (int)sign);
+    return __int_as_float((int)(sign | ((em + (120u << 3)) << 20)));
+}
 
 /* ---- Q4_0 row format (templates/lib/q4.cuh.j2) -------------------------
  * A row of head_dim values is head_dim/32 blocks of 18 bytes: an fp16 scale
@@ -695,6 +711,151 @@ const float *pj_s = p_s + (size_t)j * G;
             out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
 }
 
+/* hp_fp8_e4m3_t8: fp8_e4m3 prefill, 8-key tiles (head_dim from 128)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void hp_fp8_e4m3_t8(const float *q, const unsigned char *k_cache,
+                               const unsigned char *v_cache, float *out, int kv_groups,
+                               int head_dim, int max_seq, int pos0, float k_scale,
+                               float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
 /* hp_f32_t4: f32 prefill, 4-key tiles (head_dim from 64)
  * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
  * prefill, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
@@ -1289,6 +1450,151 @@ __syncthreads();
          * j == 0, where it contracts to one fma (hoisting it changes bits). */
         for (int j = 0; j < tk; j++) {
             float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* hp_fp8_e4m3_t4: fp8_e4m3 prefill, 4-key tiles (head_dim from 64)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void hp_fp8_e4m3_t4(const float *q, const unsigned char *k_cache,
+                               const unsigned char *v_cache, float *out, int kv_groups,
+                               int head_dim, int max_seq, int pos0, float k_scale,
+                               float v_scale, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
 const float *pj_s = p_s + (size_t)j * G;
 #pragma unroll
             for (int g = 0; g < MAX_GROUPS; g++) {
@@ -1922,6 +2228,151 @@ const float *pj_s = p_s + (size_t)j * G;
             out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
 }
 
+/* hp_fp8_e4m3_w: fp8_e4m3 prefill, 8 keys x 32 lanes (wide heads, many groups)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void hp_fp8_e4m3_w(const float *q, const unsigned char *k_cache,
+                              const unsigned char *v_cache, float *out, int kv_groups,
+                              int head_dim, int max_seq, int pos0, float k_scale, float v_scale,
+                              int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 32;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
 /* hp_f32_p: f32 prefill, whole-warp blocks (head_dim 80, 112, ...)
  * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
  * prefill, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
@@ -2196,6 +2647,155 @@ __syncthreads();
         if (tid < head_dim)
         for (int j = 0; j < tk; j++) {
             float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    if (tid >= head_dim)
+        return; /* no barrier follows */
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* hp_fp8_e4m3_p: fp8_e4m3 prefill, whole-warp blocks (head_dim 80, 112, ...)
+ * [spec specs/heads.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim rounded up to whole warps; out [n][n_head][head_dim].
+ */
+__global__ void hp_fp8_e4m3_p(const float *q, const unsigned char *k_cache,
+                              const unsigned char *v_cache, float *out, int kv_groups,
+                              int head_dim, int max_seq, int pos0, float k_scale, float v_scale,
+                              int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns (if < head_dim) */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    if (tid < head_dim) /* threads past head_dim own no dim: they only score and stage */
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        if (tid < head_dim)
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
 const float *pj_s = p_s + (size_t)j * G;
 #pragma unroll
             for (int g = 0; g < MAX_GROUPS; g++) {

@@ -125,6 +125,32 @@ KERNELS = {
         'sink_rows': 8,
         'max_head_dim': 1024,
     }),
+    "hp_fp8_e4m3_t8": kernel("hp_fp8_e4m3_t8", {
+        'module': 'heads_prefill',
+        'doc': 'fp8_e4m3 prefill, 8-key tiles (head_dim from 128)',
+        'op': 'flash',
+        'mode': 'prefill',
+        'position': 'host',
+        'kv': 'fp8_e4m3',
+        'q_stage': 'f32',
+        'k_stage': 'shared_f32',
+        'v_stage': 'global',
+        'threads': 'head_dim',
+        'window': 'sink_recent',
+        'mask': 'causal',
+        'softcap': 'none',
+        'sinks': 'none',
+        'ring_floor': 'none',
+        'tile_keys': 8,
+        'dot_lanes': 16,
+        'max_groups': 8,
+        'k_pad': 16,
+        'kreg_max_chunk': 16,
+        'v_rounds': 3,
+        'ring_rows': 256,
+        'sink_rows': 8,
+        'max_head_dim': 1024,
+    }),
     "hp_f32_t4": kernel("hp_f32_t4", {
         'module': 'heads_prefill',
         'doc': 'f32 prefill, 4-key tiles (head_dim from 64)',
@@ -210,6 +236,32 @@ KERNELS = {
         'mode': 'prefill',
         'position': 'host',
         'kv': 'q8_0',
+        'q_stage': 'f32',
+        'k_stage': 'shared_f32',
+        'v_stage': 'global',
+        'threads': 'head_dim',
+        'window': 'sink_recent',
+        'mask': 'causal',
+        'softcap': 'none',
+        'sinks': 'none',
+        'ring_floor': 'none',
+        'tile_keys': 4,
+        'dot_lanes': 16,
+        'max_groups': 8,
+        'k_pad': 16,
+        'kreg_max_chunk': 16,
+        'v_rounds': 3,
+        'ring_rows': 256,
+        'sink_rows': 8,
+        'max_head_dim': 1024,
+    }),
+    "hp_fp8_e4m3_t4": kernel("hp_fp8_e4m3_t4", {
+        'module': 'heads_prefill',
+        'doc': 'fp8_e4m3 prefill, 4-key tiles (head_dim from 64)',
+        'op': 'flash',
+        'mode': 'prefill',
+        'position': 'host',
+        'kv': 'fp8_e4m3',
         'q_stage': 'f32',
         'k_stage': 'shared_f32',
         'v_stage': 'global',
@@ -333,6 +385,32 @@ KERNELS = {
         'sink_rows': 8,
         'max_head_dim': 1024,
     }),
+    "hp_fp8_e4m3_w": kernel("hp_fp8_e4m3_w", {
+        'module': 'heads_prefill',
+        'doc': 'fp8_e4m3 prefill, 8 keys x 32 lanes (wide heads, many groups)',
+        'op': 'flash',
+        'mode': 'prefill',
+        'position': 'host',
+        'kv': 'fp8_e4m3',
+        'q_stage': 'f32',
+        'k_stage': 'shared_f32',
+        'v_stage': 'global',
+        'threads': 'head_dim',
+        'window': 'sink_recent',
+        'mask': 'causal',
+        'softcap': 'none',
+        'sinks': 'none',
+        'ring_floor': 'none',
+        'tile_keys': 8,
+        'dot_lanes': 32,
+        'max_groups': 8,
+        'k_pad': 16,
+        'kreg_max_chunk': 16,
+        'v_rounds': 3,
+        'ring_rows': 256,
+        'sink_rows': 8,
+        'max_head_dim': 1024,
+    }),
     "hp_f32_p": kernel("hp_f32_p", {
         'module': 'heads_prefill',
         'doc': 'f32 prefill, whole-warp blocks (head_dim 80, 112, ...)',
@@ -366,6 +444,32 @@ KERNELS = {
         'mode': 'prefill',
         'position': 'host',
         'kv': 'f16',
+        'q_stage': 'f32',
+        'k_stage': 'shared_f32',
+        'v_stage': 'global',
+        'threads': 'warps',
+        'window': 'sink_recent',
+        'mask': 'causal',
+        'softcap': 'none',
+        'sinks': 'none',
+        'ring_floor': 'none',
+        'tile_keys': 4,
+        'dot_lanes': 16,
+        'max_groups': 8,
+        'k_pad': 16,
+        'kreg_max_chunk': 16,
+        'v_rounds': 3,
+        'ring_rows': 256,
+        'sink_rows': 8,
+        'max_head_dim': 1024,
+    }),
+    "hp_fp8_e4m3_p": kernel("hp_fp8_e4m3_p", {
+        'module': 'heads_prefill',
+        'doc': 'fp8_e4m3 prefill, whole-warp blocks (head_dim 80, 112, ...)',
+        'op': 'flash',
+        'mode': 'prefill',
+        'position': 'host',
+        'kv': 'fp8_e4m3',
         'q_stage': 'f32',
         'k_stage': 'shared_f32',
         'v_stage': 'global',
@@ -520,6 +624,40 @@ def hp_q8_0_t8(
     }, stream=stream)
 
 
+def hp_fp8_e4m3_t8(
+    q: cupy.ndarray,
+    k_cache: cupy.ndarray,
+    v_cache: cupy.ndarray,
+    out: cupy.ndarray,
+    *,
+    pos0: int,
+    k_scale: float | None = 1.0,
+    v_scale: float | None = 1.0,
+    attn_sink: int = 0,
+    attn_win: int = 0,
+    scale: float | None = None,
+    stream=None,
+):
+    """Fp8_e4m3 prefill, 8-key tiles (head_dim from 128).
+
+    Arrays (q, k_cache, v_cache, out): C-contiguous CuPy arrays of
+    dtype float32/uint8 as the kernel reads them.
+    Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
+    """
+    return launch(KERNELS["hp_fp8_e4m3_t8"], PTX, {
+        "q": q,
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "out": out,
+        "pos0": pos0,
+        "k_scale": k_scale,
+        "v_scale": v_scale,
+        "attn_sink": attn_sink,
+        "attn_win": attn_win,
+        "scale": scale,
+    }, stream=stream)
+
+
 def hp_f32_t4(
     q: cupy.ndarray,
     k_cache: cupy.ndarray,
@@ -646,6 +784,40 @@ def hp_q8_0_t4(
         "v_cache": v_cache,
         "out": out,
         "pos0": pos0,
+        "attn_sink": attn_sink,
+        "attn_win": attn_win,
+        "scale": scale,
+    }, stream=stream)
+
+
+def hp_fp8_e4m3_t4(
+    q: cupy.ndarray,
+    k_cache: cupy.ndarray,
+    v_cache: cupy.ndarray,
+    out: cupy.ndarray,
+    *,
+    pos0: int,
+    k_scale: float | None = 1.0,
+    v_scale: float | None = 1.0,
+    attn_sink: int = 0,
+    attn_win: int = 0,
+    scale: float | None = None,
+    stream=None,
+):
+    """Fp8_e4m3 prefill, 4-key tiles (head_dim from 64).
+
+    Arrays (q, k_cache, v_cache, out): C-contiguous CuPy arrays of
+    dtype float32/uint8 as the kernel reads them.
+    Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
+    """
+    return launch(KERNELS["hp_fp8_e4m3_t4"], PTX, {
+        "q": q,
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "out": out,
+        "pos0": pos0,
+        "k_scale": k_scale,
+        "v_scale": v_scale,
         "attn_sink": attn_sink,
         "attn_win": attn_win,
         "scale": scale,
@@ -784,6 +956,40 @@ def hp_q8_0_w(
     }, stream=stream)
 
 
+def hp_fp8_e4m3_w(
+    q: cupy.ndarray,
+    k_cache: cupy.ndarray,
+    v_cache: cupy.ndarray,
+    out: cupy.ndarray,
+    *,
+    pos0: int,
+    k_scale: float | None = 1.0,
+    v_scale: float | None = 1.0,
+    attn_sink: int = 0,
+    attn_win: int = 0,
+    scale: float | None = None,
+    stream=None,
+):
+    """Fp8_e4m3 prefill, 8 keys x 32 lanes (wide heads, many groups).
+
+    Arrays (q, k_cache, v_cache, out): C-contiguous CuPy arrays of
+    dtype float32/uint8 as the kernel reads them.
+    Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
+    """
+    return launch(KERNELS["hp_fp8_e4m3_w"], PTX, {
+        "q": q,
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "out": out,
+        "pos0": pos0,
+        "k_scale": k_scale,
+        "v_scale": v_scale,
+        "attn_sink": attn_sink,
+        "attn_win": attn_win,
+        "scale": scale,
+    }, stream=stream)
+
+
 def hp_f32_p(
     q: cupy.ndarray,
     k_cache: cupy.ndarray,
@@ -838,6 +1044,40 @@ def hp_f16_p(
         "v_cache": v_cache,
         "out": out,
         "pos0": pos0,
+        "attn_sink": attn_sink,
+        "attn_win": attn_win,
+        "scale": scale,
+    }, stream=stream)
+
+
+def hp_fp8_e4m3_p(
+    q: cupy.ndarray,
+    k_cache: cupy.ndarray,
+    v_cache: cupy.ndarray,
+    out: cupy.ndarray,
+    *,
+    pos0: int,
+    k_scale: float | None = 1.0,
+    v_scale: float | None = 1.0,
+    attn_sink: int = 0,
+    attn_win: int = 0,
+    scale: float | None = None,
+    stream=None,
+):
+    """Fp8_e4m3 prefill, whole-warp blocks (head_dim 80, 112, ...).
+
+    Arrays (q, k_cache, v_cache, out): C-contiguous CuPy arrays of
+    dtype float32/uint8 as the kernel reads them.
+    Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
+    """
+    return launch(KERNELS["hp_fp8_e4m3_p"], PTX, {
+        "q": q,
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "out": out,
+        "pos0": pos0,
+        "k_scale": k_scale,
+        "v_scale": v_scale,
         "attn_sink": attn_sink,
         "attn_win": attn_win,
         "scale": scale,

@@ -16,7 +16,7 @@ from kgen.spec.ir import Kernel
 DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total"})
 # Neutral values: no window, no soft-cap (the plain path, bit for bit).
 DEFAULTS = {"attn_sink": "0", "attn_win": "0", "scale": "None", "win_left": "2147483647",
-            "win_right": "2147483647", "softcap": "0.0"}
+            "win_right": "2147483647", "softcap": "0.0", "k_scale": "1.0", "v_scale": "1.0"}
 DTYPES = {
     "const float *": "float32", "float *": "float32",
     "const unsigned char *": "uint8", "unsigned char *": "uint8",

@@ -55,6 +55,7 @@ def _params(k: Kernel) -> tuple[Param, ...]:
     fmt = k.fmt
     shadows = [s.name for s in fmt.shadow_buffers()]
     shadow_scalars = list(fmt.shadow_scalars())
+    scales = list(fmt.scale_scalars())
     if k.op is Op.QZ_SPLIT:
         out += _p("const float *", "qg") + _p("float *", "q", "z") + _p("int", "head_dim", "total")
     elif k.op is Op.KV_APPEND:
@@ -64,6 +65,7 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _p("int", "n_head_kv", "head_dim", "max_seq")
         out += _position(k, _p("int", "pos0"))
         out += _p("int", *shadow_scalars)
+        out += _p("float", *scales)
     elif k.op is Op.FLASH:
         out += _p("const float *", "q")
         out += _p(f"const {fmt.ctype} *", "k_cache", "v_cache")
@@ -82,6 +84,7 @@ def _params(k: Kernel) -> tuple[Param, ...]:
             if k.position is not Position.HOST:
                 out += _p("int", "kps", "splits_cap")
         out += _p("int", *shadow_scalars)
+        out += _p("float", *scales)
         if k.window is Window.EXACT:
             out += _p("int", "attn_sink", "win_left", "win_right")
         else:

@@ -198,8 +198,15 @@ def refusal(k: Kernel, case: Case) -> str | None:
 
 
 def _fit(k: Kernel, c: Case) -> Case:
-    """The candidate as this kernel's format reads it (no shadow rows without shadows)."""
-    return c if k.fmt.shadows else c.with_(sink=0, win=0)
+    """The candidate as this kernel's format reads it: no shadow rows without shadows;
+    per-tensor scales that are not 1 (and, on the long cases, small enough that
+    some values saturate), where the format has them."""
+    if not k.fmt.shadows:
+        c = c.with_(sink=0, win=0)
+    if k.fmt.tensor_scales:
+        c = c.with_(k_scale=0.5, v_scale=0.25) if c.max_seq < 512 else \
+            c.with_(k_scale=0.005, v_scale=2.0)
+    return c
 
 
 def plan_cases(k: Kernel) -> tuple[list[Case], list[tuple[str, str]]]:

@@ -30,6 +30,7 @@ class Shadow:
 SHADOWS = (Shadow("k_sink", "sink_rows"), Shadow("v_sink", "sink_rows"),
            Shadow("k_win", "ring_rows"), Shadow("v_win", "ring_rows"))
 SHADOW_SCALARS = ("sink", "win")
+TENSOR_SCALES = ("k_scale", "v_scale")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class KvFormat:
     raw_v_tile: bool = False    # v_stage = shared_q4 can stage its raw V rows in shared
     fp16: bool = False          # its device code uses cuda_fp16.h
     exact_elements: bool = True  # the body holds the float32 values appended, bit for bit
+    tensor_scales: bool = False  # per-tensor k_scale / v_scale kernel arguments: rows hold
+    #                              x / scale, readers multiply back
 
     # ---- layout ---------------------------------------------------------------
 
@@ -80,13 +83,17 @@ class KvFormat:
     def shadow_scalars(self) -> tuple[str, ...]:
         return SHADOW_SCALARS if self.shadows else ()
 
+    def scale_scalars(self) -> tuple[str, ...]:
+        return TENSOR_SCALES if self.tensor_scales else ()
+
     # ---- NumPy model: bit for bit what the append kernels write and the readers see
 
-    def quantize_rows(self, x: np.ndarray) -> np.ndarray:
-        """float32 ``[..., head_dim]`` -> cache rows ``[..., row_width]``."""
+    def quantize_rows(self, x: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        """float32 ``[..., head_dim]`` -> cache rows ``[..., row_width]`` (``scale``: the
+        per-tensor scale of a format with tensor_scales; others ignore it)."""
         raise NotImplementedError
 
-    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+    def dequantize_rows(self, rows: np.ndarray, scale: float = 1.0) -> np.ndarray:
         """Cache rows ``[..., row_width]`` -> the float32 values a kernel computes with."""
         raise NotImplementedError
 

@@ -10,11 +10,11 @@ from kgen.formats.base import KvFormat
 
 
 class _F16(KvFormat):
-    def quantize_rows(self, x: np.ndarray) -> np.ndarray:
+    def quantize_rows(self, x: np.ndarray, scale: float = 1.0) -> np.ndarray:
         with np.errstate(over="ignore"):
             return np.asarray(x, dtype=np.float32).astype(np.float16)
 
-    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+    def dequantize_rows(self, rows: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return np.asarray(rows, dtype=np.float16).astype(np.float32)  # exact
 
 

@@ -8,10 +8,10 @@ from kgen.formats.base import KvFormat
 
 
 class _F32(KvFormat):
-    def quantize_rows(self, x: np.ndarray) -> np.ndarray:
+    def quantize_rows(self, x: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return np.asarray(x, dtype=np.float32).copy()
 
-    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+    def dequantize_rows(self, rows: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return np.asarray(rows, dtype=np.float32)
 
 

@@ -153,10 +153,10 @@ def dequantize_row(row: np.ndarray) -> np.ndarray:
 
 
 class _Q4(KvFormat):
-    def quantize_rows(self, x: np.ndarray) -> np.ndarray:
+    def quantize_rows(self, x: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return quantize_rows(x)
 
-    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+    def dequantize_rows(self, rows: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return dequantize_rows(rows)
 
 

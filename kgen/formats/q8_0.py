@@ -71,10 +71,10 @@ def dequantize_rows(rows: np.ndarray) -> np.ndarray:
 
 
 class _Q8_0(KvFormat):
-    def quantize_rows(self, x: np.ndarray) -> np.ndarray:
+    def quantize_rows(self, x: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return quantize_rows(x)
 
-    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+    def dequantize_rows(self, rows: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return dequantize_rows(rows)
 
 

@@ -35,10 +35,13 @@ class HostCache:
     k: np.ndarray
     v: np.ndarray
     shadows: dict[str, np.ndarray] = field(default_factory=dict)  # in argument order
+    k_scale: float = 1.0  # per-tensor scales of a format with tensor_scales
+    v_scale: float = 1.0
 
     @classmethod
     def empty(cls, fmt: KvFormat | str, n_head_kv: int, max_seq: int, head_dim: int,
-              ring_rows: int = 0, sink_rows: int = 0, nslots: int | None = None) -> HostCache:
+              ring_rows: int = 0, sink_rows: int = 0, nslots: int | None = None,
+              k_scale: float = 1.0, v_scale: float = 1.0) -> HostCache:
         """A cache whose every unwritten row decodes to NaN, so reading a row nobody
         appended poisons the result instead of silently contributing a value."""
         fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
@@ -51,7 +54,7 @@ class HostCache:
         shadows = {s.name: np.full(lead + (n_head_kv, rows[s.rows_key], head_dim), np.nan,
                                    dtype=np.float16) for s in fmt.shadow_buffers()}
         return cls(fmt, np.full(body, fmt.poison(), dtype=fmt.dtype),
-                   np.full(body, fmt.poison(), dtype=fmt.dtype), shadows)
+                   np.full(body, fmt.poison(), dtype=fmt.dtype), shadows, k_scale, v_scale)
 
     @property
     def arrays(self) -> list[np.ndarray]:
@@ -83,7 +86,7 @@ class HostCache:
         if self.k.ndim != 4:
             raise ValueError("slot() needs a cache with a leading slot axis")
         return HostCache(self.fmt, self.k[u], self.v[u],
-                         {n: a[u] for n, a in self.shadows.items()})
+                         {n: a[u] for n, a in self.shadows.items()}, self.k_scale, self.v_scale)
 
 
 # ---------------------------------------------------------------- appends
@@ -120,8 +123,8 @@ def append_rows(k_new: np.ndarray, v_new: np.ndarray, cache: HostCache, position
         raise ValueError(f"sink must be in [0, {cache.sink_rows}], got {sink}")
     kx = np.asarray(k_new, dtype=np.float32)
     vx = np.asarray(v_new, dtype=np.float32)
-    cache.k[:, rows, :] = np.swapaxes(fmt.quantize_rows(kx), 0, 1)
-    cache.v[:, rows, :] = np.swapaxes(fmt.quantize_rows(vx), 0, 1)
+    cache.k[:, rows, :] = np.swapaxes(fmt.quantize_rows(kx, cache.k_scale), 0, 1)
+    cache.v[:, rows, :] = np.swapaxes(fmt.quantize_rows(vx, cache.v_scale), 0, 1)
     if not fmt.shadows:
         return
     ring = cache.ring_rows
@@ -198,7 +201,8 @@ def shadow_source(kp, cur_pos: int, sink: int, win: int,
 def _rows(cache: HostCache, which: str, cur_pos: int, sink: int, win: int, n_keys: int,
           win_live_lo: int | None) -> np.ndarray:
     body = getattr(cache, which)
-    out = np.array(cache.fmt.dequantize_rows(body[..., :n_keys, :]), dtype=np.float32)
+    scale = cache.k_scale if which == "k" else cache.v_scale
+    out = np.array(cache.fmt.dequantize_rows(body[..., :n_keys, :], scale), dtype=np.float32)
     if not cache.fmt.shadows:
         return out
     kp = np.arange(n_keys)

@@ -108,6 +108,8 @@ def _cache_values(k: Kernel, c: Checker, a: dict, values: dict) -> None:
     if k.fmt.shadows:
         values["sink"] = c.integer("sink", a.get("sink", 0), 0, k.sink_rows, "sink rows")
         values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
+    for name in k.fmt.scale_scalars():  # per-tensor scales: rows hold x / scale
+        values[name] = _float32(c, name, a.get(name, 1.0), 1.0, positive=True)
 
 
 # ---- qz_split -----------------------------------------------------------------

@@ -235,7 +235,8 @@ class KVCache:
 
     def __init__(self, n_head_kv: int, head_dim: int, max_seq: int, kv: str = DEFAULT_KV,
                  sink: int = 0, win: int = 0, variants: dict[str, str] | None = None,
-                 prefill_kernel: str | None = None, buffers: tuple | None = None):
+                 prefill_kernel: str | None = None, buffers: tuple | None = None,
+                 k_scale: float = 1.0, v_scale: float = 1.0):
         if kv not in FORMATS:
             raise ContractError("KVCache", "kv", f"kv must be one of {sorted(FORMATS)}, "
                                 f"not {kv!r}")
@@ -251,6 +252,10 @@ class KVCache:
         self.RING_ROWS, self.SINK_ROWS = (lay.ring_rows, lay.sink_rows) if self.fmt.shadows \
             else (0, 0)
         self.sink, self.win = self._shadow_counts(sink, win)
+        if not self.fmt.tensor_scales and (k_scale, v_scale) != (1.0, 1.0):
+            raise ContractError("KVCache", "scales", f"kv = {kv} has no per-tensor scales")
+        self.k_scale = _finite32("k_scale", k_scale, positive=True)
+        self.v_scale = _finite32("v_scale", v_scale, positive=True)
         self.length = 0  # positions [0, length) hold keys
         self.scratch = _Scratch()
         self._pos = None  # device copy of decode's position (the device-position path)
@@ -277,7 +282,11 @@ class KVCache:
 
     @property
     def _shadow_args(self) -> dict:
-        return {"sink": self.sink, "win": self.win} if self.fmt.shadows else {}
+        """The format's own scalar arguments: shadow rows in use, per-tensor scales."""
+        out = {"sink": self.sink, "win": self.win} if self.fmt.shadows else {}
+        if self.fmt.tensor_scales:
+            out.update(k_scale=self.k_scale, v_scale=self.v_scale)
+        return out
 
     def max_prefill_chunk(self) -> int:
         """Rows one prefill batch may have so no row's window key is lapped.
@@ -489,11 +498,13 @@ class SlotKVCache:
 
     def __init__(self, nslots: int, n_head_kv: int, head_dim: int, max_seq: int,
                  kv: str = DEFAULT_KV, sink: int = 0, win: int = 0,
-                 variants: dict[str, str] | None = None):
+                 variants: dict[str, str] | None = None, k_scale: float = 1.0,
+                 v_scale: float = 1.0):
         self.nslots = _positive("nslots", nslots)
         # Slot 0 as a plain cache validates every argument and fixes the layout.
         probe = KVCache(n_head_kv, head_dim, max_seq, kv, sink, win, variants,
-                        buffers=(None, None))
+                        buffers=(None, None), k_scale=k_scale, v_scale=v_scale)
+        self.k_scale, self.v_scale = probe.k_scale, probe.v_scale
         self.kv, self.fmt, self.kernels = kv, probe.fmt, probe.kernels
         self.n_head_kv, self.head_dim, self.max_seq = n_head_kv, head_dim, max_seq
         self.sink, self.win = probe.sink, probe.win
@@ -504,9 +515,7 @@ class SlotKVCache:
                                             self.RING_ROWS, self.SINK_ROWS)
         self.shadows = tuple(shadows)
 
-    @property
-    def _shadow_args(self) -> dict:
-        return {"sink": self.sink, "win": self.win} if self.fmt.shadows else {}
+    _shadow_args = KVCache._shadow_args
 
     def slot(self, u: int, prefill_kernel: str | None = None) -> KVCache:
         """Slot ``u``'s rings as a single-sequence KVCache (views, no copy): its
@@ -517,7 +526,7 @@ class SlotKVCache:
         bufs = (self.k[u], self.v[u], *(s[u] for s in self.shadows))
         return KVCache(self.n_head_kv, self.head_dim, self.max_seq, kv=self.kv, sink=self.sink,
                        win=self.win, variants=self.variants, prefill_kernel=prefill_kernel,
-                       buffers=bufs)
+                       buffers=bufs, k_scale=self.k_scale, v_scale=self.v_scale)
 
     def prefill(self, u: int, q, k_new, v_new, pos0: int, **kw):
         """Prefill one user's prompt into its own ring; returns [n][n_head][head_dim]."""

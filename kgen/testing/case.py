@@ -28,6 +28,8 @@ class Case:
     win_right: int | None = None
     softcap: float = 0.0       # softcap = tanh kernels; 0 is off
     sinks: bool = False        # sinks = learned kernels: random sink logits (else -inf)
+    k_scale: float = 1.0       # per-tensor scales (formats with tensor_scales)
+    v_scale: float = 1.0
     kps: int = 64
     cap: int = 8
     n_splits: int = 3          # combine only

@@ -60,6 +60,8 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
             a[s.name] = z((*lead, getattr(k, s.rows_key), hd), np.float16)
         if fmt.shadows:
             a.update(sink=case.sink, win=case.win)
+        if fmt.tensor_scales:
+            a.update(k_scale=case.k_scale, v_scale=case.v_scale)
     pos = np.array(case.positions or (case.seq_len - 1,), dtype=np.int32)
     if k.op is Op.KV_APPEND:
         rows = ns if slots else (1 if k.position is Position.DEVICE else case.n)
@@ -252,6 +254,9 @@ MUTATIONS: dict[str, Mutation] = {
     "negative_window": Mutation("range", _flash, lambda k, c: {
         **host_args(k, c), **({"win_left": -5} if k.window is Window.EXACT
                               else {"attn_win": -5})}),
+    "tensor_scale_not_positive": Mutation(
+        "k_scale", lambda k: _cache_op(k) and k.fmt.tensor_scales,
+        lambda k, c: {**host_args(k, c), "k_scale": 0.0}),
     "softcap_not_finite": Mutation("softcap", lambda k: _flash(k) and
                                    k.softcap is SoftCap.TANH, lambda k, c: {
                                        **host_args(k, c), "softcap": float("nan")}),

@@ -49,7 +49,8 @@ def _poisoned(shape, dtype=np.float32):
 
 def _cache(k: Kernel, case: Case, nslots: int | None = None) -> ref.HostCache:
     return ref.HostCache.empty(k.fmt, case.n_head_kv, case.max_seq, case.head_dim,
-                               ring_rows=k.ring_rows, sink_rows=k.sink_rows, nslots=nslots)
+                               ring_rows=k.ring_rows, sink_rows=k.sink_rows, nslots=nslots,
+                               k_scale=case.k_scale, v_scale=case.v_scale)
 
 
 def _filled(g, k: Kernel, case: Case, pos0: int, upto: int) -> ref.HostCache:
@@ -63,7 +64,11 @@ def _filled(g, k: Kernel, case: Case, pos0: int, upto: int) -> ref.HostCache:
 
 
 def _shadow_args(k: Kernel, case: Case) -> dict:
-    return {"sink": case.sink, "win": case.win} if k.fmt.shadows else {}
+    """The format's own scalar arguments: shadow rows in use, per-tensor scales."""
+    out = {"sink": case.sink, "win": case.win} if k.fmt.shadows else {}
+    if k.fmt.tensor_scales:
+        out.update(k_scale=case.k_scale, v_scale=case.v_scale)
+    return out
 
 
 def _upload(cache: ref.HostCache):

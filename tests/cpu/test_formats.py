@@ -195,7 +195,17 @@ def _check_q8_0(x, q, back, msg) -> None:
     assert np.all(err[exact] <= np.broadcast_to(amax / 254 * (1 + 1e-5), err.shape)[exact]), msg
 
 
-ERROR_BOUNDS = {"f32": _check_f32, "f16": _check_f16, "q4": _check_q4, "q8_0": _check_q8_0}
+def _check_fp8_e4m3(x, q, back, msg) -> None:
+    """e4m3: half a step of 3 mantissa bits (2^-4 relative) in the normal range, half
+    of 2^-9 below 2^-6, and saturation to +-448 beyond it."""
+    a = np.abs(x.astype(np.float64))
+    err = np.abs(back.astype(np.float64) - np.clip(x, -448, 448))
+    bound = np.maximum(np.minimum(a, 448) * 2.0**-4, 2.0**-10) * (1 + 1e-6)
+    assert np.all(err <= bound), msg
+
+
+ERROR_BOUNDS = {"f32": _check_f32, "f16": _check_f16, "q4": _check_q4, "q8_0": _check_q8_0,
+                "fp8_e4m3": _check_fp8_e4m3}
 
 
 def test_every_format_has_an_error_bound() -> None:
@@ -455,3 +465,40 @@ def test_q8_0_matches_scalar_transcription(rng) -> None:
         assert q.tolist() == _scalar_q8_0(x), f"row {i}, seed={seed}"
         assert _bits_equal(Q8.dequantize_rows(q), _scalar_dequantize_q8_0(q)), \
             f"row {i}, seed={seed}"
+
+
+# ============================================================== fp8 e4m3 hand cases
+
+FP8_CASES = [  # float32 value -> e4m3fn byte (round to nearest even, saturating)
+    (0.0, 0x00), (-0.0, 0x80), (1.0, 0x38), (-2.0, 0xC0), (448.0, 0x7E), (500.0, 0x7E),
+    (float("inf"), 0x7E), (float("-inf"), 0xFE), (float("nan"), 0x7F),
+    (2.0**-6, 0x08),                   # smallest normal
+    (2.0**-9, 0x01),                   # smallest subnormal
+    (2.0**-10, 0x00),                  # tie below the smallest subnormal -> even (0)
+    (3 * 2.0**-10, 0x02),              # tie -> even (2 * 2^-9)
+    (1.0 + 2.0**-4, 0x38),             # tie between 1 and 1.125 -> even (1)
+    (1.0 + 3 * 2.0**-4, 0x3A),         # tie between 1.125 and 1.25 -> even (1.25)
+    (15.5, 0x58),                      # 1.9375 * 2^3: tie, odd -> carries to 2^4
+]
+
+
+@pytest.mark.parametrize("value,code", FP8_CASES)
+def test_fp8_e4m3_hand_cases(value, code) -> None:
+    from kgen.formats import fp8_e4m3
+
+    got = int(fp8_e4m3.encode(np.array([value], np.float32))[0])
+    assert got == code, f"{value!r} -> {got:#04x}, want {code:#04x}"
+
+
+def test_fp8_e4m3_decodes_every_byte_and_scales() -> None:
+    from kgen.formats import fp8_e4m3
+
+    b = np.arange(256, dtype=np.uint8)
+    d = fp8_e4m3.decode(b)
+    ok = ~np.isnan(d)
+    assert set(b[~ok]) == {0x7F, 0xFF} and float(np.nanmax(d)) == 448.0
+    assert np.array_equal(fp8_e4m3.encode(d[ok]), b[ok])  # every finite byte round-trips
+    fmt = FORMATS["fp8_e4m3"]
+    x = np.array([[1.0, -3.0, 1000.0]], np.float32)
+    rows = fmt.quantize_rows(x, 0.5)  # stores x / 0.5, saturated
+    assert np.array_equal(fmt.dequantize_rows(rows, 0.5), [[1.0, -3.0, 224.0]])

@@ -290,6 +290,76 @@ def test_ae_q8_0_prefill_bit_exact_attn_q8_0_prefill(case):
 def test_ae_q8_0_prefill_refuses(mutation):
     check_mutation(K["ae_q8_0_prefill"], AE_Q8_0_PREFILL_CASES[0], mutation)
 
+# ---- ae_fp8_e4m3_prefill: fp8_e4m3 prefill with exact windows, soft-cap and learned sinks
+
+AE_FP8_E4M3_PREFILL_CASES = [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd512_g7_partial_tile', n=19, n_head=14, head_dim=512, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile_win5', n=19, n_head=16, max_seq=72, pos0=17, win_left=5, win_right=0, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile_win0_sink3', n=19, n_head=16, max_seq=72, pos0=17, attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile_win11_right3', n=19, n_head=16, max_seq=72, pos0=17, win_left=11, win_right=3, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile_softcap1', n=19, n_head=16, max_seq=72, pos0=17, softcap=1.0, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile_sinks', n=19, n_head=16, max_seq=72, pos0=17, sinks=True, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile_all_options', n=19, n_head=16, max_seq=72, pos0=17, attn_sink=2, win_left=7, softcap=2.0, sinks=True, k_scale=0.5, v_scale=0.25),
+    Case('g1_n5', n=5, n_head=2, max_seq=32, k_scale=0.5, v_scale=0.25),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, k_scale=0.5, v_scale=0.25),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, k_scale=0.005, v_scale=2.0),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_PREFILL_CASES, ids=str)
+def test_ae_fp8_e4m3_prefill(case):
+    check_kernel(K["ae_fp8_e4m3_prefill"], mod.ae_fp8_e4m3_prefill, case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    Case('hd256_g1_partial_tile', n=19, n_head=2, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd512_g7_partial_tile', n=19, n_head=14, head_dim=512, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('g1_n5', n=5, n_head=2, max_seq=32, k_scale=0.5, v_scale=0.25),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, k_scale=0.5, v_scale=0.25),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, k_scale=0.5, v_scale=0.25),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, k_scale=0.005, v_scale=2.0),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
+], ids=str)
+def test_ae_fp8_e4m3_prefill_bit_exact_attn_fp8_e4m3_prefill(case):
+    from kgen_kernels import attn_fp8 as other
+    check_relation("bit_exact", 0.0, K["ae_fp8_e4m3_prefill"], mod.ae_fp8_e4m3_prefill,
+                   other.KERNELS["attn_fp8_e4m3_prefill"], other.attn_fp8_e4m3_prefill, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ae_fp8_e4m3_prefill_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_prefill"], AE_FP8_E4M3_PREFILL_CASES[0], mutation)
+
 # ---- ae_f32_prefill_full: f32 non-causal (encoder) prefill with exact windows, soft-cap and sinks
 
 AE_F32_PREFILL_FULL_CASES = [
@@ -1147,6 +1217,197 @@ def test_ae_q8_0_decode_slots_bit_exact_attn_q8_0_decode_slots(case):
 ])
 def test_ae_q8_0_decode_slots_refuses(mutation):
     check_mutation(K["ae_q8_0_decode_slots"], AE_Q8_0_DECODE_SLOTS_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_decode_host: fp8_e4m3 split decode with exact windows and soft-cap (position from host)
+
+AE_FP8_E4M3_DECODE_HOST_CASES = [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_win5', n_head=16, max_seq=72, seq_len=51, win_left=5, win_right=0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_win0_sink3', n_head=16, max_seq=72, seq_len=51, attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_win11_right3', n_head=16, max_seq=72, seq_len=51, win_left=11, win_right=3, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_softcap1', n_head=16, max_seq=72, seq_len=51, softcap=1.0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_all_options', n_head=16, max_seq=72, seq_len=51, attn_sink=2, win_left=7, softcap=2.0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_DECODE_HOST_CASES, ids=str)
+def test_ae_fp8_e4m3_decode_host(case):
+    check_kernel(K["ae_fp8_e4m3_decode_host"], mod.ae_fp8_e4m3_decode_host, case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+], ids=str)
+def test_ae_fp8_e4m3_decode_host_bit_exact_attn_fp8_e4m3_decode_host(case):
+    from kgen_kernels import attn_fp8 as other
+    check_relation("bit_exact", 0.0, K["ae_fp8_e4m3_decode_host"], mod.ae_fp8_e4m3_decode_host,
+                   other.KERNELS["attn_fp8_e4m3_decode_host"], other.attn_fp8_e4m3_decode_host, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_fp8_e4m3_decode_host_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_decode_host"], AE_FP8_E4M3_DECODE_HOST_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_decode_device: fp8_e4m3 split decode with exact windows and soft-cap (position from device)
+
+AE_FP8_E4M3_DECODE_DEVICE_CASES = [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_win5', n_head=16, max_seq=72, seq_len=51, win_left=5, win_right=0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_win0_sink3', n_head=16, max_seq=72, seq_len=51, attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_win11_right3', n_head=16, max_seq=72, seq_len=51, win_left=11, win_right=3, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_softcap1', n_head=16, max_seq=72, seq_len=51, softcap=1.0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_all_options', n_head=16, max_seq=72, seq_len=51, attn_sink=2, win_left=7, softcap=2.0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_DECODE_DEVICE_CASES, ids=str)
+def test_ae_fp8_e4m3_decode_device(case):
+    check_kernel(K["ae_fp8_e4m3_decode_device"], mod.ae_fp8_e4m3_decode_device, case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=14, head_dim=512, max_seq=72, seq_len=51, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+], ids=str)
+def test_ae_fp8_e4m3_decode_device_bit_exact_attn_fp8_e4m3_decode_device(case):
+    from kgen_kernels import attn_fp8 as other
+    check_relation("bit_exact", 0.0, K["ae_fp8_e4m3_decode_device"], mod.ae_fp8_e4m3_decode_device,
+                   other.KERNELS["attn_fp8_e4m3_decode_device"], other.attn_fp8_e4m3_decode_device, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_fp8_e4m3_decode_device_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_decode_device"], AE_FP8_E4M3_DECODE_DEVICE_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_decode_slots: fp8_e4m3 split decode with exact windows and soft-cap (position from slots)
+
+AE_FP8_E4M3_DECODE_SLOTS_CASES = [
+    Case('hd256_g1_partial_tile', n_head=1, n_head_kv=1, max_seq=72, positions=(34, 0, 16), k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=72, positions=(34, 0, 16), k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=7, n_head_kv=1, head_dim=512, max_seq=72, positions=(34, 0, 16), k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_win5', n_head_kv=1, max_seq=72, positions=(34, 0, 16), win_left=5, win_right=0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_win0_sink3', n_head_kv=1, max_seq=72, positions=(34, 0, 16), attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_win11_right3', n_head_kv=1, max_seq=72, positions=(34, 0, 16), win_left=11, win_right=3, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_softcap1', n_head_kv=1, max_seq=72, positions=(34, 0, 16), softcap=1.0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile_all_options', n_head_kv=1, max_seq=72, positions=(34, 0, 16), attn_sink=2, win_left=7, softcap=2.0, k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), k_scale=0.005, v_scale=2.0),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_DECODE_SLOTS_CASES, ids=str)
+def test_ae_fp8_e4m3_decode_slots(case):
+    check_kernel(K["ae_fp8_e4m3_decode_slots"], mod.ae_fp8_e4m3_decode_slots, case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    Case('hd256_g1_partial_tile', n_head=1, n_head_kv=1, max_seq=72, positions=(34, 0, 16), k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=72, positions=(34, 0, 16), k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('hd512_g7_partial_tile', n_head=7, n_head_kv=1, head_dim=512, max_seq=72, positions=(34, 0, 16), k_scale=0.5, v_scale=0.25, kps=16, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), k_scale=0.005, v_scale=2.0),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+], ids=str)
+def test_ae_fp8_e4m3_decode_slots_bit_exact_attn_fp8_e4m3_decode_slots(case):
+    from kgen_kernels import attn_fp8 as other
+    check_relation("bit_exact", 0.0, K["ae_fp8_e4m3_decode_slots"], mod.ae_fp8_e4m3_decode_slots,
+                   other.KERNELS["attn_fp8_e4m3_decode_slots"], other.attn_fp8_e4m3_decode_slots, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_fp8_e4m3_decode_slots_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_decode_slots"], AE_FP8_E4M3_DECODE_SLOTS_CASES[0], mutation)
 
 # ---- ae_combine: combine with learned sinks, n_splits from the host
 

@@ -530,6 +530,137 @@ def test_hd_q8_0_t8_slots(case):
 def test_hd_q8_0_t8_slots_refuses(mutation):
     check_mutation(K["hd_q8_0_t8_slots"], HD_Q8_0_T8_SLOTS_CASES[0], mutation)
 
+# ---- hd_fp8_e4m3_t8_host: fp8_e4m3 split decode, 8-key tiles (position from host)
+
+HD_FP8_E4M3_T8_HOST_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_T8_HOST_CASES, ids=str)
+def test_hd_fp8_e4m3_t8_host(case):
+    check_kernel(K["hd_fp8_e4m3_t8_host"], mod.hd_fp8_e4m3_t8_host, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_t8_host_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_t8_host"], HD_FP8_E4M3_T8_HOST_CASES[0], mutation)
+
+# ---- hd_fp8_e4m3_t8_device: fp8_e4m3 split decode, 8-key tiles (position from device)
+
+HD_FP8_E4M3_T8_DEVICE_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_T8_DEVICE_CASES, ids=str)
+def test_hd_fp8_e4m3_t8_device(case):
+    check_kernel(K["hd_fp8_e4m3_t8_device"], mod.hd_fp8_e4m3_t8_device, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_t8_device_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_t8_device"], HD_FP8_E4M3_T8_DEVICE_CASES[0], mutation)
+
+# ---- hd_fp8_e4m3_t8_slots: fp8_e4m3 split decode, 8-key tiles (position from slots)
+
+HD_FP8_E4M3_T8_SLOTS_CASES = [
+    Case('hd128_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), k_scale=0.005, v_scale=2.0),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_T8_SLOTS_CASES, ids=str)
+def test_hd_fp8_e4m3_t8_slots(case):
+    check_kernel(K["hd_fp8_e4m3_t8_slots"], mod.hd_fp8_e4m3_t8_slots, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_t8_slots_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_t8_slots"], HD_FP8_E4M3_T8_SLOTS_CASES[0], mutation)
+
 # ---- hd_f32_t4_host: f32 split decode, 4-key tiles (position from host)
 
 HD_F32_T4_HOST_CASES = [
@@ -1072,6 +1203,143 @@ def test_hd_q8_0_t4_slots(case):
 def test_hd_q8_0_t4_slots_refuses(mutation):
     check_mutation(K["hd_q8_0_t4_slots"], HD_Q8_0_T4_SLOTS_CASES[0], mutation)
 
+# ---- hd_fp8_e4m3_t4_host: fp8_e4m3 split decode, 4-key tiles (position from host)
+
+HD_FP8_E4M3_T4_HOST_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_T4_HOST_CASES, ids=str)
+def test_hd_fp8_e4m3_t4_host(case):
+    check_kernel(K["hd_fp8_e4m3_t4_host"], mod.hd_fp8_e4m3_t4_host, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_t4_host_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_t4_host"], HD_FP8_E4M3_T4_HOST_CASES[0], mutation)
+
+# ---- hd_fp8_e4m3_t4_device: fp8_e4m3 split decode, 4-key tiles (position from device)
+
+HD_FP8_E4M3_T4_DEVICE_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_T4_DEVICE_CASES, ids=str)
+def test_hd_fp8_e4m3_t4_device(case):
+    check_kernel(K["hd_fp8_e4m3_t4_device"], mod.hd_fp8_e4m3_t4_device, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_t4_device_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_t4_device"], HD_FP8_E4M3_T4_DEVICE_CASES[0], mutation)
+
+# ---- hd_fp8_e4m3_t4_slots: fp8_e4m3 split decode, 4-key tiles (position from slots)
+
+HD_FP8_E4M3_T4_SLOTS_CASES = [
+    Case('hd64_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head_kv=1, head_dim=96, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), k_scale=0.005, v_scale=2.0),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_T4_SLOTS_CASES, ids=str)
+def test_hd_fp8_e4m3_t4_slots(case):
+    check_kernel(K["hd_fp8_e4m3_t4_slots"], mod.hd_fp8_e4m3_t4_slots, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_t4_slots_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_t4_slots"], HD_FP8_E4M3_T4_SLOTS_CASES[0], mutation)
+
 # ---- hd_f32_w_host: f32 split decode, 8 keys x 32 lanes (position from host)
 
 HD_F32_W_HOST_CASES = [
@@ -1566,6 +1834,131 @@ def test_hd_q8_0_w_slots(case):
 def test_hd_q8_0_w_slots_refuses(mutation):
     check_mutation(K["hd_q8_0_w_slots"], HD_Q8_0_W_SLOTS_CASES[0], mutation)
 
+# ---- hd_fp8_e4m3_w_host: fp8_e4m3 split decode, 8 keys x 32 lanes (position from host)
+
+HD_FP8_E4M3_W_HOST_CASES = [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_W_HOST_CASES, ids=str)
+def test_hd_fp8_e4m3_w_host(case):
+    check_kernel(K["hd_fp8_e4m3_w_host"], mod.hd_fp8_e4m3_w_host, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_w_host_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_w_host"], HD_FP8_E4M3_W_HOST_CASES[0], mutation)
+
+# ---- hd_fp8_e4m3_w_device: fp8_e4m3 split decode, 8 keys x 32 lanes (position from device)
+
+HD_FP8_E4M3_W_DEVICE_CASES = [
+    Case('hd256_g1_partial_tile', n_head=2, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_W_DEVICE_CASES, ids=str)
+def test_hd_fp8_e4m3_w_device(case):
+    check_kernel(K["hd_fp8_e4m3_w_device"], mod.hd_fp8_e4m3_w_device, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_w_device_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_w_device"], HD_FP8_E4M3_W_DEVICE_CASES[0], mutation)
+
+# ---- hd_fp8_e4m3_w_slots: fp8_e4m3 split decode, 8 keys x 32 lanes (position from slots)
+
+HD_FP8_E4M3_W_SLOTS_CASES = [
+    Case('hd256_g1_partial_tile', n_head=1, n_head_kv=1, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), k_scale=0.005, v_scale=2.0),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_W_SLOTS_CASES, ids=str)
+def test_hd_fp8_e4m3_w_slots(case):
+    check_kernel(K["hd_fp8_e4m3_w_slots"], mod.hd_fp8_e4m3_w_slots, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_w_slots_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_w_slots"], HD_FP8_E4M3_W_SLOTS_CASES[0], mutation)
+
 # ---- hd_f32_p_host: f32 split decode, whole-warp blocks (position from host)
 
 HD_F32_P_HOST_CASES = [
@@ -1851,6 +2244,152 @@ def test_hd_f16_p_slots(case):
 ])
 def test_hd_f16_p_slots_refuses(mutation):
     check_mutation(K["hd_f16_p_slots"], HD_F16_P_SLOTS_CASES[0], mutation)
+
+# ---- hd_fp8_e4m3_p_host: fp8_e4m3 split decode, whole-warp blocks (position from host)
+
+HD_FP8_E4M3_P_HOST_CASES = [
+    Case('hd48_g1_partial_tile', n_head=2, head_dim=48, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd48_g8_partial_tile', n_head=16, head_dim=48, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd80_g8_partial_tile', n_head=16, head_dim=80, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd112_g8_partial_tile', n_head=16, head_dim=112, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_P_HOST_CASES, ids=str)
+def test_hd_fp8_e4m3_p_host(case):
+    check_kernel(K["hd_fp8_e4m3_p_host"], mod.hd_fp8_e4m3_p_host, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_chunk",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_p_host_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_p_host"], HD_FP8_E4M3_P_HOST_CASES[0], mutation)
+
+# ---- hd_fp8_e4m3_p_device: fp8_e4m3 split decode, whole-warp blocks (position from device)
+
+HD_FP8_E4M3_P_DEVICE_CASES = [
+    Case('hd48_g1_partial_tile', n_head=2, head_dim=48, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd48_g8_partial_tile', n_head=16, head_dim=48, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd80_g8_partial_tile', n_head=16, head_dim=80, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd112_g8_partial_tile', n_head=16, head_dim=112, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_P_DEVICE_CASES, ids=str)
+def test_hd_fp8_e4m3_p_device(case):
+    check_kernel(K["hd_fp8_e4m3_p_device"], mod.hd_fp8_e4m3_p_device, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_chunk",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_p_device_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_p_device"], HD_FP8_E4M3_P_DEVICE_CASES[0], mutation)
+
+# ---- hd_fp8_e4m3_p_slots: fp8_e4m3 split decode, whole-warp blocks (position from slots)
+
+HD_FP8_E4M3_P_SLOTS_CASES = [
+    Case('hd48_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=48, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd48_g8_partial_tile', n_head_kv=1, head_dim=48, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd80_g8_partial_tile', n_head_kv=1, head_dim=80, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head_kv=1, head_dim=96, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd112_g8_partial_tile', n_head_kv=1, head_dim=112, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), k_scale=0.005, v_scale=2.0),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HD_FP8_E4M3_P_SLOTS_CASES, ids=str)
+def test_hd_fp8_e4m3_p_slots(case):
+    check_kernel(K["hd_fp8_e4m3_p_slots"], mod.hd_fp8_e4m3_p_slots, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_chunk",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_hd_fp8_e4m3_p_slots_refuses(mutation):
+    check_mutation(K["hd_fp8_e4m3_p_slots"], HD_FP8_E4M3_P_SLOTS_CASES[0], mutation)
 
 # ---- hc_t4_dev: combine with the device plan of 4-key tiles
 

@@ -190,6 +190,51 @@ def test_hp_q8_0_t8(case):
 def test_hp_q8_0_t8_refuses(mutation):
     check_mutation(K["hp_q8_0_t8"], HP_Q8_0_T8_CASES[0], mutation)
 
+# ---- hp_fp8_e4m3_t8: fp8_e4m3 prefill, 8-key tiles (head_dim from 128)
+
+HP_FP8_E4M3_T8_CASES = [
+    Case('hd128_g1_partial_tile', n=11, n_head=2, head_dim=128, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd192_g8_partial_tile', n=11, n_head=16, head_dim=192, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile', n=11, n_head=16, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd512_g8_partial_tile', n=11, n_head=16, head_dim=512, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('g1_n5', n=5, n_head=2, max_seq=32, k_scale=0.5, v_scale=0.25),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, k_scale=0.5, v_scale=0.25),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, k_scale=0.005, v_scale=2.0),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HP_FP8_E4M3_T8_CASES, ids=str)
+def test_hp_fp8_e4m3_t8(case):
+    check_kernel(K["hp_fp8_e4m3_t8"], mod.hp_fp8_e4m3_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_hp_fp8_e4m3_t8_refuses(mutation):
+    check_mutation(K["hp_fp8_e4m3_t8"], HP_FP8_E4M3_T8_CASES[0], mutation)
+
 # ---- hp_f32_t4: f32 prefill, 4-key tiles (head_dim from 64)
 
 HP_F32_T4_CASES = [
@@ -376,6 +421,53 @@ def test_hp_q8_0_t4(case):
 def test_hp_q8_0_t4_refuses(mutation):
     check_mutation(K["hp_q8_0_t4"], HP_Q8_0_T4_CASES[0], mutation)
 
+# ---- hp_fp8_e4m3_t4: fp8_e4m3 prefill, 4-key tiles (head_dim from 64)
+
+HP_FP8_E4M3_T4_CASES = [
+    Case('hd64_g1_partial_tile', n=7, n_head=2, head_dim=64, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd96_g8_partial_tile', n=7, n_head=16, head_dim=96, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile', n=7, n_head=16, head_dim=128, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd192_g8_partial_tile', n=7, n_head=16, head_dim=192, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile', n=7, n_head=16, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd512_g8_partial_tile', n=7, n_head=16, head_dim=512, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('g1_n5', n=5, n_head=2, max_seq=32, k_scale=0.5, v_scale=0.25),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, k_scale=0.5, v_scale=0.25),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, k_scale=0.005, v_scale=2.0),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HP_FP8_E4M3_T4_CASES, ids=str)
+def test_hp_fp8_e4m3_t4(case):
+    check_kernel(K["hp_fp8_e4m3_t4"], mod.hp_fp8_e4m3_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_hp_fp8_e4m3_t4_refuses(mutation):
+    check_mutation(K["hp_fp8_e4m3_t4"], HP_FP8_E4M3_T4_CASES[0], mutation)
+
 # ---- hp_f32_w: f32 prefill, 8 keys x 32 lanes (wide heads, many groups)
 
 HP_F32_W_CASES = [
@@ -546,6 +638,49 @@ def test_hp_q8_0_w(case):
 def test_hp_q8_0_w_refuses(mutation):
     check_mutation(K["hp_q8_0_w"], HP_Q8_0_W_CASES[0], mutation)
 
+# ---- hp_fp8_e4m3_w: fp8_e4m3 prefill, 8 keys x 32 lanes (wide heads, many groups)
+
+HP_FP8_E4M3_W_CASES = [
+    Case('hd256_g1_partial_tile', n=11, n_head=2, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile', n=11, n_head=16, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd512_g8_partial_tile', n=11, n_head=16, head_dim=512, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('g1_n5', n=5, n_head=2, max_seq=32, k_scale=0.5, v_scale=0.25),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, k_scale=0.5, v_scale=0.25),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, k_scale=0.005, v_scale=2.0),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HP_FP8_E4M3_W_CASES, ids=str)
+def test_hp_fp8_e4m3_w(case):
+    check_kernel(K["hp_fp8_e4m3_w"], mod.hp_fp8_e4m3_w, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_hp_fp8_e4m3_w_refuses(mutation):
+    check_mutation(K["hp_fp8_e4m3_w"], HP_FP8_E4M3_W_CASES[0], mutation)
+
 # ---- hp_f32_p: f32 prefill, whole-warp blocks (head_dim 80, 112, ...)
 
 HP_F32_P_CASES = [
@@ -643,3 +778,53 @@ def test_hp_f16_p(case):
 ])
 def test_hp_f16_p_refuses(mutation):
     check_mutation(K["hp_f16_p"], HP_F16_P_CASES[0], mutation)
+
+# ---- hp_fp8_e4m3_p: fp8_e4m3 prefill, whole-warp blocks (head_dim 80, 112, ...)
+
+HP_FP8_E4M3_P_CASES = [
+    Case('hd48_g1_partial_tile', n=7, n_head=2, head_dim=48, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd48_g8_partial_tile', n=7, n_head=16, head_dim=48, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd80_g8_partial_tile', n=7, n_head=16, head_dim=80, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd96_g8_partial_tile', n=7, n_head=16, head_dim=96, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd112_g8_partial_tile', n=7, n_head=16, head_dim=112, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile', n=7, n_head=16, head_dim=128, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd192_g8_partial_tile', n=7, n_head=16, head_dim=192, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile', n=7, n_head=16, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd512_g8_partial_tile', n=7, n_head=16, head_dim=512, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('g1_n5', n=5, n_head=2, max_seq=32, k_scale=0.5, v_scale=0.25),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, k_scale=0.5, v_scale=0.25),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, k_scale=0.005, v_scale=2.0),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HP_FP8_E4M3_P_CASES, ids=str)
+def test_hp_fp8_e4m3_p(case):
+    check_kernel(K["hp_fp8_e4m3_p"], mod.hp_fp8_e4m3_p, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_chunk",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_hp_fp8_e4m3_p_refuses(mutation):
+    check_mutation(K["hp_fp8_e4m3_p"], HP_FP8_E4M3_P_CASES[0], mutation)
