@@ -11,6 +11,7 @@ from . import attn_decode
 from . import attn_engine
 from . import attn_f16
 from . import attn_fp8
+from . import attn_paged
 from . import attn_prefill
 from . import attn_q8_0
 from . import attn_util
@@ -77,6 +78,28 @@ from .attn_fp8 import (
     attn_fp8_e4m3_decode_host,
     attn_fp8_e4m3_decode_device,
     attn_fp8_e4m3_decode_slots,
+)
+from .attn_paged import (
+    paged_f32_append,
+    paged_f16_append,
+    paged_q8_0_append,
+    paged_fp8_e4m3_append,
+    paged_f32_prefill,
+    paged_f16_prefill,
+    paged_q8_0_prefill,
+    paged_fp8_e4m3_prefill,
+    paged_f32_decode,
+    paged_f16_decode,
+    paged_q8_0_decode,
+    paged_fp8_e4m3_decode,
+    paged_f32_prefill_opts,
+    paged_f16_prefill_opts,
+    paged_q8_0_prefill_opts,
+    paged_fp8_e4m3_prefill_opts,
+    paged_f32_decode_opts,
+    paged_f16_decode_opts,
+    paged_q8_0_decode_opts,
+    paged_fp8_e4m3_decode_opts,
 )
 from .attn_prefill import (
     fc_attn_flash_prefill,
@@ -183,6 +206,7 @@ MODULES = {
     "attn_engine": attn_engine,
     "attn_f16": attn_f16,
     "attn_fp8": attn_fp8,
+    "attn_paged": attn_paged,
     "attn_prefill": attn_prefill,
     "attn_q8_0": attn_q8_0,
     "attn_util": attn_util,
@@ -249,6 +273,27 @@ __all__ = [
     "attn_fp8_e4m3_decode_host",
     "attn_fp8_e4m3_decode_device",
     "attn_fp8_e4m3_decode_slots",
+    "attn_paged",
+    "paged_f32_append",
+    "paged_f16_append",
+    "paged_q8_0_append",
+    "paged_fp8_e4m3_append",
+    "paged_f32_prefill",
+    "paged_f16_prefill",
+    "paged_q8_0_prefill",
+    "paged_fp8_e4m3_prefill",
+    "paged_f32_decode",
+    "paged_f16_decode",
+    "paged_q8_0_decode",
+    "paged_fp8_e4m3_decode",
+    "paged_f32_prefill_opts",
+    "paged_f16_prefill_opts",
+    "paged_q8_0_prefill_opts",
+    "paged_fp8_e4m3_prefill_opts",
+    "paged_f32_decode_opts",
+    "paged_f16_decode_opts",
+    "paged_q8_0_decode_opts",
+    "paged_fp8_e4m3_decode_opts",
     "attn_prefill",
     "fc_attn_flash_prefill",
     "fc_attn_flash_prefill_q4",

@@ -111,9 +111,9 @@ __global__ void attn_q8_0_append_host(const float *k_new, const float *v_new,
     if (tid >= head_dim) return;
 
     constexpr int MAX_HEAD_DIM = 1024; /* static staging bound */
-    int cache_pos = (pos0 + t) % max_seq;
     int row_bytes = kgen_q8_0_row_bytes(head_dim);
     size_t src = ((size_t)t * n_head_kv + h) * head_dim + tid;
+    int cache_pos = (pos0 + t) % max_seq;
     size_t dst_row = ((size_t)h * max_seq + cache_pos) * row_bytes;
     int blk = tid / KGEN_Q8_0_BLOCK;
     int lane = tid & (KGEN_Q8_0_BLOCK - 1);
@@ -142,9 +142,9 @@ __global__ void attn_q8_0_append_device(const float *k_new, const float *v_new,
     if (tid >= head_dim) return;
 
     constexpr int MAX_HEAD_DIM = 1024; /* static staging bound */
-    int cache_pos = (pos[0] + t) % max_seq;
     int row_bytes = kgen_q8_0_row_bytes(head_dim);
     size_t src = ((size_t)t * n_head_kv + h) * head_dim + tid;
+    int cache_pos = (pos[0] + t) % max_seq;
     size_t dst_row = ((size_t)h * max_seq + cache_pos) * row_bytes;
     int blk = tid / KGEN_Q8_0_BLOCK;
     int lane = tid & (KGEN_Q8_0_BLOCK - 1);
@@ -172,9 +172,9 @@ __global__ void attn_q8_0_append_slots(const float *k_new, const float *v_new,
     if (tid >= head_dim) return;
 
     constexpr int MAX_HEAD_DIM = 1024; /* static staging bound */
-    int cache_pos = (pos[u]) % max_seq;
     int row_bytes = kgen_q8_0_row_bytes(head_dim);
     size_t src = ((size_t)u * n_head_kv + h) * head_dim + tid;
+    int cache_pos = (pos[u]) % max_seq;
     size_t dst_row = (((size_t)u * n_head_kv + h) * max_seq + cache_pos) * row_bytes;
     int blk = tid / KGEN_Q8_0_BLOCK;
     int lane = tid & (KGEN_Q8_0_BLOCK - 1);

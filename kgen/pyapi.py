@@ -51,6 +51,8 @@ def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
             scalars.append(PyArg(p.name, ann, DEFAULTS.get(p.name)))
     if k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.SLOTS:
         scalars.append(PyArg("launch_splits", "int | None", "None"))
+    if k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.PAGED:
+        scalars.append(PyArg("max_seq_len", "int | None", "None"))  # host bound: the grid
     if k.position is not Position.HOST and k.op is not Op.QZ_SPLIT:
         scalars.append(PyArg("validate_pos", "bool", "True"))
     return arrays, scalars

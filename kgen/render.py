@@ -73,9 +73,18 @@ def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Enviro
     )
     env.filters["signature"] = signature
     env.filters["c_string"] = _c_string
-    env.globals.update(convert=convert, NEG_INF=NEG_INF, py_args=py_args,
+    env.globals.update(convert=convert, NEG_INF=NEG_INF, py_args=py_args, pos_off=pos_off,
                        axes=lambda k: _py_dict(axes_of(k.k)), case_literal=_case_literal)
     return env
+
+
+def pos_off(k, pos: str, row: str) -> str:
+    """The element offset of key position ``pos``'s row from a kv head's base: ``pos``
+    rows of ``row`` elements in a contiguous cache; through the request's page-table
+    row in a paged one (a position's rows of every kv head are adjacent there)."""
+    if k.position is Position.PAGED:
+        return f"(size_t)kgen_page_pos(page_row, {pos}, block_size) * pstride"
+    return f"(size_t){pos} * {row}"
 
 
 def _uses(k: KernelView) -> set[str]:
@@ -106,6 +115,7 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
                         if (templates / by_name[n].lib).is_file()],
         "window": any(k.op is Op.FLASH for k in kernels),
         "combine": any(k.op is Op.DECODE_COMBINE for k in kernels),
+        "paged": any(k.paged and k.op is Op.FLASH for k in kernels),
         "combine_sinks": any(k.op is Op.DECODE_COMBINE and k.learned_sinks for k in kernels),
         "exact_window": any(k.op is Op.FLASH and k.exact_window for k in kernels),
         "plan": any(k.position is not Position.HOST and k.op in (Op.FLASH, Op.DECODE_COMBINE)

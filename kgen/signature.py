@@ -62,8 +62,11 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _p("const float *", "k_new", "v_new")
         out += _p(f"{fmt.ctype} *", "k_cache", "v_cache")
         out += _p("__half *", *shadows)
-        out += _p("int", "n_head_kv", "head_dim", "max_seq")
-        out += _position(k, _p("int", "pos0"))
+        if k.position is Position.PAGED:  # reshape_and_cache
+            out += _p("const int *", "slot_mapping") + _p("int", "n_head_kv", "head_dim")
+        else:
+            out += _p("int", "n_head_kv", "head_dim", "max_seq")
+            out += _position(k, _p("int", "pos0"))
         out += _p("int", *shadow_scalars)
         out += _p("float", *scales)
     elif k.op is Op.FLASH:
@@ -76,10 +79,18 @@ def _params(k: Kernel) -> tuple[Param, ...]:
                 out += _p("const float *", "sinks")
         else:
             out += _p("float *", "m_out", "l_out", "acc_out")
-        out += _p("int", "kv_groups", "head_dim", "max_seq")
-        if k.mode is Mode.PREFILL:
+        if k.position is Position.PAGED:
+            out += _p("const int *", "block_table", "seq_lens")
+            if k.mode is Mode.PREFILL:
+                out += _p("const int *", "query_start_loc")
+            out += _p("int", "kv_groups", "head_dim", "block_size", "max_blocks")
+            out += _p("int", "num_reqs") if k.mode is Mode.PREFILL else \
+                _p("int", "kps", "splits_cap")
+        elif k.mode is Mode.PREFILL:
+            out += _p("int", "kv_groups", "head_dim", "max_seq")
             out += _p("int", "pos0")
         else:
+            out += _p("int", "kv_groups", "head_dim", "max_seq")
             out += _position(k, _p("int", "seq_len", "n_splits", "split_len"))
             if k.position is not Position.HOST:
                 out += _p("int", "kps", "splits_cap")

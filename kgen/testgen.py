@@ -88,9 +88,32 @@ COMBINE = [
 ]
 
 
+PAGED_APPEND = [
+    Case("n7_block4", n=7, n_head_kv=2, head_dim=256, block_size=4),
+    Case("n33_block16_hd128", n=33, n_head_kv=1, head_dim=128, block_size=16),
+]
+PAGED_PREFILL = [  # (query rows, keys) per request, aligned to each request's end
+    Case("three_requests", requests=((5, 21), (1, 40), (16, 16)), n_head=8, n_head_kv=2,
+         block_size=16),
+    Case("block5_ragged", requests=((7, 7), (3, 50), (2, 2)), n_head=4, n_head_kv=1,
+         block_size=5),
+    Case("long_window", requests=((9, 300), (4, 33)), n_head=6, n_head_kv=2, block_size=16,
+         attn_sink=4, attn_win=40),
+]
+PAGED_DECODE = [
+    Case("three_requests", requests=((1, 1), (1, 130), (1, 700)), n_head=4, n_head_kv=2,
+         block_size=16, kps=64, cap=8),
+    Case("block5_window", requests=((1, 299), (1, 16)), n_head=8, n_head_kv=1, block_size=5,
+         kps=32, cap=16, attn_sink=4, attn_win=40),
+]
+
+
 def candidates(k: Kernel) -> list[Case]:
     if k.op is Op.QZ_SPLIT:
         return QZ
+    if k.position is Position.PAGED:
+        return {Op.KV_APPEND: PAGED_APPEND}.get(k.op) or (
+            PAGED_PREFILL if k.mode is Mode.PREFILL else PAGED_DECODE)
     if k.op is Op.KV_APPEND:
         return {Position.HOST: APPEND, Position.DEVICE: APPEND_DEV,
                 Position.SLOTS: APPEND_SLOTS}[k.position]
@@ -117,6 +140,8 @@ def required(k: Kernel) -> list[Case]:
     if k.op is Op.QZ_SPLIT:
         return [Case(f"hd{hd}_smallest", n=3, n_head=5, head_dim=hd)]
     if k.op is Op.KV_APPEND:
+        if k.position is Position.PAGED:
+            return [Case(f"hd{hd}_smallest", n=3, n_head_kv=2, head_dim=hd, block_size=2)]
         if k.position is Position.SLOTS:
             return [Case(f"hd{hd}_smallest", n=2, n_head_kv=2, head_dim=hd, max_seq=8,
                          positions=(5, 0), sink=2, win=4)]
@@ -131,7 +156,12 @@ def required(k: Kernel) -> list[Case]:
     out = []
     for hd, groups in _flash_shapes(k):
         name = f"hd{hd}_g{groups}_partial_tile"
-        if k.mode is Mode.PREFILL:
+        if k.position is Position.PAGED:
+            reqs = ((T + 3, 2 * T + 4), (1, T + 1)) if k.mode is Mode.PREFILL else \
+                ((1, 3 * T + 3), (1, T))
+            out.append(Case(name, requests=reqs, n_head=2 * groups, n_head_kv=2, head_dim=hd,
+                            block_size=T, kps=T, cap=4))
+        elif k.mode is Mode.PREFILL:
             out.append(Case(name, n=T + 3, n_head=2 * groups, n_head_kv=2, head_dim=hd,
                             max_seq=4 * T + 8, pos0=T + 1, sink=2, win=T + 5))
         elif k.position is Position.SLOTS:

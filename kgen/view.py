@@ -53,6 +53,16 @@ class KernelView:
         return self.k.position is Position.SLOTS
 
     @property
+    def paged(self) -> bool:
+        return self.k.position is Position.PAGED
+
+    @property
+    def per_request(self) -> bool:
+        """A decode over many sequences at their own lengths (slots, or paged)."""
+        return self.k.op is Op.FLASH and self.k.mode is Mode.DECODE and (
+            self.k.position in (Position.SLOTS, Position.PAGED))
+
+    @property
     def device_pos(self) -> bool:
         return self.k.position is Position.DEVICE
 

@@ -48,9 +48,11 @@ from .cache import (
     read_kv_rows,
     shadow_source,
 )
+from .paged import PagedCache, dense, slots_of
 
 __all__ = [
     "DOT_LANES", "MAX_GROUPS", "SRC_BODY", "SRC_SINK", "SRC_WINDOW", "TILE_KEYS", "HostCache",
+    "PagedCache", "dense", "slots_of",
     "append", "append_dev", "append_rows", "append_slots", "attended_keys", "combine",
     "decode_attention", "decode_attention_slots", "decode_partials", "decode_partials_slots",
     "decode_plan", "exact_keys", "fill", "key_mask", "keys_scored_per_tile",

@@ -60,6 +60,8 @@ def bind(k: Kernel, a: dict) -> Launch:
     """Check ``a`` (argument name -> value) against ``k``'s contracts; build the Launch."""
     binder = {Op.QZ_SPLIT: _qz_split, Op.KV_APPEND: _kv_append, Op.FLASH: _flash,
               Op.DECODE_COMBINE: _combine}[k.op]
+    if k.position is Position.PAGED:
+        binder = _paged_append if k.op is Op.KV_APPEND else _paged_flash
     expected = {p.name for p in params(k)}
     c = Checker(k.name)
     grid, block, smem, values = binder(k, c, dict(a))
@@ -405,3 +407,152 @@ def _combine(k: Kernel, c: Checker, a: dict):
     c.require(a["acc_in"].size >= heads * width * hd, "partials size",
               lambda: f"acc_in needs {heads * width * hd} floats")
     return (heads, 1, 1), (hd, 1, 1), 0, values
+
+
+# ---- paged caches (position = paged) --------------------------------------------------
+# Pages are [num_blocks][block_size][n_head_kv][row]; a request's block-table row maps
+# its logical blocks to physical ones. The host passes shapes and upper bounds only:
+# with validate_pos (the default) it also reads the index tensors back and checks
+# them; a graph-captured launch passes validate_pos=False and owns their values.
+
+
+def _pages(k: Kernel, c: Checker, a: dict, hd: int) -> tuple[int, int, int]:
+    """The paged K/V caches; returns (num_blocks, block_size, n_head_kv)."""
+    fmt = k.fmt
+    kc, vc = a["k_cache"], a["v_cache"]
+    c.array("k_cache", kc, fmt.dtype, 4)
+    c.array("v_cache", vc, fmt.dtype, 4)
+    nb, bs, hk = (int(x) for x in kc.shape[:3])
+    c.shape("k_cache", kc, (nb, bs, hk, fmt.row_width(hd)))
+    c.shape("v_cache", vc, (nb, bs, hk, fmt.row_width(hd)))
+    c.require(nb >= 1 and bs >= 1 and hk >= 1, "shape", "empty paged cache")
+    c.require(nb * bs * hk * fmt.row_width(hd) < 2**62, "int64 index", "cache too large")
+    c.require(nb * bs <= INT_MAX, "int32 position", lambda: f"{nb} blocks of {bs} positions "
+              "overflow an int position")
+    return nb, bs, hk
+
+
+def _index(c: Checker, a: dict, name: str, shape: tuple[int, ...]) -> object:
+    c.array(name, a[name], np.int32, len(shape))
+    c.shape(name, a[name], shape)
+    return a[name]
+
+
+def _host_ints(x) -> np.ndarray:
+    return np.asarray(x.get() if hasattr(x, "get") else x)
+
+
+def _paged_tables(k: Kernel, c: Checker, a: dict, nb: int, bs: int, reqs: int) -> int:
+    """block_table [num_reqs][max_blocks] and seq_lens [num_reqs]; returns max_blocks."""
+    bt = a["block_table"]
+    c.array("block_table", bt, np.int32, 2)
+    c.require(int(bt.shape[0]) == reqs, "shape", lambda: f"block_table has {bt.shape[0]} "
+              f"rows for {reqs} requests")
+    mb = int(bt.shape[1])
+    c.require(mb >= 1, "shape", "block_table has no columns")
+    _index(c, a, "seq_lens", (reqs,))
+    if a.get("validate_pos", True):
+        lens = _host_ints(a["seq_lens"])
+        table = _host_ints(bt)
+        c.require(bool((lens >= 1).all()), "seq_lens", lambda: f"seq_lens must be >= 1, "
+                  f"got {lens.min()}")
+        c.require(bool((lens <= mb * bs).all()), "seq_lens", lambda: f"a sequence of "
+                  f"{lens.max()} keys needs more than the table's {mb} blocks of {bs}")
+        for r, n in enumerate(lens):
+            used = table[r, : -(-int(n) // bs)]
+            c.require(bool(((used >= 0) & (used < nb)).all()), "block_table",
+                      lambda r=r: f"request {r} maps a block outside [0, {nb})")
+    return mb
+
+
+def _paged_flash(k: Kernel, c: Checker, a: dict):
+    prefill = k.mode is Mode.PREFILL
+    q = a["q"]
+    c.array("q", q, np.float32, 3)
+    rows, n_head, hd = (int(x) for x in q.shape)
+    check_flash_shape(k, c, hd)
+    nb, bs, hk = _pages(k, c, a, hd)
+    c.require(n_head % hk == 0, "GQA", lambda: f"n_head = {n_head} is not a multiple of "
+              f"n_head_kv = {hk}")
+    G = n_head // hk
+    smem = check_flash_groups(k, c, G, hd)
+    values = dict(q=q, k_cache=a["k_cache"], v_cache=a["v_cache"], kv_groups=G, head_dim=hd,
+                  block_size=bs)
+    _cache_values(k, c, a, values)
+    values["attn_sink"] = c.integer("attn_sink", a.get("attn_sink", 0), 0, INT_MAX)
+    if k.window is Window.EXACT:
+        values["win_left"] = c.integer("win_left", a.get("win_left", INT_MAX), 0, INT_MAX)
+        values["win_right"] = c.integer("win_right", a.get("win_right", INT_MAX), 0, INT_MAX)
+    else:
+        values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0), 0, INT_MAX)
+    values["scale"] = _float32(c, "scale", a.get("scale"), 1.0 / math.sqrt(hd), positive=True)
+    if k.softcap is SoftCap.TANH:
+        values["softcap"] = _float32(c, "softcap", a.get("softcap", 0.0), 0.0)
+    if prefill:
+        qsl = a["query_start_loc"]
+        c.array("query_start_loc", qsl, np.int32, 1)
+        reqs = int(qsl.shape[0]) - 1
+        c.require(reqs >= 1, "shape", "query_start_loc needs num_reqs + 1 entries")
+        mb = _paged_tables(k, c, a, nb, bs, reqs)
+        if a.get("validate_pos", True):
+            starts, lens = _host_ints(qsl), _host_ints(a["seq_lens"])
+            qlen = np.diff(starts)
+            c.require(int(starts[0]) == 0 and int(starts[-1]) == rows and
+                      bool((qlen >= 0).all()), "query_start_loc",
+                      lambda: f"query_start_loc must rise from 0 to the {rows} rows of q")
+            c.require(bool((qlen <= lens).all()), "query_start_loc",
+                      "a request has more query rows than keys (seq_lens)")
+        c.array("out", a["out"], np.float32, 3)
+        c.shape("out", a["out"], (rows, n_head, hd))
+        if k.sinks is Sinks.LEARNED:
+            values["sinks"] = _sinks(c, a, n_head)
+        values.update(out=a["out"], block_table=a["block_table"], seq_lens=a["seq_lens"],
+                      query_start_loc=qsl, max_blocks=mb, num_reqs=reqs)
+        c.require(rows >= 1, "shape", "no query rows")
+        return (rows, hk, 1), (block_threads(k, hd), 1, 1), smem, values
+    reqs = rows
+    mb = _paged_tables(k, c, a, nb, bs, reqs)
+    kps = c.integer("kps", a["kps"], 1)
+    cap = c.integer("splits_cap", a["splits_cap"], 1)
+    bound = c.integer("max_seq_len", a.get("max_seq_len") or mb * bs, 1, mb * bs,
+                      "max_seq_len")
+    if a.get("validate_pos", True):
+        lens = _host_ints(a["seq_lens"])
+        c.require(int(lens.max()) <= bound, "max_seq_len", lambda: f"a request has "
+                  f"{int(lens.max())} keys, above max_seq_len = {bound}")
+    # Every request's plan has at most min(ceil(bound / kps), cap) splits: the width.
+    width = min(max(-(-bound // kps), 1), cap)
+    heads = reqs * n_head
+    for name in ("m_out", "l_out", "acc_out"):
+        c.array(name, a[name], np.float32)
+    c.require(a["m_out"].size >= heads * width and a["l_out"].size >= heads * width,
+              "partials size", lambda: f"m_out/l_out need {heads * width} floats")
+    c.require(a["acc_out"].size >= heads * width * hd, "partials size",
+              lambda: f"acc_out needs {heads * width * hd} floats")
+    values.update(m_out=a["m_out"], l_out=a["l_out"], acc_out=a["acc_out"],
+                  block_table=a["block_table"], seq_lens=a["seq_lens"], max_blocks=mb,
+                  kps=kps, splits_cap=cap)
+    return (width, hk, reqs), (block_threads(k, hd), 1, 1), smem, values
+
+
+def _paged_append(k: Kernel, c: Checker, a: dict):
+    kn, vn = a["k_new"], a["v_new"]
+    c.array("k_new", kn, np.float32, 3)
+    c.array("v_new", vn, np.float32, 3)
+    c.shape("v_new", vn, tuple(kn.shape))
+    n, hk, hd = (int(x) for x in kn.shape)
+    check_append_shape(k, c, hd)
+    nb, bs, hk_c = _pages(k, c, a, hd)
+    c.require(hk_c == hk, "shape", lambda: f"k_new has {hk} kv heads, the cache {hk_c}")
+    sm = _index(c, a, "slot_mapping", (n,))
+    if a.get("validate_pos", True):
+        slots = _host_ints(sm)
+        c.require(bool((slots < nb * bs).all()), "slot_mapping", lambda: f"a slot beyond the "
+                  f"{nb * bs} positions of the pages")
+        live = slots[slots >= 0]
+        c.require(len(set(live.tolist())) == live.size, "slot_mapping",
+                  "two tokens map to one slot (two blocks would race for it)")
+    values = dict(k_new=kn, v_new=vn, k_cache=a["k_cache"], v_cache=a["v_cache"],
+                  slot_mapping=sm, n_head_kv=hk, head_dim=hd)
+    _cache_values(k, c, a, values)
+    return (n, hk, 1), (hd, 1, 1), 0, values

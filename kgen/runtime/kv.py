@@ -36,6 +36,9 @@ ROLES = {
     "decode_slots": Role(Op.FLASH, Position.SLOTS, Mode.DECODE),
     "combine": Role(Op.DECODE_COMBINE, Position.HOST),
     "combine_dev": Role(Op.DECODE_COMBINE, Position.DEVICE),
+    "append_paged": Role(Op.KV_APPEND, Position.PAGED),
+    "prefill_paged": Role(Op.FLASH, Position.PAGED, Mode.PREFILL),
+    "decode_paged": Role(Op.FLASH, Position.PAGED, Mode.DECODE),
 }
 
 
@@ -72,7 +75,8 @@ class _Kernels:
     kernel must lay the cache out alike: the same shadow rows as the append kernel,
     and a device combine planning with the device decode's tile."""
 
-    def __init__(self, kv: str, head_dim: int, variants: dict[str, str] | None):
+    def __init__(self, kv: str, head_dim: int, variants: dict[str, str] | None,
+                 layout_role: str = "append"):
         self.kv, self.head_dim = kv, head_dim
         self.variants = dict(variants or {})
         unknown = set(self.variants) - set(ROLES)
@@ -81,7 +85,7 @@ class _Kernels:
                                 f"roles are {sorted(ROLES)}")
         self._chosen: dict[tuple[str, int, int | None], tuple] = {}
         self._pinned: set[tuple[str, int, int | None]] = set()
-        self.layout = self.get("append")[0]  # fixes ring_rows / sink_rows
+        self.layout = self.get(layout_role)[0]  # fixes ring_rows / sink_rows
 
     def _same_layout(self, k) -> bool:
         if not FORMATS[self.kv].shadows or not hasattr(self, "layout"):
@@ -196,14 +200,15 @@ class Options:
     def needs(self, role: str) -> tuple[tuple[str, str], ...]:
         """The option axes the kernel serving ``role`` must have."""
         out = []
-        if role.startswith(("prefill", "decode")):
+        if role.startswith(("prefill", "decode")):  # *_dev, *_slots and *_paged too
             if self.window is not None:
                 out.append(("window", "exact"))
             if self.softcap > 0:
                 out.append(("softcap", "tanh"))
-        if role == "prefill" and not self.causal:
+        if role.startswith("prefill") and not self.causal:
             out.append(("mask", "full"))
-        if self.sinks is not None and role in ("prefill", "combine", "combine_dev"):
+        if self.sinks is not None and role in ("prefill", "prefill_paged", "combine",
+                                               "combine_dev"):
             out.append(("sinks", "learned"))
         return tuple(out)
 

@@ -29,6 +29,7 @@ class Position(StrEnum):
     HOST = "host"      # position passed as a kernel argument
     DEVICE = "device"  # read from pos[0] (CUDA-graph capture)
     SLOTS = "slots"    # read from pos[slot]; one KV ring per slot
+    PAGED = "paged"    # a paged cache: block_table, seq_lens (+ query_start_loc, slot_mapping)
 
 
 class QStage(StrEnum):

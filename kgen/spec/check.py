@@ -69,13 +69,21 @@ def check_doc_comment(k: Kernel, ctx: _Ctx) -> None:
 
 
 def check_mode_position(k: Kernel, ctx: _Ctx) -> None:
-    """Prefill reads pos0 from the host; combine has no per-slot form."""
-    if k.op is Op.FLASH and k.mode is Mode.PREFILL and k.position is not Position.HOST:
+    """Prefill reads pos0 from the host (or a varlen batch from a paged cache's
+    index tensors); combine has no per-slot or paged form; a paged cache keeps no
+    per-sequence fp16 shadows."""
+    if (k.op is Op.FLASH and k.mode is Mode.PREFILL
+            and k.position not in (Position.HOST, Position.PAGED)):
         raise ctx.error(k.where("position"), "prefill takes its position from the host "
-                        "(position = host); device/slots positions are decode modes")
-    if k.op is Op.DECODE_COMBINE and k.position is Position.SLOTS:
-        raise ctx.error(k.where("position"), "combine has no slots form: per-slot partials "
-                        "are merged by the host-position combine over nslots * n_head heads")
+                        "(position = host) or a paged varlen batch (position = paged); "
+                        "device/slots positions are decode modes")
+    if k.op is Op.DECODE_COMBINE and k.position in (Position.SLOTS, Position.PAGED):
+        raise ctx.error(k.where("position"), f"combine has no {k.position.value} form: those "
+                        "partials are merged by the host-position combine over every "
+                        "request's heads (n_splits = the launch width)")
+    if k.position is Position.PAGED and k.fmt.shadows:
+        raise ctx.error(k.where("kv"), f"a paged cache keeps no per-sequence fp16 shadows: "
+                        f"kv = {k.fmt.name} needs them")
 
 
 def check_attention_options(k: Kernel, ctx: _Ctx) -> None:

@@ -28,6 +28,8 @@ class Case:
     win_right: int | None = None
     softcap: float = 0.0       # softcap = tanh kernels; 0 is off
     sinks: bool = False        # sinks = learned kernels: random sink logits (else -inf)
+    requests: tuple[tuple[int, int], ...] = ()  # paged: (query rows, keys) per request
+    block_size: int = 16       # paged: positions per page
     k_scale: float = 1.0       # per-tensor scales (formats with tensor_scales)
     v_scale: float = 1.0
     kps: int = 64

@@ -45,6 +45,17 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
     z = alloc
     hd, hk, ms = case.head_dim, case.n_head_kv, case.max_seq
     f32 = np.float32
+    if k.position is Position.PAGED:
+        from kgen.testing.paged import host_args as paged_args
+
+        a = paged_args(k, case, z, f32)
+        if k.op is Op.FLASH:
+            a.update(attn_sink=0, scale=None, **options(k, case))
+            if k.sinks is Sinks.LEARNED:
+                a["sinks"] = z((case.n_head,), f32)
+        if k.fmt.tensor_scales:
+            a.update(k_scale=case.k_scale, v_scale=case.v_scale)
+        return a
     if k.op is Op.QZ_SPLIT:
         return dict(qg=z((case.n, case.n_head, 2 * hd), f32), q=z((case.n, case.n_head, hd), f32),
                     z=z((case.n, case.n_head, hd), f32))
@@ -201,7 +212,12 @@ def _decode_host(k):
 
 
 def _pos_dev(k):
-    return k.position is not Position.HOST and k.op in (Op.FLASH, Op.KV_APPEND)
+    return k.position in (Position.DEVICE, Position.SLOTS) and k.op in (Op.FLASH,
+                                                                          Op.KV_APPEND)
+
+
+def _paged(k):
+    return k.position is Position.PAGED
 
 
 class ShapeOnly:
@@ -226,6 +242,8 @@ def _int_scalar(k) -> str | None:
     """A user-visible integer argument of the kernel, if it has one."""
     if k.op in (Op.KV_APPEND, Op.FLASH) and k.position is Position.HOST:
         return "pos0" if (k.op is Op.KV_APPEND or k.mode is Mode.PREFILL) else "seq_len"
+    if k.position is Position.PAGED:
+        return "kps" if k.op is Op.FLASH and k.mode is Mode.DECODE else None
     if k.position is not Position.HOST:
         return "kps" if k.op is not Op.KV_APPEND else None
     return "n_splits" if k.op is Op.DECODE_COMBINE else None
@@ -303,7 +321,7 @@ MUTATIONS: dict[str, Mutation] = {
                                  lambda k, c: host_args(k, c.with_(
                                      head_dim=_over_chunk(k), n_head=2, n_head_kv=2))),
     "prefill_ring_wrap": Mutation("no ring wrap", lambda k: _flash(k) and k.mode is
-                                  Mode.PREFILL, lambda k, c: host_args(
+                                  Mode.PREFILL and not _paged(k), lambda k, c: host_args(
                                       k, c.with_(pos0=c.max_seq - c.n + 1))),
     "negative_pos0": Mutation("range", lambda k: k.position is Position.HOST and
                               (k.op is Op.KV_APPEND or (_flash(k) and k.mode is Mode.PREFILL)),
@@ -336,6 +354,22 @@ MUTATIONS: dict[str, Mutation] = {
     "slots_launch_too_narrow": Mutation(
         "slot plan coverage", lambda k: _flash(k) and k.position is Position.SLOTS,
         lambda k, c: {**host_args(k, c), "launch_splits": 1}),
+    "paged_seq_len_past_table": Mutation("seq_lens", lambda k: _paged(k) and _flash(k),
+                                         _set("seq_lens", lambda a, k, c: a + 10**6)),
+    "paged_block_outside_pages": Mutation("block_table", lambda k: _paged(k) and _flash(k),
+                                          _set("block_table", lambda a, k, c: a + 10**6)),
+    "paged_query_rows_mismatch": Mutation(
+        "query_start_loc", lambda k: _paged(k) and _flash(k) and k.mode is Mode.PREFILL,
+        _set("query_start_loc", lambda a, k, c: a * 2)),
+    "paged_max_seq_len_too_small": Mutation(
+        "max_seq_len", lambda k: _paged(k) and _flash(k) and k.mode is Mode.DECODE,
+        lambda k, c: {**host_args(k, c), "max_seq_len": 1}),
+    "paged_slot_collision": Mutation(
+        "slot_mapping", lambda k: _paged(k) and k.op is Op.KV_APPEND,
+        _set("slot_mapping", lambda a, k, c: np.zeros_like(a))),
+    "paged_slot_past_pages": Mutation(
+        "slot_mapping", lambda k: _paged(k) and k.op is Op.KV_APPEND,
+        _set("slot_mapping", lambda a, k, c: a + 10**6)),
     "partials_too_small": Mutation(
         "partials size", lambda k: (_flash(k) and k.mode is Mode.DECODE) or
         k.op is Op.DECODE_COMBINE,

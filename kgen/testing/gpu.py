@@ -86,6 +86,12 @@ def _assert_close(name, got, want, seed, rtol=RTOL, atol=ATOL):
 
 def check_kernel(k: Kernel, fn, case: Case) -> None:
     """Launch ``fn`` (the generated launcher of ``k``) on ``case`` and compare."""
+    if k.position is Position.PAGED:
+        from kgen.testing import paged
+
+        g, seed = rng()
+        return paged.check(k, fn, case, g, seed, _dev, _poisoned, _assert_close, _options,
+                           _ref_options, _shadow_args, sink_logits)
     {Op.QZ_SPLIT: _check_qz, Op.KV_APPEND: _check_append, Op.FLASH: _check_flash,
      Op.DECODE_COMBINE: _check_combine}[k.op](k, fn, case)
 

@@ -1,0 +1,140 @@
+"""PagedKVCache on the GPU: several sequences of different lengths share the
+pages; a varlen prefill, then decode steps for all of them, each option on and
+off, against the float64 references of every sequence; and the gate: on one
+contiguous sequence the paged op is bit-exact with the dense one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kgen import numpy_ref as ref
+from kgen.formats import FORMATS
+from kgen.runtime import ContractError
+from kgen.testing import rng
+
+pytestmark = pytest.mark.gpu
+RTOL, ATOL = 2e-4, 2e-5
+HD, HK, H = 128, 2, 8
+
+
+def _paged_formats() -> list[str]:
+    from kgen.runtime.select import generated
+    from kgen.spec.axes import Position
+
+    return sorted({k.kv.value for k, _ in generated() if k.position is Position.PAGED})
+
+
+def _rand(g, *shape):
+    return g.standard_normal(shape).astype(np.float32)
+
+
+OPTIONS = [{}, {"window": (23, 0)}, {"softcap": 1.5}, {"sinks": True},
+           {"window": (9, 0), "attn_sink": 3, "softcap": 2.0, "sinks": True}]
+
+
+@pytest.mark.parametrize("kv", _paged_formats())
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: "-".join(o) or "plain")
+def test_varlen_prefill_then_decode_every_sequence(kv, opt):
+    import cupy as cp
+
+    from kgen.runtime.paged import PagedKVCache
+
+    g, seed = rng()
+    scales = {"k_scale": 0.5, "v_scale": 0.25} if FORMATS[kv].tensor_scales else {}
+    cache = PagedKVCache(64, 16, HK, HD, kv=kv, max_blocks_per_seq=12, **scales)
+    sids = [cache.add() for _ in range(3)]
+    hosts = {s: [] for s in sids}  # every row each sequence holds, in order
+    sinks = _rand(g, H) * 2 if opt.get("sinks") else None
+    kw = {k: v for k, v in opt.items() if k != "sinks"}
+    dev_kw = {**kw, **({"sinks": cp.asarray(sinks)} if sinks is not None else {})}
+    scale = 1 / math.sqrt(HD)
+    G = H // HK
+
+    def dense(s):
+        kx = np.concatenate([r[0] for r in hosts[s]])
+        vx = np.concatenate([r[1] for r in hosts[s]])
+        c = ref.HostCache.empty(kv, HK, len(kx), HD, **scales)
+        ref.append(kx, vx, c, 0)
+        return c
+
+    for rows in ([40, 5, 17], [3, 30, 1]):  # two prefill chunks: contexts grow
+        q = _rand(g, sum(rows), H, HD)
+        kn, vn = _rand(g, sum(rows), HK, HD), _rand(g, sum(rows), HK, HD)
+        try:
+            out = cache.prefill(sids, cp.asarray(q), cp.asarray(kn), cp.asarray(vn), rows,
+                                **dev_kw).get()
+        except ContractError as exc:
+            pytest.skip(f"no paged {kv} kernel with {opt}: {exc}")
+        lo = 0
+        for s, n in zip(sids, rows, strict=True):
+            hosts[s].append((kn[lo:lo + n], vn[lo:lo + n]))
+            c = dense(s)
+            klen = sum(len(r[0]) for r in hosts[s])
+            want = ref.prefill_attention_cache(q[lo:lo + n], c, G, klen - n, 0, 0,
+                                               kw.get("attn_sink", 0), 0, scale,
+                                               window=kw.get("window"),
+                                               softcap=kw.get("softcap", 0.0), sinks=sinks)
+            np.testing.assert_allclose(out[lo:lo + n], want, rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{kv} {opt} prefill seq {s} seed={seed}")
+            lo += n
+    for _ in range(2):
+        q = _rand(g, 3, H, HD)
+        kn, vn = _rand(g, 3, HK, HD), _rand(g, 3, HK, HD)
+        out = cache.decode(sids, cp.asarray(q), cp.asarray(kn), cp.asarray(vn), kps=16,
+                           splits_cap=4, **dev_kw).get()
+        for i, s in enumerate(sids):
+            hosts[s].append((kn[i:i + 1], vn[i:i + 1]))
+            c = dense(s)
+            klen = c.max_seq
+            kr, vr = ref.read_kv_rows(c, klen - 1)
+            want = ref.decode_attention(q[i], kr, vr, G, klen, 16, 4, kw.get("attn_sink", 0),
+                                        0, scale, window=kw.get("window"),
+                                        softcap=kw.get("softcap", 0.0), sinks=sinks)
+            np.testing.assert_allclose(out[i], want, rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{kv} {opt} decode seq {s} seed={seed}")
+    cache.free(sids[1])
+    assert len(cache.free_blocks) == 64 - sum(len(cache.tables[s]) for s in (sids[0], sids[2]))
+
+
+@pytest.mark.parametrize("kv", _paged_formats())
+def test_paged_is_bit_exact_with_dense_on_one_sequence(kv):
+    """The gate: pages in a shuffled order, one sequence, the same rows: prefill and
+    decode give the dense kernels' bits."""
+    import cupy as cp
+
+    from kgen.runtime.kv import KVCache
+    from kgen.runtime.paged import PagedKVCache
+
+    g, seed = rng()
+    scales = {"k_scale": 0.5, "v_scale": 0.25} if FORMATS[kv].tensor_scales else {}
+    paged = PagedKVCache(32, 16, HK, HD, kv=kv, **scales)
+    paged.free_blocks = list(g.permutation(32).tolist())  # scattered physical blocks
+    sid = paged.add()
+    dense = KVCache(HK, HD, 256, kv=kv, **scales)
+    n = 70
+    q, kn, vn = _rand(g, n, H, HD), _rand(g, n, HK, HD), _rand(g, n, HK, HD)
+    a = paged.prefill([sid], cp.asarray(q), cp.asarray(kn), cp.asarray(vn), [n]).get()
+    b = dense.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prefill, seed={seed}"
+    q1, k1, v1 = _rand(g, 1, H, HD), _rand(g, 1, HK, HD), _rand(g, 1, HK, HD)
+    a = paged.decode([sid], cp.asarray(q1), cp.asarray(k1), cp.asarray(v1), kps=32,
+                     splits_cap=4).get()[0]
+    b = dense.decode(cp.asarray(q1[0]), cp.asarray(k1), cp.asarray(v1), pos=n, kps=32,
+                     splits_cap=4).get()
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"decode, seed={seed}"
+
+
+def test_running_out_of_blocks_changes_nothing():
+    import cupy as cp
+
+    from kgen.runtime.paged import PagedKVCache
+
+    cache = PagedKVCache(2, 4, HK, HD, kv="f32")
+    sid = cache.add()
+    rows = cp.zeros((9, HK, HD), cp.float32)
+    with pytest.raises(ContractError, match="out of blocks"):
+        cache.append([sid], rows, rows, [9])
+    assert cache.lengths[sid] == 0 and cache.tables[sid] == [] and len(cache.free_blocks) == 2
