@@ -17,7 +17,7 @@ from kgen.testing import rng
 
 pytestmark = pytest.mark.gpu
 RTOL, ATOL = 2e-4, 2e-5
-HD, HK, H = 128, 2, 8
+HD, HK, H = 256, 2, 8
 
 
 def _paged_formats() -> list[str]:
