@@ -59,11 +59,12 @@ def entries(data: bytes) -> tuple[Entry, ...]:
     out: list[Entry] = []
     at = 0
     while at < len(data):
+        head = data[at:at + 4]
+        if head != struct.pack("<I", MAGIC)[:len(head)]:
+            raise FatbinError(f"not a fatbin (bytes {head.hex()} at byte {at})")
         if len(data) - at < _CONTAINER.size:
             raise FatbinError(f"truncated fatbin header at byte {at}")
-        magic, _version, hsize, size = _CONTAINER.unpack_from(data, at)
-        if magic != MAGIC:
-            raise FatbinError(f"not a fatbin (magic {magic:#010x} at byte {at})")
+        _magic, _version, hsize, size = _CONTAINER.unpack_from(data, at)
         end = at + hsize + size
         if end > len(data):
             raise FatbinError(f"truncated fatbin: {len(data)} bytes, the header says {end}")

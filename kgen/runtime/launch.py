@@ -1,4 +1,6 @@
-"""Hand a bound Launch to CuPy: the PTX is loaded once per module and device."""
+"""Hand a bound Launch to CuPy: a module's fatbin is loaded once per device, after
+kgen.runtime.loadcheck has decided which of its images the driver will use (or
+raised UnloadableError, a ValueError, saying why none can and what to do)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kgen.runtime import loadcheck
 from kgen.runtime.bind import Launch, bind
 from kgen.runtime.contracts import ContractError
 from kgen.spec.ir import Kernel
@@ -21,15 +24,18 @@ def _cupy():
     return cupy
 
 
-def module(ptx: Path):
-    """The cupy.RawModule for a PTX file on the current device (loaded once)."""
+def module(image: Path):
+    """The cupy.RawModule for a load artifact (a module's .fatbin; a .ptx loads too)
+    on the current device, loaded once. Before the driver sees it, the device's
+    compute capability and driver version are checked against what it offers."""
     cp = _cupy()
-    key = (str(ptx), cp.cuda.runtime.getDevice())
+    dev = cp.cuda.runtime.getDevice()
+    key = (str(image), dev)
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            # sm_37 PTX: the driver JIT-compiles it for the device at hand.
-            mod = cp.RawModule(path=str(ptx))
+            loadcheck.require(Path(image), loadcheck.cupy_device(cp, dev))
+            mod = cp.RawModule(path=str(image))
             _modules[key] = mod
         return mod
 
@@ -50,10 +56,11 @@ def check_device(launch: Launch) -> None:
                                     f"runs on device {dev}")
 
 
-def launch(kernel: Kernel, ptx: Path, args: dict, stream=None) -> Launch:
-    """Bind (all contracts), check devices, then launch on ``stream``."""
+def launch(kernel: Kernel, image: Path, args: dict, stream=None) -> Launch:
+    """Bind (all contracts), check devices, then launch on ``stream`` from the module
+    at ``image`` (the generated launchers pass their module's fatbin)."""
     b = bind(kernel, args)
     check_device(b)
-    fn = module(ptx).get_function(kernel.name)
+    fn = module(image).get_function(kernel.name)
     fn(b.grid, b.block, b.args, shared_mem=b.shared_bytes, stream=stream)
     return b
