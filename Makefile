@@ -11,18 +11,43 @@ BIN    := $(VENV)/bin
 KGEN   := $(BIN)/kgen
 STAMPS := .stamps
 APT_SOURCES := /etc/apt/sources.list.d/debian.sources
+comma := ,
+
+# CuPy (it runs the kernels) is the kgen extra for the NVIDIA driver found here,
+# by nvidia-smi's "CUDA Version: X.Y": 11 -> cuda11 (a K80's R470 is 11.4), 12 ->
+# cuda12, 13 and newer -> cuda13; none without a GPU (building, verifying and CI
+# need no CuPy). `make setup CUPY=cuda12` (or CUPY=none) overrides the choice.
+DRIVER_CUDA := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\)\..*/\1/p' | head -n 1)
+CUPY ?= $(shell m='$(DRIVER_CUDA)'; if [ -z "$$m" ] || [ "$$m" -lt 11 ]; then echo none; \
+          elif [ "$$m" -ge 13 ]; then echo cuda13; else echo "cuda$$m"; fi)
+CUPY_EXTRAS := cuda11 cuda12 cuda13
 
 .PHONY: setup cuda build verify check-generated lint test test-cpu test-toolchain test-gpu \
-        bench-build bench-kernels golden clean
+        bench-build bench-kernels golden clean FORCE
 
 setup: $(STAMPS)/venv cuda
 
-# Python environment, rebuilt only when pyproject.toml changes.
-$(STAMPS)/venv: pyproject.toml
+# The CuPy choice, rewritten only when it changes (a new driver, or CUPY=...), so
+# that the venv step reruns then and only then.
+$(STAMPS)/cupy: FORCE
+	@case ' none $(CUPY_EXTRAS) ' in *' $(CUPY) '*) ;; \
+	  *) echo "CUPY=$(CUPY): expected one of none $(CUPY_EXTRAS)" >&2; exit 2;; esac
+	@mkdir -p $(STAMPS)
+	@echo '$(CUPY)' | cmp -s - $@ || echo '$(CUPY)' > $@
+
+# Python environment, rebuilt only when pyproject.toml or the CuPy choice changes.
+# A CuPy for another driver (or from an older kgen, which always installed
+# cupy-cuda12x) is removed: two CuPy packages would shadow each other.
+$(STAMPS)/venv: pyproject.toml $(STAMPS)/cupy
 	@mkdir -p $(STAMPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev$(if $(filter-out none,$(CUPY)),$(comma)$(CUPY))]'
+	@for extra in $(filter-out $(CUPY),$(CUPY_EXTRAS)); do \
+	  if $(BIN)/python -m pip show -q "cupy-$${extra}x" >/dev/null 2>&1; then \
+	    echo "removing cupy-$${extra}x (CuPy for this host: $(CUPY))"; \
+	    $(BIN)/python -m pip uninstall -q -y "cupy-$${extra}x"; fi; done
+	@echo "CuPy: $(if $(filter none,$(CUPY)),none$(if $(DRIVER_CUDA),, (no NVIDIA driver found)): kgen builds and verifies without it,kgen[$(CUPY)]$(if $(DRIVER_CUDA), for driver CUDA $(DRIVER_CUDA)))"
 	@touch $@
 
 # CUDA 11.8 (the last toolkit that targets sm_37). Checked on every run (one
@@ -64,7 +89,7 @@ test-cpu: $(STAMPS)/venv
 test-toolchain: setup
 	$(BIN)/python -m pytest -q tests -m toolchain
 
-# On a machine with a GPU: the committed PTX needs no toolchain, only CuPy,
+# On a machine with a GPU: the committed fatbins need no toolchain, only CuPy,
 # NumPy and pytest (the script puts the checkout on PYTHONPATH).
 test-gpu:
 	bash tests/gpu/run_on_device.sh
@@ -72,7 +97,7 @@ test-gpu:
 bench-build: setup
 	$(BIN)/python -m kgen.bench.build
 
-# On a machine with a GPU (like test-gpu: the committed PTX, CuPy, NumPy).
+# On a machine with a GPU (like test-gpu: the committed fatbins, CuPy, NumPy).
 bench-kernels:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m kgen.bench.kernels
 

@@ -241,6 +241,15 @@ def cmd_show(args, settings: Settings, say: Reporter) -> int:
     return 0
 
 
+def cmd_doctor(args, settings: Settings, say: Reporter) -> int:
+    """GPU, driver, CuPy, which image each generated module loads, the toolchain."""
+    from kgen import doctor
+
+    r = doctor.report(settings)
+    print(doctor.as_json(r) if args.json else doctor.as_text(r))
+    return r.exit_code
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kgen", description=__doc__)
     p.add_argument("--version", action="version", version=f"kgen {__version__}")
@@ -280,6 +289,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", parents=[common], help="one kernel's resolved axes")
     s.add_argument("kernel")
     s.set_defaults(fn=cmd_show)
+    sub.add_parser("doctor", parents=[common], help="what this machine can build and run, "
+                   "and why").set_defaults(fn=cmd_doctor)
     return p
 
 

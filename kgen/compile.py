@@ -1,4 +1,5 @@
-"""The toolchain stages: CUDA source -> PTX -> cubin -> SASS, cached.
+"""The toolchain stages: CUDA source -> PTX -> cubin -> SASS, and PTX + cubin ->
+fatbin, cached.
 
 Each stage is one function named for what it produces. Everything that can
 change a stage's output (its input bytes, the exact flags, every tool's version
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kgen import __version__
+from kgen import fatbin as fatbin_format
 from kgen.cache import Cache, sha256
-from kgen.errors import ToolError
+from kgen.errors import KgenError, ToolError
 from kgen.toolchain import TARGET_ARCH, Toolchain
 
 # nvcc's front end (cicc) is what the golden is made with: NVRTC gives other
@@ -27,6 +29,12 @@ from kgen.toolchain import TARGET_ARCH, Toolchain
 NVCC_PTX_FLAGS = ("-ptx", f"-arch={TARGET_ARCH}", "-Wno-deprecated-gpu-targets")
 PTXAS_FLAGS = (f"-arch={TARGET_ARCH}", "-v")
 CUOBJDUMP_FLAGS = ("-sass",)
+# One load artifact for every GPU: the sm_37 SASS (the cubin verify checks, stored
+# uncompressed, byte for byte) and the compute_37 PTX for the driver to JIT on newer
+# GPUs (compressed, fatbinary's default). The image files follow these flags.
+_SM = TARGET_ARCH.removeprefix("sm_")
+FATBINARY_FLAGS = ("-64", "--compress=true", f"--image3=kind=elf,sm={_SM}",
+                   f"--image3=kind=ptx,sm={_SM}")
 
 
 @dataclass(frozen=True)
@@ -124,3 +132,47 @@ def sass(cubin_data: bytes, tc: Toolchain, cache: Cache, name: str = "module") -
     text = proc.stdout
     cache.put(job.key, {"out.sass": text.encode()})
     return text
+
+
+def fatbin_job(ptx_text: str, cubin_data: bytes, ident: str, tc: Toolchain) -> CompileJob:
+    """Keyed by both images, the flags (the identifier included) and fatbinary's
+    version besides the compilers'."""
+    inputs = sha256((sha256(ptx_text.encode()) + sha256(cubin_data)).encode())
+    return CompileJob("fatbin", inputs, (*FATBINARY_FLAGS, f"--ident={ident}"),
+                      (*tc.versions, ("fatbinary", tc.fatbinary_version)))
+
+
+def fatbin(ptx_text: str, cubin_data: bytes, tc: Toolchain, cache: Cache,
+           name: str = "module", ident: str = "") -> bytes:
+    """PTX + its cubin -> one fatbin with fatbinary; ``ident`` is the identifier
+    written into each image (``cuobjdump`` shows it). The result is checked: its
+    SASS image is exactly ``cubin_data`` and its PTX image has the PTX's ISA."""
+    job = fatbin_job(ptx_text, cubin_data, ident, tc)
+    hit = cache.get(job.key, ("out.fatbin",))
+    if hit is not None:
+        return hit["out.fatbin"]
+    with _workdir("fatbin") as tmp:
+        cub, ptx_file, out = tmp / f"{name}.cubin", tmp / f"{name}.ptx", tmp / f"{name}.fatbin"
+        cub.write_bytes(cubin_data)
+        ptx_file.write_bytes(ptx_text.encode())
+        elf_image, ptx_image = FATBINARY_FLAGS[2:]
+        tc.run([tc.fatbinary, f"--create={out}", *FATBINARY_FLAGS[:2],
+                f"{elf_image},file={cub}", f"{ptx_image},file={ptx_file}",
+                *([f"--ident={ident}"] if ident else [])], cwd=tmp)
+        blob = out.read_bytes()
+    _check_fatbin(blob, ptx_text, cubin_data, name)
+    cache.put(job.key, {"out.fatbin": blob})
+    return blob
+
+
+def _check_fatbin(blob: bytes, ptx_text: str, cubin_data: bytes, name: str) -> None:
+    images = fatbin_format.entries(blob)
+    sass = [e for e in images if e.kind == "sass"]
+    ptx_images = [e for e in images if e.kind == "ptx"]
+    arch = int(_SM)
+    if not (len(sass) == 1 and sass[0].arch == arch and not sass[0].compressed
+            and sass[0].payload == cubin_data):
+        raise KgenError(f"{name}.fatbin: its SASS image is not the cubin it was made from")
+    if not (len(ptx_images) == 1 and ptx_images[0].arch == arch
+            and ptx_images[0].version == fatbin_format.ptx_isa(ptx_text)):
+        raise KgenError(f"{name}.fatbin: its PTX image is not the PTX it was made from")

@@ -42,6 +42,10 @@ class Settings:
     golden: Path
     tests_generated: Path
     cache_dir: Path
+    # Modules whose fatbins the C header embeds (None: every module). The others are
+    # loaded from their .fatbin files; embedding every variant would make a header of
+    # tens of megabytes.
+    c_header_modules: tuple[str, ...] | None = None
 
     @classmethod
     def load(cls, root: Path | None = None) -> Settings:
@@ -69,4 +73,6 @@ class Settings:
             golden=path("golden"),
             tests_generated=path("tests_generated"),
             cache_dir=Path(cache),
+            c_header_modules=(tuple(table["c_header_modules"])
+                              if "c_header_modules" in table else None),
         )

@@ -72,7 +72,6 @@ def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Enviro
         bytecode_cache=jinja2.FileSystemBytecodeCache(str(bytecode)),
     )
     env.filters["signature"] = signature
-    env.filters["c_string"] = _c_string
     env.globals.update(convert=convert, NEG_INF=NEG_INF, py_args=py_args, pos_off=pos_off,
                        axes=lambda k: _py_dict(axes_of(k.k)), case_literal=_case_literal)
     return env
@@ -159,12 +158,6 @@ def render_modules(kernels: list[Kernel], templates: Path, root: Path,
     return [render_module(env, name, ks, root) for name, ks in sorted(groups.items())]
 
 
-def _c_string(line: str) -> str:
-    """One PTX line as a C string literal (with its newline)."""
-    esc = line.replace("\\", "\\\\").replace('"', '\\"').replace("\t", "\\t")
-    return f'"{esc}\\n"'
-
-
 def _py_dict(d: dict) -> str:
     """A dict literal, one key per line (black-style), for generated Python."""
     return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in d.items()) + "}"
@@ -185,12 +178,25 @@ def render_python(modules: list[Module], templates: Path, root: Path,
     return out
 
 
-def render_ptx_header(modules: list[tuple[str, list[str], str]], templates: Path,
-                      cache_dir: Path | None = None) -> str:
-    """The C header embedding each module's PTX: (name, kernel names, ptx) triples."""
+C_BYTES_PER_LINE = 16
+_C_BYTE = tuple(f"0x{b:02x}" for b in range(256))
+
+
+def _c_bytes(data: bytes) -> list[str]:
+    """Bytes as the lines of a C array initializer, ``C_BYTES_PER_LINE`` to a line."""
+    return [", ".join(map(_C_BYTE.__getitem__, data[i:i + C_BYTES_PER_LINE])) + ","
+            for i in range(0, len(data), C_BYTES_PER_LINE)]
+
+
+def render_c_header(modules: list[tuple[str, list[str], bytes]], templates: Path,
+                    cache_dir: Path | None = None) -> str:
+    """The C header embedding each module's fatbin as a byte array: (name, kernel
+    names, fatbin) triples."""
     env = environment(templates, cache_dir)
-    items = [{"name": n, "kernels": ks, "ptx_lines": ptx.splitlines()} for n, ks, ptx in modules]
-    return env.get_template("c/ptx_header.h.j2").render(modules=items, kgen_version=__version__)
+    items = [{"name": n, "kernels": ks, "size": len(fb), "byte_lines": _c_bytes(fb)}
+             for n, ks, fb in modules]
+    return env.get_template("c/kernels_header.h.j2").render(modules=items,
+                                                            kgen_version=__version__)
 
 
 def _case_literal(c) -> str:

@@ -23,13 +23,17 @@ PINNED_RELEASE = "11.8"
 TARGET_ARCH = TARGET.arch  # the target object owns it
 
 # Where CUDA 11.8 is found when KGEN_CUDA_HOME is not set: each entry is the
-# list of directories that together hold nvcc, ptxas and cuobjdump.
+# list of directories that together hold nvcc, ptxas, cuobjdump and fatbinary.
 KNOWN_LAYOUTS: tuple[tuple[str, ...], ...] = (
     ("/usr/local/cuda-11.8/bin",),
     ("/usr/lib/nvidia-cuda-toolkit/bin", "/usr/bin"),  # Debian's nvidia-cuda-toolkit
     ("/opt/cuda-11.8/bin",),
 )
-TOOLS = ("nvcc", "ptxas", "cuobjdump")
+TOOLS = ("nvcc", "ptxas", "cuobjdump", "fatbinary")
+# The tools whose versions key every stage and golden/ records (what golden was made
+# with). fatbinary only packs the fatbin stage's output, so its version keys that
+# stage alone: golden/ and the ptx/cubin/sass cache entries stay valid without it.
+COMPILERS = ("nvcc", "ptxas", "cuobjdump")
 VERSION_TIMEOUT_S = 60
 INSTALL_HINT = (
     "install it with `make setup` (Debian: nvidia-cuda-toolkit from non-free) "
@@ -39,7 +43,8 @@ INSTALL_HINT = (
 
 @dataclass(frozen=True)
 class Toolchain:
-    """Absolute tool paths plus the version line each tool reports."""
+    """Absolute tool paths plus the version line each tool reports (``versions``:
+    the COMPILERS; ``fatbinary_version``: fatbinary's)."""
 
     nvcc: str
     ptxas: str
@@ -47,6 +52,8 @@ class Toolchain:
     versions: tuple[tuple[str, str], ...]
     path_env: str
     host_compiler: str = ""  # nvcc preprocesses through it, so it keys the ptx stage
+    fatbinary: str = ""
+    fatbinary_version: str = ""
 
     def env(self) -> dict[str, str]:
         env = {"PATH": self.path_env, "LC_ALL": "C", "LANG": "C"}
@@ -129,11 +136,13 @@ def find_toolchain() -> Toolchain:
         # nvcc needs a host compiler for preprocessing; the toolkit's own
         # directories come first so its pinned gcc wrapper wins.
         path_env = ":".join(dict.fromkeys([*dirs, "/usr/bin", "/bin"]))
-        return Toolchain(versions=versions, path_env=path_env,
-                         host_compiler=_host_compiler(path_env), **tools)
+        line = dict(versions)
+        return Toolchain(versions=tuple((t, line[t]) for t in COMPILERS), path_env=path_env,
+                         host_compiler=_host_compiler(path_env),
+                         fatbinary_version=line["fatbinary"], **tools)
     where = "KGEN_CUDA_HOME" if os.environ.get("KGEN_CUDA_HOME") else "the known locations"
     detail = ("; rejected " + ", ".join(rejected)) if rejected else ""
     raise ToolchainError(
-        f"no CUDA {PINNED_RELEASE} toolchain (nvcc, ptxas, cuobjdump) in {where}{detail}; "
+        f"no CUDA {PINNED_RELEASE} toolchain ({', '.join(TOOLS)}) in {where}{detail}; "
         + INSTALL_HINT
     )

@@ -65,7 +65,7 @@ def _function(launcher, kernel: str):
     from kgen.runtime.launch import module
 
     mod = sys.modules[launcher.__module__]
-    return module(getattr(mod, "ARTIFACT", None) or mod.PTX).get_function(kernel)
+    return module(getattr(mod, "FATBIN", None) or mod.PTX).get_function(kernel)
 
 
 def replay(bound: list[tuple]) -> callable:

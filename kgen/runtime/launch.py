@@ -1,4 +1,6 @@
-"""Hand a bound Launch to CuPy: each module is loaded once per device.
+"""Hand a bound Launch to CuPy: a module's fatbin is loaded once per device, after
+kgen.runtime.loadcheck has decided which of its images the driver will use (or
+raised UnloadableError, a ValueError, saying why none can and what to do).
 
 Launches are cheap to repeat: the contracts depend only on the arguments'
 shapes, dtypes, layouts, devices and scalar values, so a launch whose
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kgen.runtime import loadcheck
 from kgen.runtime.bind import Launch, bind
 from kgen.runtime.contracts import ContractError
 from kgen.spec.ir import Kernel
@@ -35,15 +38,18 @@ def _cupy():
     return cupy
 
 
-def module(path: Path):
-    """The cupy.RawModule for a module file on the current device (loaded once)."""
+def module(image: Path):
+    """The cupy.RawModule for a load artifact (a module's .fatbin; a .ptx loads too)
+    on the current device, loaded once. Before the driver sees it, the device's
+    compute capability and driver version are checked against what it offers."""
     cp = _cupy()
-    key = (str(path), cp.cuda.runtime.getDevice())
+    dev = cp.cuda.runtime.getDevice()
+    key = (str(image), dev)
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            # sm_37 PTX: the driver JIT-compiles it for the device at hand.
-            mod = cp.RawModule(path=str(path))
+            loadcheck.require(Path(image), loadcheck.cupy_device(cp, dev))
+            mod = cp.RawModule(path=str(image))
             _modules[key] = mod
         return mod
 
@@ -154,5 +160,5 @@ def bound_call(launcher, *arrays, **kw) -> Bound:
     args = dict(ba.arguments)
     args.pop("stream", None)
     mod = sys.modules[launcher.__module__]
-    path = getattr(mod, "ARTIFACT", None) or mod.PTX
+    path = getattr(mod, "FATBIN", None) or mod.PTX
     return bound(mod.KERNELS[launcher.__name__], path, args)

@@ -208,7 +208,7 @@ def test_two_builds_share_one_cache_at_once(tmp_path):
     assert cache_temp_dirs(cache_dir) == []
     modules = json.loads(a["manifest.json"])["modules"]
     found = entries(Cache(cache_dir))
-    assert len(found) == 2 * len(modules)  # ptx and cubin per module (sass only for diffs)
+    assert len(found) == 3 * len(modules)  # ptx, cubin, fatbin per module (sass for diffs)
     cache = Cache(cache_dir)
     for d in found:
         assert cache.get(d.name) is not None, f"damaged entry {d}"

@@ -56,7 +56,7 @@ def test_cuda13_tools_are_refused_by_name(tmp_path, monkeypatch, fresh_find):
 
 
 def test_one_wrong_tool_is_enough_and_is_the_one_named(tmp_path, monkeypatch, fresh_find):
-    bin_dir = fake_cuda(tmp_path / "cuda", {"nvcc": "11.8", "ptxas": "13.0", "cuobjdump": "11.8"})
+    bin_dir = fake_cuda(tmp_path / "cuda", {**dict.fromkeys(TOOLS, "11.8"), "ptxas": "13.0"})
     monkeypatch.setenv("KGEN_CUDA_HOME", str(bin_dir.parent))
     with pytest.raises(ToolchainError) as info:
         find_toolchain()
@@ -67,14 +67,14 @@ def test_one_wrong_tool_is_enough_and_is_the_one_named(tmp_path, monkeypatch, fr
 
 
 def test_a_release_that_only_starts_with_11_8_is_refused(tmp_path, monkeypatch, fresh_find):
-    bin_dir = fake_cuda(tmp_path / "cuda", {"nvcc": "11.80", "ptxas": "11.8", "cuobjdump": "11.8"})
+    bin_dir = fake_cuda(tmp_path / "cuda", {**dict.fromkeys(TOOLS, "11.8"), "nvcc": "11.80"})
     monkeypatch.setenv("KGEN_CUDA_HOME", str(bin_dir.parent))
     with pytest.raises(ToolchainError, match="release 11.80"):
         find_toolchain()
 
 
 def test_a_tool_that_cannot_run_is_refused_not_a_crash(tmp_path, monkeypatch, fresh_find):
-    bin_dir = fake_cuda(tmp_path / "cuda", {"nvcc": None, "ptxas": "11.8", "cuobjdump": "11.8"})
+    bin_dir = fake_cuda(tmp_path / "cuda", {**dict.fromkeys(TOOLS, "11.8"), "nvcc": None})
     monkeypatch.setenv("KGEN_CUDA_HOME", str(bin_dir.parent))
     with pytest.raises(ToolchainError) as info:
         find_toolchain()
@@ -85,6 +85,18 @@ def test_a_missing_tool_is_a_toolchain_error(tmp_path, monkeypatch, fresh_find):
     bin_dir = fake_cuda(tmp_path / "cuda", {"nvcc": "11.8", "ptxas": "11.8"})
     monkeypatch.setenv("KGEN_CUDA_HOME", str(bin_dir.parent))
     with pytest.raises(ToolchainError, match="no CUDA 11.8 toolchain"):
+        find_toolchain()
+
+
+def test_fatbinary_is_located_and_pinned_like_the_compilers(tmp_path, monkeypatch, fresh_find):
+    bin_dir = fake_cuda(tmp_path / "cuda", dict.fromkeys(TOOLS, "11.8"))
+    monkeypatch.setenv("KGEN_CUDA_HOME", str(bin_dir.parent))
+    tc = find_toolchain()
+    assert tc.fatbinary == str(bin_dir / "fatbinary") and "11.8" in tc.fatbinary_version
+    assert [t for t, _ in tc.versions] == ["nvcc", "ptxas", "cuobjdump"]  # what golden records
+    find_toolchain.cache_clear()
+    (bin_dir / "fatbinary").unlink()
+    with pytest.raises(ToolchainError, match="fatbinary"):
         find_toolchain()
 
 
@@ -103,9 +115,10 @@ def test_tools_never_see_usr_local_bin(tmp_path, monkeypatch, fresh_find):
     tc = find_toolchain()
     assert "/usr/local/bin" not in tc.path_env.split(":")
     assert len(tc.path_env.split(":")) == len(set(tc.path_env.split(":")))
-    for path in (tc.nvcc, tc.ptxas, tc.cuobjdump):
+    for path in (tc.nvcc, tc.ptxas, tc.cuobjdump, tc.fatbinary):
         assert Path(path).is_absolute() and not path.startswith("/usr/local/bin/"), path
     assert all("release 11.8" in v for _, v in tc.versions)
+    assert "release 11.8" in tc.fatbinary_version
 
     cache = Cache(tmp_path / "cache")
     text = compile.ptx(TINY_CU, tc, cache, name="tiny")
