@@ -17,6 +17,7 @@ from . import attn_q8_0
 from . import attn_util
 from . import heads_decode
 from . import heads_prefill
+from . import prefill_rows
 from .attn_append import (
     fc_attn_kv_append,
     fc_attn_kv_append_dev,
@@ -199,6 +200,17 @@ from .heads_prefill import (
     hp_f16_p,
     hp_fp8_e4m3_p,
 )
+from .prefill_rows import (
+    prefill_f32_r2,
+    prefill_f32_r4,
+    prefill_f16_r2,
+    prefill_f16_r4,
+    prefill_q8_0_r2,
+    prefill_q8_0_r4,
+    prefill_fp8_e4m3_r2,
+    prefill_fp8_e4m3_r4,
+    prefill_f32_r4_kr,
+)
 
 MODULES = {
     "attn_append": attn_append,
@@ -212,6 +224,7 @@ MODULES = {
     "attn_util": attn_util,
     "heads_decode": heads_decode,
     "heads_prefill": heads_prefill,
+    "prefill_rows": prefill_rows,
 }
 
 __all__ = [
@@ -387,4 +400,14 @@ __all__ = [
     "hp_f32_p",
     "hp_f16_p",
     "hp_fp8_e4m3_p",
+    "prefill_rows",
+    "prefill_f32_r2",
+    "prefill_f32_r4",
+    "prefill_f16_r2",
+    "prefill_f16_r4",
+    "prefill_q8_0_r2",
+    "prefill_q8_0_r4",
+    "prefill_fp8_e4m3_r2",
+    "prefill_fp8_e4m3_r4",
+    "prefill_f32_r4_kr",
 ]

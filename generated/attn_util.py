@@ -43,6 +43,7 @@ KERNELS = {
         'tile_keys': 16,
         'dot_lanes': 16,
         'max_groups': 8,
+        'rows_per_block': 1,
         'k_pad': 16,
         'kreg_max_chunk': 16,
         'v_rounds': 3,

@@ -89,6 +89,8 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         elif k.mode is Mode.PREFILL:
             out += _p("int", "kv_groups", "head_dim", "max_seq")
             out += _p("int", "pos0")
+            if k.rows_per_block > 1:
+                out += _p("int", "n_rows")
         else:
             out += _p("int", "kv_groups", "head_dim", "max_seq")
             out += _position(k, _p("int", "seq_len", "n_splits", "split_len"))

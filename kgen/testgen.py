@@ -14,12 +14,11 @@ contexts, and an fp16 window ring lapped by a long batch.
 from __future__ import annotations
 
 from kgen.errors import SpecError
-from kgen.geometry import flash_shared_bytes, min_head_dim
+from kgen.geometry import min_head_dim
 from kgen.runtime.bind import bind, shape_refusal
 from kgen.runtime.contracts import ContractError
 from kgen.spec.axes import Mode, Op, Position, Sinks, SoftCap, Window
 from kgen.spec.ir import Kernel
-from kgen.target import TARGET
 from kgen.testing import Case, host_args
 
 QZ = [
@@ -203,7 +202,7 @@ MODEL_HEAD_DIMS = (64, 80, 96, 112, 128, 192, 256, 512)
 def _top_groups(k: Kernel, hd: int) -> int:
     """The largest group count whose shared memory fits at head_dim ``hd``."""
     top = k.max_groups
-    while top > 1 and flash_shared_bytes(k, top, hd) > TARGET.shared_per_block:
+    while top > 1 and shape_refusal(k, hd, top) is not None:
         top -= 1
     return top
 

@@ -53,6 +53,11 @@ class KernelView:
         return self.k.position is Position.SLOTS
 
     @property
+    def multi_row(self) -> bool:
+        """A prefill block serves rows_per_block query rows (rows_per_block > 1)."""
+        return self.k.rows_per_block > 1
+
+    @property
     def paged(self) -> bool:
         return self.k.position is Position.PAGED
 

@@ -240,7 +240,7 @@ def check_flash_groups(k: Kernel, c: Checker, G: int, hd: int) -> int:
     returns that many bytes."""
     c.require(1 <= G <= k.max_groups, "kv_groups",
               lambda: f"kv_groups = {G} exceeds the compile-time bound max_groups = {k.max_groups}")
-    smem = flash_shared_bytes(k, G, hd)
+    smem = flash_shared_bytes(k, G * k.rows_per_block, hd)  # a block stages every row's q
     limit = TARGET.shared_per_block
     c.require(smem <= limit, "shared memory",
               lambda: f"needs {smem} bytes of shared memory (kv_groups {G}, head_dim "
@@ -311,6 +311,10 @@ def _flash(k: Kernel, c: Checker, a: dict):
                   lambda: f"query rows read cache rows [0, pos0 + n) = [0, {pos0 + n}) without "
                   f"wrapping; max_seq = {max_seq}")
         values.update(out=out, pos0=pos0)
+        if k.rows_per_block > 1:
+            values["n_rows"] = n
+            return ((n + k.rows_per_block - 1) // k.rows_per_block, n_head_kv, 1), \
+                (block_threads(k, hd), 1, 1), smem, values
         return (n, n_head_kv, 1), (block_threads(k, hd), 1, 1), smem, values
 
     heads = (lead_q[0] if slots else 1) * n_head

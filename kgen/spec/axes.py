@@ -117,6 +117,7 @@ KEYS: dict[str, Key] = {
     "tile_keys": Key(int, 16, PLAN_OPS, "keys per tile (and split rounding)"),
     "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),
     "max_groups": Key(int, 8, FLASH, "compile-time bound on kv_groups"),
+    "rows_per_block": Key(int, 1, FLASH, "query rows of a prefill block (K/V tiles shared)"),
     "k_pad": Key(int, 16, FLASH, "floats of padding per shared K row"),
     "kreg_max_chunk": Key(int, 16, FLASH, "compile-time bound on head_dim/dot_lanes"),
     "v_rounds": Key(int, 3, FLASH, "blockDim-strided rounds that stage the V tile"),

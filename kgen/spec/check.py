@@ -101,6 +101,31 @@ def check_attention_options(k: Kernel, ctx: _Ctx) -> None:
                         "decode_combine kernel")
 
 
+def check_rows_per_block(k: Kernel, ctx: _Ctx) -> None:
+    """Several query rows per block share each staged K/V tile: a causal prefill over
+    a contiguous cache whose rows all read the same values (no fp16 shadows: which
+    shadow a key comes from depends on the row) with the tile-granular window, and
+    one fold thread per (row, head) inside the first warp."""
+    if k.op is not Op.FLASH or k.rows_per_block == 1:
+        return
+    where = k.where("rows_per_block")
+    if k.mode is not Mode.PREFILL or k.position is not Position.HOST:
+        raise ctx.error(where, "rows_per_block > 1 needs a contiguous prefill (mode = "
+                        "prefill, position = host)")
+    if k.fmt.shadows:
+        raise ctx.error(where, f"rows_per_block > 1: kv = {k.fmt.name} picks a key's fp16 "
+                        "shadow by the row's position, so rows cannot share a K tile")
+    other = [key for key in ("window", "mask", "softcap", "sinks", "v_stage")
+             if getattr(k, key) != KEYS[key].default]
+    if other:
+        raise ctx.error(where, "rows_per_block > 1 is not combined with "
+                        + ", ".join(f"{key} = {getattr(k, key).value}" for key in other))
+    if k.max_groups * k.rows_per_block > TARGET.warp:
+        raise ctx.error(where, f"rows_per_block * max_groups = "
+                        f"{k.max_groups * k.rows_per_block} > {TARGET.warp}: the fold runs one "
+                        "thread per (row, head) inside the first warp")
+
+
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:
     """The batch live floor exists only for fp16 window shadows read by a batched prefill."""
     if k.op is Op.FLASH and k.ring_floor is RingFloor.BATCH:
@@ -219,6 +244,7 @@ CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
     check_doc_comment,
     check_mode_position,
     check_attention_options,
+    check_rows_per_block,
     check_ring_floor,
     check_dot_shape,
     check_register_k,

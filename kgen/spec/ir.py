@@ -48,6 +48,7 @@ class Kernel:
     tile_keys: int
     dot_lanes: int
     max_groups: int
+    rows_per_block: int
     k_pad: int
     kreg_max_chunk: int
     v_rounds: int

@@ -62,8 +62,9 @@ def test_doctor_on_a_cpu_only_machine(capsys, no_gpu):
     assert "GPUs          none found: CuPy is not installed; nvidia-smi not found" in out
     assert "driver        no NVIDIA kernel driver loaded" in out
     assert "CuPy          not installed: pip install 'kgen[cuda11|cuda12|cuda13]'" in out
+    w = max(len(m) for m in MODULES)
     for m in MODULES:
-        assert f"  {m:<12}  {m}.fatbin: sm_37 SASS + compute_37 PTX (ISA 7.8)" in out
+        assert f"  {m:<{w}}  {m}.fatbin: sm_37 SASS + compute_37 PTX (ISA 7.8)" in out
     assert "sm_37 SASS: compute 3.7 GPU, driver CUDA 11.0 (R450+) or newer" in out
     assert "compute_37 PTX (ISA 7.8): compute >= 3.7 GPU, driver CUDA 11.8 (R520+) or newer" in out
     assert "run kernels   no: no GPU found" in out
