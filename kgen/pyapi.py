@@ -13,7 +13,8 @@ from kgen.signature import params
 from kgen.spec.axes import Mode, Op, Position
 from kgen.spec.ir import Kernel
 
-DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "n_rows"})
+DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "n_rows",
+                     "block_size", "max_blocks", "num_reqs"})
 # Neutral values: no window, no soft-cap (the plain path, bit for bit).
 DEFAULTS = {"attn_sink": "0", "attn_win": "0", "scale": "None", "win_left": "2147483647",
             "win_right": "2147483647", "softcap": "0.0", "k_scale": "1.0", "v_scale": "1.0"}

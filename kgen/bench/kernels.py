@@ -223,6 +223,142 @@ def variants_table(cp, g) -> list[dict]:
     return out_rows
 
 
+# ---- long prefill against PyTorch SDPA -------------------------------------------------
+
+LONG_N = 8192
+
+
+def _sdpa(q_np, k_np, v_np, G):
+    """torch's scaled_dot_product_attention (f32, causal, GQA by repeat) on the same
+    data, as an arm; None when torch is not importable."""
+    try:
+        import torch
+    except ImportError:
+        return None, None
+    q = torch.as_tensor(q_np, device="cuda").transpose(0, 1)[None]       # [1][H][N][hd]
+    k = torch.as_tensor(k_np, device="cuda").repeat_interleave(G, 1).transpose(0, 1)[None]
+    v = torch.as_tensor(v_np, device="cuda").repeat_interleave(G, 1).transpose(0, 1)[None]
+    f = torch.nn.functional.scaled_dot_product_attention
+    holder = {}
+
+    def run():
+        holder["out"] = f(q, k, v, is_causal=True)
+    run()
+    torch.cuda.synchronize()
+    return run, lambda: holder["out"][0].transpose(0, 1).cpu().numpy()
+
+
+def prefill_long_table(cp, g) -> list[dict]:
+    """Causal prefill of LONG_N rows from position 0 (f32 and q4, head_dim 128 and
+    256, 8 q heads per kv head): every prefill kernel serving the shape, and SDPA."""
+    from kgen import numpy_ref as ref
+    from kgen.runtime.bind import shape_refusal
+    from kgen.runtime.kv import KVCache
+    from kgen.runtime.select import generated
+    from kgen.spec.axes import Mode, Op, Position
+
+    rows = []
+    for kv in ("f32", "q4"):
+        for hd in (128, 256):
+            cache = KVCache(HK, hd, LONG_N, kv=kv)
+            kx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
+            vx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
+            cache.append(cp.asarray(kx), cp.asarray(vx), pos0=0)
+            host = ref.HostCache.empty(cache.fmt, HK, LONG_N, hd, cache.RING_ROWS,
+                                       cache.SINK_ROWS)
+            ref.append(kx, vx, host, 0)
+            q = g.standard_normal((LONG_N, H, hd), dtype=np.float32)
+            qd = cp.asarray(q)
+            want = ref.prefill_attention_cache(q[-2:], host, H // HK, LONG_N - 2, 0, 0, 0, 0,
+                                               1 / math.sqrt(hd))
+            arms = {}
+            for k, fn in generated():
+                if not (k.op is Op.FLASH and k.mode is Mode.PREFILL and k.kv.value == kv and
+                        k.position is Position.HOST and shape_refusal(k, hd, H // HK) is None
+                        and k.window.value == "sink_recent" and k.sinks.value == "none"):
+                    continue
+                if cache.fmt.shadows and (k.ring_rows, k.sink_rows) != (cache.RING_ROWS,
+                                                                        cache.SINK_ROWS):
+                    continue
+                out = cp.full(qd.shape, np.nan, cp.float32)
+                b = fn(qd, cache.k, cache.v, *cache.shadows, out, pos0=0,
+                       **cache._shadow_args)
+                cp.cuda.runtime.deviceSynchronize()
+                lossy = k.k_stage.value == "shared_f16" or k.q_stage.value == "f16"
+                _check(k.name, out.get()[-2:], want, *((2e-2, 2e-3) if lossy else (RTOL, ATOL)))
+                arms[k.name] = replay([(fn, b)])
+            # SDPA in f32 on the same shapes (the unquantized rows), checked on its own.
+            sdpa, sdpa_out = _sdpa(q, kx, vx, H // HK)
+            if sdpa is not None:
+                dense = ref.prefill_attention(q[-2:], np.ascontiguousarray(kx.swapaxes(0, 1)),
+                                              np.ascontiguousarray(vx.swapaxes(0, 1)),
+                                              H // HK, LONG_N - 2, 0, 0, 1 / math.sqrt(hd))
+                _check("torch SDPA", sdpa_out()[-2:], dense, 1e-3, 1e-4)
+                arms["torch SDPA (f32)"] = sdpa
+            t = bench_slow(cp, arms)
+            best = min((v, n) for n, v in t.items() if n != "torch SDPA (f32)")
+            for name, ms in t.items():
+                rows.append({"kv": kv, "head_dim": hd, "kernel": name, "ms": ms,
+                             "best_kgen": name == best[1]})
+            del cache, host
+    return rows
+
+
+def bench_slow(cp, arms: dict) -> dict[str, float]:
+    """bench() for arms of milliseconds: fewer rounds and launches."""
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for fn in arms.values():
+        fn()
+    for _ in range(3):
+        for name, fn in arms.items():
+            times[name].append(_time(cp, fn, 2))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# ---- decode bandwidth at a long context --------------------------------------------
+
+def decode_long_table(cp, g) -> list[dict]:
+    """f32 decode at 32k keys (head_dim 256, 8 q heads per kv head) under several
+    plans, as GB/s of cache read against a device-to-device copy measured beside it."""
+    from kgen import numpy_ref as ref
+    from kgen.runtime.plan import decode_plan
+
+    hd, seq = 256, 32768
+    cache, host = filled_cache(cp, g, "f32", hd, seq)
+    q1 = cp.asarray(g.standard_normal((H, hd), dtype=np.float32))
+    kr, vr = ref.read_kv_rows(host, seq - 1)
+    kd, fdec = cache.kernels.get("decode", H // HK)
+    _, fcomb = cache.kernels.get("combine")
+    arms = {}
+    for kps, cap in ((256, 16), (128, 64), (64, 256), (128, 256)):
+        plan = decode_plan(seq, kps, cap, kd.tile_keys)
+        m = cp.empty(H * plan.n_splits, cp.float32)
+        l = cp.empty(H * plan.n_splits, cp.float32)  # noqa: E741
+        acc = cp.empty(H * plan.n_splits * hd, cp.float32)
+        out = cp.full((H, hd), np.nan, cp.float32)
+        b1 = fdec(q1, cache.k, cache.v, m, l, acc, seq_len=seq, n_splits=plan.n_splits,
+                  split_len=plan.split_len)
+        b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
+        want = ref.decode_attention(q1.get(), kr, vr, H // HK, seq, kps, cap, 0, 0,
+                                    1 / math.sqrt(hd), tile=kd.tile_keys)
+        _check(f"decode kps {kps} cap {cap}", out.get(), want)
+        arms[f"kps {kps} cap {cap} ({plan.n_splits} splits)"] = replay([(fdec, b1), (fcomb, b2)])
+    src = cp.empty(256 * 2**20 // 4, cp.float32)
+    dst = cp.empty_like(src)
+    arms["device-to-device copy (256 MiB)"] = lambda: cp.copyto(dst, src)
+    t = bench(cp, arms)
+    cache_bytes = 2 * HK * seq * hd * 4
+    copy_gbps = 2 * src.nbytes / (t["device-to-device copy (256 MiB)"] * 1e-3) / 1e9
+    rows = [{"arm": "device-to-device copy (256 MiB)", "GBps": copy_gbps, "us": t[
+        "device-to-device copy (256 MiB)"] * 1e3}]
+    for name, ms in t.items():
+        if name.startswith("kps"):
+            gbps = cache_bytes / (ms * 1e-3) / 1e9
+            rows.append({"arm": name, "us": ms * 1e3, "GBps": gbps,
+                         "of_copy": gbps / copy_gbps})
+    return rows
+
+
 # ---- launch overhead ---------------------------------------------------------------
 
 def launch_table(cp, g) -> list[dict]:
@@ -333,7 +469,9 @@ def main() -> int:
     record = {"device": dev["name"].decode(), "rounds": ROUNDS, "burst": BURST,
               "shape": {"n_head": H, "n_head_kv": HK, "seq": SEQ, "prefill_rows": PREFILL_ROWS,
                         "kps": KPS, "splits_cap": CAP}}
-    sections = (("heads", heads_table), ("variants", variants_table), ("launch", launch_table))
+    sections = (("heads", heads_table), ("variants", variants_table),
+                ("prefill_long", prefill_long_table), ("decode_long", decode_long_table),
+                ("launch", launch_table))
     only = set(filter(None, os.environ.get("KGEN_BENCH_ONLY", "").split(",")))
     for name, fn in sections:
         if not only or name in only:
@@ -354,6 +492,21 @@ def main() -> int:
         for r in record["variants"]:
             mark = " (chosen)" if r["chosen"] else ""
             print(f"  {r['kv']:<5} {r['kernel']:<32} {r['us']:9.1f} us  {r['ratio']:5.2f}x{mark}")
+    if "prefill_long" in record:
+        print(f"\nprefill_long: causal prefill of {LONG_N} rows, {H} q heads, {HK} kv heads "
+              "(ms; ratio = SDPA time / kernel time)")
+        for kv, hd in sorted({(r["kv"], r["head_dim"]) for r in record["prefill_long"]}):
+            rs = [r for r in record["prefill_long"] if (r["kv"], r["head_dim"]) == (kv, hd)]
+            sd = next((r["ms"] for r in rs if r["kernel"].startswith("torch")), None)
+            for r in rs:
+                ratio = f"  {sd / r['ms']:5.2f}x vs SDPA" if sd else ""
+                best = " (best kgen)" if r["best_kgen"] else ""
+                print(f"  {kv:<4} hd{hd:<4} {r['kernel']:<32} {r['ms']:9.2f} ms{ratio}{best}")
+    if "decode_long" in record:
+        print("\ndecode_long: f32 decode at 32768 keys, head_dim 256 (GB/s of K+V read)")
+        for r in record["decode_long"]:
+            share = f"  {r['of_copy'] * 100:5.1f}% of the copy" if "of_copy" in r else ""
+            print(f"  {r['arm']:<40} {r['us']:9.1f} us {r['GBps']:8.1f} GB/s{share}")
     if "launch" in record:
         print("\nlaunch: one f32 decode step at head_dim 256, 4k context (host and wall µs "
               "per call)")
