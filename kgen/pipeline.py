@@ -19,6 +19,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ from pathlib import Path
 from kgen import __version__, compile, elf, ptx_entries, resources, sass_listing
 from kgen.cache import Cache, sha256
 from kgen.config import Settings
-from kgen.errors import KgenError, SpecError
+from kgen.errors import KgenError, SpecError, ToolError
 from kgen.golden import Golden, golden_files, load_golden
 from kgen.render import Module, render_modules, render_ptx_header, render_python, render_tests
 from kgen.spec.ast import ExpectRelation, KernelDef, SpecFile
@@ -249,8 +250,36 @@ def reference_module(work: Work, ctx: Context) -> Work:
 
 
 def ptx(b: ModuleBuild, ctx: Context) -> ModuleBuild:
-    return replace(b, ptx=compile.ptx(b.module.source, ctx.toolchain, ctx.cache,
-                                      name=b.module.name))
+    try:
+        text = compile.ptx(b.module.source, ctx.toolchain, ctx.cache, name=b.module.name)
+    except ToolError as exc:
+        raise _named_in(exc, b.module, ctx.settings.root) or exc from None
+    return replace(b, ptx=text)
+
+
+def _named_in(exc: ToolError, module: Module, root: Path) -> SpecError | None:
+    """nvcc's error about a kernel's name (a symbol the CUDA headers already declare,
+    say) as a spec error at that kernel's definition, not a line of a temporary .cu."""
+    errors = [ln for ln in exc.output.splitlines() if "error" in ln]
+    for k in module.kernels:
+        said = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(k.name)}(?![A-Za-z0-9_])")
+        hit = next((ln for ln in errors if said.search(ln)), None)
+        if hit is None:
+            continue
+        msg = re.sub(r"^.*?error\s*:?\s*", "", hit).strip()
+        src = _source_line(k.pos, root)
+        return SpecError(k.pos, f"kernel name '{k.name}' does not compile as a CUDA symbol "
+                         f"(nvcc: {msg})", src)
+    return None
+
+
+def _source_line(pos, root: Path) -> str | None:
+    path = Path(pos.path)
+    try:
+        lines = (path if path.is_absolute() else root / path).read_text("utf-8").split("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return lines[pos.line - 1] if 0 < pos.line <= len(lines) else None
 
 
 def cubin(b: ModuleBuild, ctx: Context) -> ModuleBuild:

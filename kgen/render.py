@@ -73,6 +73,7 @@ def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Enviro
     )
     env.filters["signature"] = signature
     env.filters["c_string"] = _c_string
+    env.filters["py_docstring"] = _py_docstring
     env.globals.update(convert=convert, NEG_INF=NEG_INF, py_args=py_args,
                        axes=lambda k: _py_dict(axes_of(k.k)), case_literal=_case_literal)
     return env
@@ -151,6 +152,13 @@ def _c_string(line: str) -> str:
     """One PTX line as a C string literal (with its newline)."""
     esc = line.replace("\\", "\\\\").replace('"', '\\"').replace("\t", "\\t")
     return f'"{esc}\\n"'
+
+
+def _py_docstring(text: str) -> str:
+    """Text inside a generated triple-quoted docstring: backslashes escaped, so
+    ``C:\\users`` or ``\\N`` read as written (the spec checks keep it one printable
+    line without double quotes)."""
+    return text.replace("\\", "\\\\")
 
 
 def _py_dict(d: dict) -> str:

@@ -176,8 +176,12 @@ def refusal(k: Kernel, case: Case) -> str | None:
 
 
 def _fit(k: Kernel, c: Case) -> Case:
-    """The candidate as this kernel's format reads it (no shadow rows without shadows)."""
-    return c if k.fmt.shadows else c.with_(sink=0, win=0)
+    """The candidate as this kernel's format reads it: no shadow rows without shadows,
+    and no more sink or window rows than the kernel keeps (small rings are tested with
+    the most they hold)."""
+    if not k.fmt.shadows:
+        return c.with_(sink=0, win=0)
+    return c.with_(sink=min(c.sink, k.sink_rows), win=min(c.win, k.ring_rows))
 
 
 def plan_cases(k: Kernel) -> tuple[list[Case], list[tuple[str, str]]]:
