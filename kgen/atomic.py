@@ -212,11 +212,7 @@ def lock(targets: list[Path], waiting=None, required: bool = True) -> Iterator[N
             try:
                 Path(p).parent.mkdir(parents=True, exist_ok=True)
                 fl.acquire(timeout=0)
-            except OSError:
-                if required:
-                    raise
-                continue
-            except Timeout:
+            except Timeout:  # (a TimeoutError, so an OSError: caught first)
                 if waiting:
                     waiting(f"waiting for another kgen process ({p})")
                 try:

@@ -86,31 +86,54 @@ def _stale(outputs) -> list[str]:
 
 
 def cmd_build(args, settings: Settings, say: Reporter) -> int:
-    """One build per output directory at a time (a lock beside each); a swap a crash
-    interrupted is finished first, and stale scratch trees are removed."""
+    """Builds of one output directory exclude each other where it matters (a lock
+    beside each output directory): a swap a crash interrupted is finished and stale
+    scratch trees are removed first; the compiles run in parallel with other builds;
+    writing both trees and recording the no-op stamp happen under the lock, so the
+    stamp always describes the tree it was recorded for. A build of some files of a
+    directory reads the other modules' outputs, so it holds the lock throughout."""
     from kgen.atomic import lock, recover
     from kgen.compile import clean_workdirs
+    from kgen.spec.files import partial
 
     outputs_dirs = [settings.generated, settings.tests_generated]
-    with lock(outputs_dirs, say, required=not args.check):
-        if not args.check:
+    inputs = _inputs(settings, args.specs)
+    if not args.check:
+        with lock(outputs_dirs, say):
             for msg in recover(outputs_dirs):
                 say(msg)
             for d in clean_workdirs():
                 say(f"removed {d} (a tool work directory of a process that is gone)")
-        return _build(args, settings, say, outputs_dirs)
+    try:
+        reads_outputs = partial(inputs)
+    except KgenError:
+        reads_outputs = False  # a bad input: the parse stage reports it
+    if reads_outputs:  # the other modules' files are carried over
+        with lock(outputs_dirs, say, required=not args.check):
+            return _build(args, settings, say, outputs_dirs, None)
+    return _build(args, settings, say, outputs_dirs,
+                  lambda: lock(outputs_dirs, say, required=not args.check))
 
 
-def _build(args, settings: Settings, say: Reporter, outputs_dirs: list[Path]) -> int:
+def _build(args, settings: Settings, say: Reporter, outputs_dirs: list[Path],
+           locked) -> int:
+    """``locked()``: the lock to take around reading or writing the trees (None: it
+    is held already)."""
+    import contextlib
+
     from kgen import stamp
 
+    guard = locked or contextlib.nullcontext
     digest = _fresh_build(settings, args)
-    if digest is not None and stamp.is_fresh(settings.cache_dir, digest, outputs_dirs):
-        if args.json:
-            print(json.dumps({"up_to_date": True}))
-        else:
-            print("up to date (inputs and outputs unchanged)")
-        return 0
+    if digest is not None:
+        with guard():
+            fresh = stamp.is_fresh(settings.cache_dir, digest, outputs_dirs)
+        if fresh:
+            if args.json:
+                print(json.dumps({"up_to_date": True}))
+            else:
+                print("up to date (inputs and outputs unchanged)")
+            return 0
     from kgen import pipeline
     from kgen.atomic import replace_dirs
 
@@ -118,23 +141,25 @@ def _build(args, settings: Settings, say: Reporter, outputs_dirs: list[Path]) ->
                         _context(settings, args, say))
     n_files = sum(len(files) for files in work.outputs.values())
     if args.check:
-        stale = _stale(work.outputs)
+        with guard():
+            stale = _stale(work.outputs)
         if stale:
             print("generated files are stale; run `kgen build specs/` and commit:\n  "
                   + "\n  ".join(stale))
             return 1
         print(f"generated files are up to date ({n_files} files)")
         return 0
-    replace_dirs(list(work.outputs.items()))  # both trees or neither
+    with guard():
+        replace_dirs(list(work.outputs.items()))  # both trees or neither
+        if digest is not None:
+            stamp.record(settings.cache_dir, digest, outputs_dirs)
     say("wrote " + ", ".join(f"{len(files)} files to {where}"
                              for where, files in work.outputs.items()))
-    if digest is not None:
-        stamp.record(settings.cache_dir, digest, outputs_dirs)
     if args.json:
         print(json.dumps({"modules": [m.name for m in work.modules],
                           "kernels": sorted(work.compiled)}, indent=2))
     else:
-        print(f"built {len(work.kernels)} kernels in {len(work.modules)} modules")
+        print(f"built {len(work.own_kernels)} kernels in {len(work.modules)} modules")
     return 0
 
 
