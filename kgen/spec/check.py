@@ -243,6 +243,11 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
         if (other.op, other.mode, other.position, other.kv) != (k.op, k.mode, k.position, k.kv):
             raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' take different inputs "
                             "(op, mode, position and kv must match to compare outputs)")
+        if k.fmt.shadows and (other.ring_rows, other.sink_rows) != (k.ring_rows, k.sink_rows):
+            raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' lay out the fp16 shadows "
+                            f"differently (ring_rows, sink_rows = {k.ring_rows}, "
+                            f"{k.sink_rows} vs {other.ring_rows}, {other.sink_rows}): one "
+                            "cache cannot feed both")
         if r.kind == "close_to" and not 0 < r.tolerance < 1:
             raise ctx.error(r.pos, f"tolerance {r.tolerance} must be in (0, 1)")
 
