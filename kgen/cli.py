@@ -1,10 +1,12 @@
-"""``kgen``: build, verify, golden, check, list, show."""
+"""kgen: build, verify, golden, freeze, check, list, show."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -18,15 +20,20 @@ from kgen.errors import KgenError, SpecError
 
 
 class Reporter:
-    """Progress on stderr (a terminal unless --quiet); results on stdout."""
+    """Progress on stderr (a terminal unless --quiet); results on stdout. Lines from
+    parallel compiles are written whole, one at a time."""
 
     def __init__(self, quiet: bool, as_json: bool):
         self.quiet = quiet or as_json
         self.t0 = time.perf_counter()
+        self._lock = threading.Lock()
 
     def __call__(self, msg: str) -> None:
         if not self.quiet:
-            print(f"[{time.perf_counter() - self.t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
+            line = f"[{time.perf_counter() - self.t0:6.2f}s] {msg}\n"
+            with self._lock:
+                sys.stderr.write(line)
+                sys.stderr.flush()
 
 
 def _context(settings: Settings, args, say: Reporter | None = None):
@@ -54,14 +61,16 @@ def _kernels(settings: Settings, args):
 def _fresh_build(settings: Settings, args) -> str | None:
     """The build's input digest, or None when a build must run anyway."""
     from kgen import stamp
-    from kgen.spec.files import spec_paths
+    from kgen.spec.files import SPEC_SUFFIX, spec_paths
 
     if args.check or args.no_cache:
         return None
     try:
-        return stamp.input_digest(spec_paths(list(_inputs(settings, args.specs))),
-                                  settings.templates)
-    except OSError:
+        named = spec_paths(list(_inputs(settings, args.specs)))
+        beside = {s for p in named for s in p.parent.glob(f"*{SPEC_SUFFIX}")} | set(named)
+        return stamp.input_digest(sorted(beside), settings.templates,
+                                  [os.path.realpath(p) for p in named])
+    except (OSError, KgenError):
         return None  # an unreadable input: the full build reports it properly
 
 
@@ -77,16 +86,54 @@ def _stale(outputs) -> list[str]:
 
 
 def cmd_build(args, settings: Settings, say: Reporter) -> int:
-    from kgen import stamp
+    """Builds of one output directory exclude each other where it matters (a lock
+    beside each output directory): a swap a crash interrupted is finished and stale
+    scratch trees are removed first; the compiles run in parallel with other builds;
+    writing both trees and recording the no-op stamp happen under the lock, so the
+    stamp always describes the tree it was recorded for. A build of some files of a
+    directory reads the other modules' outputs, so it holds the lock throughout."""
+    from kgen.atomic import lock, recover
+    from kgen.compile import clean_workdirs
+    from kgen.spec.files import partial
 
     outputs_dirs = [settings.generated, settings.tests_generated]
+    inputs = _inputs(settings, args.specs)
+    if not args.check:
+        with lock(outputs_dirs, say):
+            for msg in recover(outputs_dirs):
+                say(msg)
+            for d in clean_workdirs():
+                say(f"removed {d} (a tool work directory of a process that is gone)")
+    try:
+        reads_outputs = partial(inputs)
+    except KgenError:
+        reads_outputs = False  # a bad input: the parse stage reports it
+    if reads_outputs:  # the other modules' files are carried over
+        with lock(outputs_dirs, say, required=not args.check):
+            return _build(args, settings, say, outputs_dirs, None)
+    return _build(args, settings, say, outputs_dirs,
+                  lambda: lock(outputs_dirs, say, required=not args.check))
+
+
+def _build(args, settings: Settings, say: Reporter, outputs_dirs: list[Path],
+           locked) -> int:
+    """``locked()``: the lock to take around reading or writing the trees (None: it
+    is held already)."""
+    import contextlib
+
+    from kgen import stamp
+
+    guard = locked or contextlib.nullcontext
     digest = _fresh_build(settings, args)
-    if digest is not None and stamp.is_fresh(settings.cache_dir, digest, outputs_dirs):
-        if args.json:
-            print(json.dumps({"up_to_date": True}))
-        else:
-            print("up to date (inputs and outputs unchanged)")
-        return 0
+    if digest is not None:
+        with guard():
+            fresh = stamp.is_fresh(settings.cache_dir, digest, outputs_dirs)
+        if fresh:
+            if args.json:
+                print(json.dumps({"up_to_date": True}))
+            else:
+                print("up to date (inputs and outputs unchanged)")
+            return 0
     from kgen import pipeline
     from kgen.atomic import replace_dirs
 
@@ -94,24 +141,45 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
                         _context(settings, args, say))
     n_files = sum(len(files) for files in work.outputs.values())
     if args.check:
-        stale = _stale(work.outputs)
+        with guard():
+            stale = _stale(work.outputs)
         if stale:
             print("generated files are stale; run `kgen build specs/` and commit:\n  "
                   + "\n  ".join(stale))
             return 1
         print(f"generated files are up to date ({n_files} files)")
         return 0
-    replace_dirs(list(work.outputs.items()))  # both trees or neither
+    with guard():
+        replace_dirs(list(work.outputs.items()))  # both trees or neither
+        if digest is not None:
+            stamp.record(settings.cache_dir, digest, outputs_dirs)
     say("wrote " + ", ".join(f"{len(files)} files to {where}"
                              for where, files in work.outputs.items()))
-    if digest is not None:
-        stamp.record(settings.cache_dir, digest, outputs_dirs)
     if args.json:
         print(json.dumps({"modules": [m.name for m in work.modules],
                           "kernels": sorted(work.compiled)}, indent=2))
     else:
-        print(f"built {len(work.kernels)} kernels in {len(work.modules)} modules")
+        print(f"built {len(work.own_kernels)} kernels in {len(work.modules)} modules")
     return 0
+
+
+def _generated_kernels(settings: Settings) -> set[str]:
+    """The kernels generated/manifest.json lists (none if there is no build yet)."""
+    try:
+        manifest = json.loads((settings.generated / "manifest.json").read_text("utf-8"))
+        return {k for m in manifest["modules"].values() for k in m["kernels"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
+def _unknown(names: list[str], known: set[str], what: str) -> None:
+    """KgenError naming the first of ``names`` not in ``known``, with a guess."""
+    from kgen.spec.resolve import did_you_mean
+
+    for name in names:
+        if name not in known:
+            raise KgenError(f"unknown kernel '{name}' ({what})"
+                            + did_you_mean(name, sorted(known)))
 
 
 def cmd_verify(args, settings: Settings, say: Reporter) -> int:
@@ -119,8 +187,14 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
     from kgen.golden import load_golden
     from kgen.verify import sass_diff, summary, table
 
-    ctx = _context(settings, args, say)
     golden = load_golden(settings.golden)
+    known = set(golden.ptx) | set(golden.frozen) | _generated_kernels(settings)
+    _unknown(list(args.kernels) + ([args.diff] if args.diff else []), known,
+             "not in golden/ nor in generated/manifest.json")
+    if args.diff and args.diff not in golden.ptx:
+        raise KgenError(f"--diff {args.diff}: only the reference's kernels keep a SASS listing "
+                        "in golden/ (a frozen kernel keeps digests)")
+    ctx = _context(settings, args, say)
     made_with = golden.manifest.get("toolchain", {})
     if made_with and made_with != dict(ctx.toolchain.versions):
         # Another ptxas can schedule differently: differences would not be kgen's.
@@ -130,8 +204,8 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
     if args.diff:
         work = pipeline.run(pipeline.VERIFY[:-1], pipeline.Work(golden=golden), ctx)
         name, compiled = args.diff, work.compiled
-        if name not in golden.ptx or name not in compiled:
-            raise KgenError(f"--diff {name}: needs a kernel both golden and generated")
+        if name not in compiled:
+            raise KgenError(f"--diff {name}: no generated module has this kernel")
         print("\n".join(sass_diff(golden.sass[name], compiled[name].sass, context=None)))
         return 0 if [i.word for i in golden.sass[name]] == [
             i.word for i in compiled[name].sass] else 1
@@ -143,11 +217,57 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
     else:
         print(table(verdicts))
         for v in verdicts:
-            if v.status == "different":
-                print(f"\n{v.name} ({v.module}): {v.detail}")
+            if v.status in ("different", "new") and v.detail:
+                if v.status == "new" and args.allow_new:
+                    continue
+                print(f"\n{v.name} ({v.module}, {v.status}): {v.detail}")
         print(summary(verdicts))
-    counted = [v for v in verdicts if v.status != "new"]
+    counted = [v for v in verdicts if v.status != "new" or not args.allow_new]
     return 0 if all(v.ok for v in counted) else 1
+
+
+def cmd_freeze(args, settings: Settings, say: Reporter) -> int:
+    """Snapshot the generated kernels beyond the reference into golden/frozen.json."""
+    from kgen import pipeline
+    from kgen.golden import FROZEN_FILE, frozen_file, load_golden, snapshot
+
+    golden = load_golden(settings.golden)
+    _unknown(list(args.kernels), _generated_kernels(settings) | set(golden.frozen),
+             "not in generated/manifest.json")
+    ctx = _context(settings, args, say)
+    compiled = pipeline.run(pipeline.VERIFY[:-1], pipeline.Work(golden=golden), ctx).compiled
+    beyond = {n: c for n, c in compiled.items() if n not in golden.ptx}
+    reference = [n for n in args.kernels if n in golden.ptx]
+    if reference:
+        raise KgenError(f"{', '.join(reference)}: a reference kernel is verified against "
+                        "golden/ itself, not frozen")
+    if args.kernels:
+        frozen = dict(golden.frozen)
+        for n in args.kernels:
+            if n in beyond:
+                frozen[n] = snapshot(beyond[n])
+            else:
+                frozen.pop(n, None)  # no longer generated: unfrozen
+    else:
+        frozen = {n: snapshot(c) for n, c in sorted(beyond.items())}
+    old = golden.frozen
+    added = sorted(set(frozen) - set(old))
+    removed = sorted(set(old) - set(frozen))
+    changed = sorted(n for n in set(frozen) & set(old) if frozen[n] != old[n])
+    path = settings.golden / FROZEN_FILE
+    tmp = path.with_name(f".{FROZEN_FILE}.{os.getpid()}.tmp")
+    tmp.write_bytes(frozen_file(frozen, dict(ctx.toolchain.versions)))
+    os.replace(tmp, path)
+    if args.json:
+        print(json.dumps({"frozen": len(frozen), "added": added, "changed": changed,
+                          "removed": removed}, indent=2))
+    else:
+        for label, names in (("added", added), ("changed", changed), ("removed", removed)):
+            if names:
+                print(f"{label}: {', '.join(names)}")
+        print(f"froze {len(frozen)} kernels into {path} ({len(added)} added, {len(changed)} "
+              f"changed, {len(removed)} removed); review and commit it")
+    return 0
 
 
 def cmd_golden(args, settings: Settings, say: Reporter) -> int:
@@ -161,7 +281,9 @@ def cmd_golden(args, settings: Settings, say: Reporter) -> int:
         settings = replace(settings, reference=Path(args.reference))
     work = pipeline.run(pipeline.GOLDEN, pipeline.Work(), _context(settings, args, say))
     files = work.outputs[settings.golden]
-    replace_dir(settings.golden, dict(files))
+    from kgen.golden import FROZEN_FILE
+
+    replace_dir(settings.golden, dict(files), keep=(FROZEN_FILE,))  # the snapshot stays
     print(f"golden: {len(golden_kernels(files))} kernels from {settings.reference} -> "
           f"{settings.golden}")
     return 0
@@ -177,6 +299,11 @@ def cmd_check(args, settings: Settings, say: Reporter) -> int:
     mine = {f.path for f in work.files}
     count = sum(k.spec_path in mine for k in work.kernels)
     extra = len(work.context)
+    if args.json:
+        print(json.dumps({"ok": True, "spec_files": [f.path for f in work.files],
+                          "kernels": [k.name for k in work.kernels if k.spec_path in mine],
+                          "context_files": [f.path for f in work.context]}, indent=2))
+        return 0
     note = (f" (definitions from {extra} other spec file{'s' if extra != 1 else ''})"
             if extra else "")
     print(f"ok: {len(work.files)} spec files, {count} kernels{note}")
@@ -222,9 +349,23 @@ def cmd_show(args, settings: Settings, say: Reporter) -> int:
     from kgen.spec.axes import KEYS
 
     by = {k.name: k for k in _kernels(settings, args)}
-    k = by.get(args.kernel)
-    if k is None:
-        raise KgenError(f"no kernel '{args.kernel}'")
+    _unknown([args.kernel], set(by), f"no spec in {settings.specs} defines it")
+    k = by[args.kernel]
+    if args.json:
+        keys = {}
+        for key, spec in KEYS.items():
+            if spec.ops is None or k.op in spec.ops:
+                val = getattr(k, key)
+                keys[key] = {"value": getattr(val, "value", val),
+                             "from": str(k.where(key)) if key in k.explicit_keys else "default"}
+        print(json.dumps({
+            "name": k.name, "lineage": list(k.lineage), "spec": str(k.pos), "keys": keys,
+            "budgets": [{"resource": b.resource, "op": b.op, "value": b.value,
+                         "from": str(b.pos)} for b in k.budgets],
+            "relations": [{"kind": r.kind, "other": r.other, "tolerance": r.tolerance,
+                           "from": str(r.pos)} for r in k.relations],
+        }, indent=2))
+        return 0
     print(f"{k.name}  ({' <- '.join(k.lineage)})")
     for key, spec in KEYS.items():
         if spec.ops is not None and k.op not in spec.ops:
@@ -270,7 +411,16 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", parents=[common], help="compare generated/ with golden/")
     v.add_argument("kernels", nargs="*")
     v.add_argument("--diff", metavar="KERNEL", help="print the whole aligned SASS diff")
+    v.add_argument("--allow-new", action="store_true",
+                   help="do not fail on generated kernels with no golden and no frozen "
+                   "snapshot")
     v.set_defaults(fn=cmd_verify)
+    f = sub.add_parser("freeze", parents=[common],
+                       help="snapshot generated kernels beyond the reference into "
+                       "golden/frozen.json")
+    f.add_argument("kernels", nargs="*", help="only these (default: every one, and drop "
+                   "snapshots of kernels no longer generated)")
+    f.set_defaults(fn=cmd_freeze)
     g = sub.add_parser("golden", parents=[common], help="compile the reference into golden/")
     g.add_argument("--reference", help="reference .cu (default: the setting)")
     g.set_defaults(fn=cmd_golden)
@@ -296,13 +446,20 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    settings = Settings.load()
     say = Reporter(args.quiet, args.json)
     try:
+        settings = Settings.load()
+        cache = settings.cache_dir
+        if cache.exists() and not cache.is_dir():
+            raise KgenError(f"the cache directory {cache} (KGEN_CACHE_DIR, or "
+                            "~/.cache/kgen) is not a directory")
         return args.fn(args, settings, say)
     except SpecError as exc:
         if args.debug:
             traceback.print_exc()
+        if args.json:
+            print(json.dumps({"error": {"path": exc.pos.path, "line": exc.pos.line,
+                                        "col": exc.pos.col, "message": exc.message}}))
         print(exc.render(), file=sys.stderr)
         return exc.exit_code
     except KgenError as exc:
@@ -312,6 +469,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        # The environment, not kgen: an unwritable output, a full disk, a name too long.
+        if args.debug:
+            traceback.print_exc()
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kgen: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("kgen: interrupted", file=sys.stderr)
         return 130

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -67,7 +68,7 @@ def _workdir(stage: str) -> Iterator[Path]:
     """A private directory for one tool run, removed afterwards -- except when
     the tool fails: then its input stays where the ``reproduce with:`` command
     in the ToolError expects it."""
-    d = Path(tempfile.mkdtemp(prefix=f"kgen-{stage}-"))
+    d = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{stage}-{os.getpid()}-"))
     try:
         yield d
     except ToolError:
@@ -76,6 +77,34 @@ def _workdir(stage: str) -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
         raise
     shutil.rmtree(d, ignore_errors=True)
+
+
+WORKDIR_PREFIX = "kgen-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process
+    return True
+
+
+def clean_workdirs() -> list[Path]:
+    """Remove the tool work directories (``kgen-<stage>-<pid>-*`` in the temporary
+    directory) of processes that are gone: killed builds, and failed tools whose
+    ``reproduce with:`` directory the next build no longer needs."""
+    removed = []
+    for d in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*-*"):
+        parts = d.name.split("-")
+        if len(parts) < 4 or not parts[2].isdigit() or not d.is_dir():
+            continue
+        if int(parts[2]) != os.getpid() and not _alive(int(parts[2])):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def ptx(source: str, tc: Toolchain, cache: Cache, name: str = "module") -> str:

@@ -9,7 +9,7 @@ committed, so verifying needs the toolchain but not the reference source.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kgen import __version__, ptx_entries, resources, sass_listing
@@ -17,6 +17,8 @@ from kgen.cache import sha256
 from kgen.errors import KgenError
 
 PTX_FILE = "attention.ptx"
+FROZEN_FILE = "frozen.json"  # `kgen freeze`: a snapshot of every generated kernel beyond
+#                              the reference (its code digest, PTX digest and resources)
 RESOURCES_FILE = "resources.json"
 MANIFEST_FILE = "manifest.json"
 
@@ -29,6 +31,7 @@ class Golden:
     sass: dict[str, tuple[sass_listing.Instr, ...]]
     resources: dict[str, resources.Resources]
     manifest: dict
+    frozen: dict[str, dict] = field(default_factory=dict)  # kernel -> snapshot (frozen.json)
 
     @property
     def kernels(self) -> list[str]:
@@ -86,7 +89,44 @@ def load_golden(golden_dir: Path) -> Golden:
         sass=sass,
         resources={n: resources.Resources(**r) for n, r in res.items()},
         manifest=manifest,
+        frozen=load_frozen(golden_dir),
     )
+
+
+def load_frozen(golden_dir: Path) -> dict[str, dict]:
+    """The frozen snapshots (none before the first ``kgen freeze``)."""
+    path = golden_dir / FROZEN_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise KgenError(f"unreadable {path} ({exc}); restore it from git or run `kgen freeze`"
+                        ) from None
+    kernels = data.get("kernels") if isinstance(data, dict) else None
+    if not isinstance(kernels, dict):
+        raise KgenError(f"{path} has no 'kernels' table; restore it from git or run "
+                        "`kgen freeze`")
+    return kernels
+
+
+def snapshot(c) -> dict:
+    """What ``kgen freeze`` records of one compiled kernel (a verify.Compiled)."""
+    return {
+        "module": c.module,
+        "code_sha256": sha256(c.code),
+        "code_bytes": len(c.code),
+        "ptx_sha256": sha256(c.ptx.encode()),
+        "resources": c.resources.as_dict(),
+    }
+
+
+def frozen_file(kernels: dict[str, dict], versions: dict[str, str]) -> bytes:
+    """golden/frozen.json: one entry per kernel, sorted, so a review reads the change."""
+    doc = {"about": "kgen freeze: each generated kernel beyond the reference, as `kgen "
+                    "verify` checks it (cubin .text digest, PTX entry digest, resources)",
+           "toolchain": versions, "kernels": kernels}
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
 def _parse_rendered(text: str) -> tuple[sass_listing.Instr, ...]:

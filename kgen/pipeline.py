@@ -19,6 +19,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -28,13 +29,13 @@ from pathlib import Path
 from kgen import __version__, compile, elf, ptx_entries, resources, sass_listing
 from kgen.cache import Cache, sha256
 from kgen.config import Settings
-from kgen.errors import KgenError, SpecError
+from kgen.errors import KgenError, SpecError, ToolError
 from kgen.golden import Golden, golden_files, load_golden
 from kgen.render import Module, render_c_header, render_modules, render_python, render_tests
 from kgen.spec.ast import ExpectRelation, KernelDef, SpecFile
 from kgen.spec.check import check
 from kgen.spec.expand import expand_file
-from kgen.spec.files import SPEC_SUFFIX, spec_paths
+from kgen.spec.files import SPEC_SUFFIX, partial, spec_paths
 from kgen.spec.ir import Kernel
 from kgen.spec.parser import parse_file
 from kgen.spec.resolve import resolve
@@ -130,6 +131,12 @@ class Work:
         return {n: c for b in self.builds for n, c in b.kernels().items()}
 
     @property
+    def own_kernels(self) -> tuple[Kernel, ...]:
+        """The kernels the named spec files define (not the context's)."""
+        mine = {f.path for f in self.files}
+        return tuple(k for k in self.kernels if k.spec_path in mine)
+
+    @property
     def lines(self) -> dict[str, tuple[str, ...]]:
         return {f.path: f.lines for f in (*self.files, *self.context)}
 
@@ -146,7 +153,7 @@ def parse(inputs: list[Path], root: Path | None = None,
         shown = str(p)
         if root is not None:
             with contextlib.suppress(ValueError):
-                shown = str(p.resolve().relative_to(root))
+                shown = str(Path(os.path.realpath(p)).relative_to(os.path.realpath(root)))
         files.append(parse_file(p, shown, cache_dir))
     return files
 
@@ -166,9 +173,10 @@ def _siblings(inputs: tuple[Path, ...], ctx: Context) -> dict[str, tuple[SpecFil
     """name -> (file, definition) for every kernel in the other specs beside the spec
     files ``inputs`` name, families expanded. A sibling that does not parse is no
     context and is skipped."""
-    named = {p.resolve() for p in spec_paths(list(inputs))}
+    named = {Path(os.path.realpath(p)) for p in spec_paths(list(inputs))}
     pool: dict[str, tuple[SpecFile, KernelDef]] = {}
-    for sib in sorted({s.resolve() for p in named for s in p.parent.glob(f"*{SPEC_SUFFIX}")}):
+    beside = {Path(os.path.realpath(s)) for p in named for s in p.parent.glob(f"*{SPEC_SUFFIX}")}
+    for sib in sorted(beside):
         if sib in named:
             continue
         try:
@@ -218,8 +226,8 @@ def checked_kernels(work: Work, ctx: Context) -> Work:
 
 def cuda_modules(work: Work, ctx: Context) -> Work:
     s = ctx.settings
-    return replace(work, modules=tuple(render_modules(list(work.kernels), s.templates, s.root,
-                                                      ctx.cache_dir)))
+    return replace(work, modules=tuple(render_modules(list(work.own_kernels), s.templates,
+                                                      s.root, ctx.cache_dir)))
 
 
 def read_generated_modules(generated: Path) -> list[Module]:
@@ -251,8 +259,36 @@ def reference_module(work: Work, ctx: Context) -> Work:
 
 
 def ptx(b: ModuleBuild, ctx: Context) -> ModuleBuild:
-    return replace(b, ptx=compile.ptx(b.module.source, ctx.toolchain, ctx.cache,
-                                      name=b.module.name))
+    try:
+        text = compile.ptx(b.module.source, ctx.toolchain, ctx.cache, name=b.module.name)
+    except ToolError as exc:
+        raise _named_in(exc, b.module, ctx.settings.root) or exc from None
+    return replace(b, ptx=text)
+
+
+def _named_in(exc: ToolError, module: Module, root: Path) -> SpecError | None:
+    """nvcc's error about a kernel's name (a symbol the CUDA headers already declare,
+    say) as a spec error at that kernel's definition, not a line of a temporary .cu."""
+    errors = [ln for ln in exc.output.splitlines() if "error" in ln]
+    for k in module.kernels:
+        said = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(k.name)}(?![A-Za-z0-9_])")
+        hit = next((ln for ln in errors if said.search(ln)), None)
+        if hit is None:
+            continue
+        msg = re.sub(r"^.*?error\s*:?\s*", "", hit).strip()
+        src = _source_line(k.pos, root)
+        return SpecError(k.pos, f"kernel name '{k.name}' does not compile as a CUDA symbol "
+                         f"(nvcc: {msg})", src)
+    return None
+
+
+def _source_line(pos, root: Path) -> str | None:
+    path = Path(pos.path)
+    try:
+        lines = (path if path.is_absolute() else root / path).read_text("utf-8").split("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return lines[pos.line - 1] if 0 < pos.line <= len(lines) else None
 
 
 def cubin(b: ModuleBuild, ctx: Context) -> ModuleBuild:
@@ -317,16 +353,71 @@ def check_budgets(kernels: tuple[Kernel, ...], compiled: Mapping[str, Compiled],
 
 
 def budgets(work: Work, ctx: Context) -> Work:
-    check_budgets(work.kernels, work.compiled, work.lines)
+    check_budgets(work.own_kernels, work.compiled, work.lines)
     return work
 
 
-def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context) -> dict[str, bytes]:
+@dataclass(frozen=True)
+class Carried:
+    """A module already in generated/ that a build of other spec files keeps as it is."""
+
+    name: str
+    info: dict  # its manifest entry
+    files: dict[str, bytes]  # its generated/ files
+    test: bytes | None  # tests/generated/test_<name>.py
+
+    @property
+    def kernels(self) -> list[str]:
+        return list(self.info["kernels"])
+
+
+def carried_modules(work: Work, ctx: Context) -> list[Carried]:
+    """When the build names some spec files of a directory (not all), the modules other
+    files made stay in generated/ as they are: building one file never deletes another's
+    outputs. A module the named files share with another file is refused (built alone
+    it would lose that file's kernels)."""
+    if not partial(work.inputs):
+        return []
+    s = ctx.settings
+    try:
+        manifest = json.loads((s.generated / MANIFEST).read_text(encoding="utf-8"))
+        entries = dict(manifest["modules"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # nothing built yet: the named files' modules are the whole tree
+    built = {b.module.name for b in work.builds}
+    own = {k.name for k in work.own_kernels}
+    elsewhere = set(_siblings(work.inputs, ctx))
+    out = []
+    for name, info in sorted(entries.items()):
+        if name in built:
+            others = [k for k in info.get("kernels", ()) if k not in own and k in elsewhere]
+            if others:
+                raise KgenError(
+                    f"module '{name}' also holds kernels that other spec files define "
+                    f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}); build "
+                    "the spec files together (e.g. `kgen build specs/`)")
+            continue
+        try:
+            files = {info[key]: (s.generated / info[key]).read_bytes()
+                     for key in ("source", "ptx", "python", "fatbin")}
+        except (OSError, KeyError, TypeError) as exc:
+            raise KgenError(f"{s.generated} is incomplete (module '{name}': {exc}); build "
+                            "the whole spec directory (`kgen build specs/`)") from None
+        test = s.tests_generated / f"test_{name}.py"
+        out.append(Carried(name, info, files, test.read_bytes() if test.is_file() else None))
+    return out
+
+
+def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context,
+                    carried: list[Carried] = ()) -> dict[str, bytes]:
     """The exact contents of generated/: CUDA, PTX, fatbin, Python launchers, C header,
-    manifest."""
+    manifest (and the ``carried`` modules' files as they are)."""
     s = ctx.settings
     files: dict[str, bytes] = {}
     manifest = {"generator": f"kgen {__version__}", "modules": {}}
+    for c in carried:
+        files.update(c.files)
+        manifest["modules"][c.name] = c.info
     for b in builds:
         m = b.module
         files[m.filename] = m.source.encode()
@@ -345,12 +436,17 @@ def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context) -> dict[str, 
             "kernels": [k.name for k in m.kernels],
         }
     modules = [b.module for b in builds]
-    for name, text in render_python(modules, s.templates, s.root, ctx.cache_dir).items():
+    listed = sorted([(b.module.name, [k.name for k in b.module.kernels]) for b in builds]
+                    + [(c.name, c.kernels) for c in carried])
+    for name, text in render_python(modules, s.templates, s.root, ctx.cache_dir,
+                                    package=listed).items():
         files[name] = text.encode()
     embed = s.c_header_modules
+    fatbins = {b.module.name: b.fatbin for b in builds}
+    fatbins.update({c.name: c.files[c.info["fatbin"]] for c in carried})
     files[C_HEADER] = render_c_header(
-        [(b.module.name, [k.name for k in b.module.kernels], b.fatbin) for b in builds
-         if embed is None or b.module.name in embed], s.templates, ctx.cache_dir).encode()
+        [(name, kernels, fatbins[name]) for name, kernels in listed
+         if embed is None or name in embed], s.templates, ctx.cache_dir).encode()
     files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     return files
 
@@ -359,10 +455,14 @@ def outputs(work: Work, ctx: Context) -> Work:
     """The new contents of generated/ and tests/generated/ (the command writes them
     together, or compares them with what is there)."""
     s = ctx.settings
-    tests = render_tests([b.module for b in work.builds], s.templates, s.root, ctx.cache_dir)
+    carried = carried_modules(work, ctx)
+    tests = render_tests([b.module for b in work.builds], s.templates, s.root, ctx.cache_dir,
+                         related=work.kernels)
+    test_files = {n: t.encode() for n, t in tests.items()}
+    test_files.update({f"test_{c.name}.py": c.test for c in carried if c.test is not None})
     return replace(work, outputs={
-        s.generated: generated_files(work.builds, ctx),
-        s.tests_generated: {n: t.encode() for n, t in tests.items()},
+        s.generated: generated_files(work.builds, ctx, carried),
+        s.tests_generated: test_files,
     })
 
 
@@ -407,7 +507,8 @@ STAGES: dict[str, Stage | ModuleStage] = {
 MODULE_STAGES = frozenset({"ptx", "cubin", "fatbin", "sass"})
 
 CHECK = ("parse", "context", "check")
-BUILD = ("parse", "check", "render", "ptx", "cubin", "fatbin", "budgets", "outputs")
+BUILD = ("parse", "context", "check", "render", "ptx", "cubin", "fatbin", "budgets",
+         "outputs")
 VERIFY = ("read", "ptx", "cubin", "verify")
 GOLDEN = ("reference", "ptx", "cubin", "sass", "golden")
 

@@ -7,8 +7,10 @@ empty string), templates loaded from files only.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import jinja2
 
@@ -72,6 +74,7 @@ def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Enviro
         bytecode_cache=jinja2.FileSystemBytecodeCache(str(bytecode)),
     )
     env.filters["signature"] = signature
+    env.filters["py_docstring"] = _py_docstring
     env.globals.update(convert=convert, NEG_INF=NEG_INF, py_args=py_args, pos_off=pos_off,
                        axes=lambda k: _py_dict(axes_of(k.k)), case_literal=_case_literal)
     return env
@@ -142,8 +145,14 @@ def render_module(env: jinja2.Environment, name: str, kernels: list[Kernel],
 
 
 def _rel(path: str, root: Path) -> str:
+    """A spec path as the generated files name it: relative to the project root. The
+    parse stage already shows paths under the root relative to it (whatever the working
+    directory); an absolute path is made relative when it lies under the root."""
+    p = Path(path)
+    if not p.is_absolute():
+        return path
     try:
-        return str(Path(path).resolve().relative_to(root))
+        return str(Path(os.path.realpath(p)).relative_to(os.path.realpath(root)))
     except ValueError:
         return path
 
@@ -158,14 +167,23 @@ def render_modules(kernels: list[Kernel], templates: Path, root: Path,
     return [render_module(env, name, ks, root) for name, ks in sorted(groups.items())]
 
 
+def _py_docstring(text: str) -> str:
+    """Text inside a generated triple-quoted docstring: backslashes escaped, so
+    ``C:\\users`` or ``\\N`` read as written (the spec checks keep it one printable
+    line without double quotes)."""
+    return text.replace("\\", "\\\\")
+
+
 def _py_dict(d: dict) -> str:
     """A dict literal, one key per line (black-style), for generated Python."""
     return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in d.items()) + "}"
 
 
 def render_python(modules: list[Module], templates: Path, root: Path,
-                  cache_dir: Path | None = None) -> dict[str, str]:
-    """generated/<module>.py launchers and the package __init__.py."""
+                  cache_dir: Path | None = None,
+                  package: list[tuple[str, list[str]]] | None = None) -> dict[str, str]:
+    """generated/<module>.py launchers and the package __init__.py, which lists
+    ``package`` ((module, kernel names), in order) when given, else ``modules``."""
     env = environment(templates, cache_dir)
     out = {}
     for m in modules:
@@ -173,8 +191,11 @@ def render_python(modules: list[Module], templates: Path, root: Path,
         out[f"{m.name}.py"] = env.get_template("python/module.py.j2").render(
             module=m.name, kernels=views, kgen_version=__version__,
             spec_paths=sorted({_rel(k.spec_path, root) for k in m.kernels}))
+    listed = [(m.name, [k.name for k in m.kernels]) for m in modules] if package is None \
+        else package
     out["__init__.py"] = env.get_template("python/package.py.j2").render(
-        modules=modules, kgen_version=__version__)
+        modules=[SimpleNamespace(name=n, kernels=[SimpleNamespace(name=k) for k in ks])
+                 for n, ks in listed], kgen_version=__version__)
     return out
 
 
@@ -217,13 +238,16 @@ def _case_literal(c) -> str:
 
 
 def render_tests(modules: list[Module], templates: Path, root: Path,
-                 cache_dir: Path | None = None) -> dict[str, str]:
-    """tests/generated/test_<module>.py for every module."""
+                 cache_dir: Path | None = None,
+                 related: tuple[Kernel, ...] | list[Kernel] = ()) -> dict[str, str]:
+    """tests/generated/test_<module>.py for every module (``related``: kernels of other
+    modules the relations may name)."""
     from kgen.testgen import cases, plan_cases, shared_cases
     from kgen.testing import mutations_for
 
     env = environment(templates, cache_dir)
-    by_name = {k.name: k for m in modules for k in m.kernels}
+    by_name = {k.name: k for k in related}
+    by_name.update({k.name: k for m in modules for k in m.kernels})
     out = {}
     for m in modules:
         out[f"test_{m.name}.py"] = env.get_template("tests/test_module.py.j2").render(

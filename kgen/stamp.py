@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 
 from kgen import __version__
@@ -22,6 +23,13 @@ KGEN_SRC = Path(__file__).resolve().parent
 
 def _files(root: Path, pattern: str) -> list[Path]:
     return sorted(p for p in root.rglob(pattern) if p.is_file() and "__pycache__" not in p.parts)
+
+
+def _read(p: Path) -> bytes:
+    """A regular file's bytes; OSError for anything else (a FIFO would block)."""
+    if not stat.S_ISREG(os.stat(p).st_mode):
+        raise OSError(f"{p}: not a regular file")
+    return p.read_bytes()
 
 
 def _tool_identity() -> list[str]:
@@ -38,13 +46,18 @@ def _tool_identity() -> list[str]:
     return out
 
 
-def input_digest(spec_files: list[Path], templates: Path) -> str:
+def input_digest(spec_files: list[Path], templates: Path, named: list[str] = ()) -> str:
+    """``spec_files``: every spec the build may read (the named ones and those beside
+    them); ``named``: what the command named (a build of one file writes other outputs
+    than a build of its directory)."""
     h = hashlib.sha256(f"kgen {__version__}\n".encode())
+    for n in named:
+        h.update(f"named:{n}\n".encode())
     groups = (("spec", spec_files), ("template", _files(templates, "*")),
               ("kgen", _files(KGEN_SRC, "*.py") + _files(KGEN_SRC, "*.lark")))
     for kind, files in groups:
         for p in files:
-            h.update(f"{kind}:{p.name}:{hashlib.sha256(p.read_bytes()).hexdigest()}\n".encode())
+            h.update(f"{kind}:{p.name}:{hashlib.sha256(_read(p)).hexdigest()}\n".encode())
     for line in _tool_identity():
         h.update(line.encode())
     return h.hexdigest()

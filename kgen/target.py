@@ -19,6 +19,13 @@ class Target:
     grid_x_max: int
     grid_yz_max: int
 
+    @property
+    def max_shadow_rows(self) -> int:
+        """Rows of an fp16 sink or window shadow: a kernel addresses a head's shadow
+        rows as ``head * rows * head_dim`` in int, so rows * max_threads * warp (heads)
+        must stay below 2**31."""
+        return (2**31 - 1) // (self.max_threads * self.warp)
+
     def fits_block(self, threads: int) -> bool:
         return 1 <= threads <= self.max_threads
 

@@ -227,11 +227,14 @@ def refusal(k: Kernel, case: Case) -> str | None:
 
 
 def _fit(k: Kernel, c: Case) -> Case:
-    """The candidate as this kernel's format reads it: no shadow rows without shadows;
-    per-tensor scales that are not 1 (and, on the long cases, small enough that
-    some values saturate), where the format has them."""
+    """The candidate as this kernel's format reads it: no shadow rows without shadows,
+    and no more sink or window rows than the kernel keeps (small rings are tested with
+    the most they hold); per-tensor scales that are not 1 (and, on the long cases,
+    small enough that some values saturate), where the format has them."""
     if not k.fmt.shadows:
         c = c.with_(sink=0, win=0)
+    else:
+        c = c.with_(sink=min(c.sink, k.sink_rows), win=min(c.win, k.ring_rows))
     if k.fmt.tensor_scales:
         c = c.with_(k_scale=0.5, v_scale=0.25) if c.max_seq < 512 else \
             c.with_(k_scale=0.005, v_scale=2.0)

@@ -34,7 +34,7 @@ TOOLS = ("nvcc", "ptxas", "cuobjdump", "fatbinary")
 # with). fatbinary only packs the fatbin stage's output, so its version keys that
 # stage alone: golden/ and the ptx/cubin/sass cache entries stay valid without it.
 COMPILERS = ("nvcc", "ptxas", "cuobjdump")
-VERSION_TIMEOUT_S = 60
+VERSION_TIMEOUT_S = 10  # `--version` answers at once; a tool that does not is reported
 INSTALL_HINT = (
     "install it with `make setup` (Debian: nvidia-cuda-toolkit from non-free) "
     "or point KGEN_CUDA_HOME at a CUDA 11.8 install"
@@ -72,14 +72,18 @@ class Toolchain:
 
 
 def _version_line(tool: str) -> str:
-    """The tool's ``release`` line, or "" when it cannot say (it is then rejected)."""
+    """The tool's ``release`` line, or "" when it cannot say (it is then rejected);
+    ToolchainError naming the tool when it does not answer in VERSION_TIMEOUT_S."""
     try:
         proc = subprocess.run(
             [tool, "--version"], capture_output=True, text=True, check=False,
             env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, timeout=VERSION_TIMEOUT_S,
         )
+    except subprocess.TimeoutExpired:
+        raise ToolchainError(f"`{tool} --version` did not answer within {VERSION_TIMEOUT_S} s "
+                             "(a hung or wrapped tool?); " + INSTALL_HINT) from None
     except (OSError, subprocess.SubprocessError):
-        # Not runnable here (wrong architecture, no interpreter) or hung.
+        # Not runnable here (wrong architecture, no interpreter).
         return ""
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "release" in ln]
     return lines[-1].strip() if lines else ""
@@ -101,12 +105,18 @@ def _host_compiler(path_env: str) -> str:
 def _layouts() -> list[tuple[str, ...]]:
     home = os.environ.get("KGEN_CUDA_HOME")
     if home:
-        return [(str(Path(home) / "bin"),)]
+        bin_dir = str(Path(home) / "bin")
+        # A known layout that starts there (Debian's toolkit keeps ptxas and cuobjdump
+        # in /usr/bin) is searched whole.
+        known = [lay for lay in KNOWN_LAYOUTS
+                 if os.path.realpath(lay[0]) == os.path.realpath(bin_dir)]
+        return known or [(bin_dir,)]
     return list(KNOWN_LAYOUTS)
 
 
-def _resolve(layout: tuple[str, ...]) -> dict[str, str] | None:
-    found = {}
+def _find(layout: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
+    """(tool -> path for the tools found in ``layout``, the names of those missing)."""
+    found, missing = {}, []
     for tool in TOOLS:
         for d in layout:
             p = Path(d) / tool
@@ -114,17 +124,24 @@ def _resolve(layout: tuple[str, ...]) -> dict[str, str] | None:
                 found[tool] = str(p)
                 break
         else:
-            return None
-    return found
+            missing.append(tool)
+    return found, missing
+
+
+def _resolve(layout: tuple[str, ...]) -> dict[str, str] | None:
+    found, missing = _find(layout)
+    return None if missing else found
 
 
 @cache
 def find_toolchain() -> Toolchain:
     """The first complete CUDA 11.8 toolchain; ToolchainError if there is none."""
-    rejected = []
+    rejected, incomplete = [], []
     for layout in _layouts():
-        tools = _resolve(layout)
-        if tools is None:
+        tools, missing = _find(layout)
+        if missing:
+            if tools:  # a partial toolkit is worth naming
+                incomplete.append(f"{' + '.join(layout)} lacks {', '.join(missing)}")
             continue
         versions = tuple((t, _version_line(p)) for t, p in tools.items())
         bad = [f"{tools[t]}: {v or 'no version'}" for t, v in versions
@@ -140,8 +157,12 @@ def find_toolchain() -> Toolchain:
         return Toolchain(versions=tuple((t, line[t]) for t in COMPILERS), path_env=path_env,
                          host_compiler=_host_compiler(path_env),
                          fatbinary_version=line["fatbinary"], **tools)
-    where = "KGEN_CUDA_HOME" if os.environ.get("KGEN_CUDA_HOME") else "the known locations"
+    home = os.environ.get("KGEN_CUDA_HOME")
+    searched = "; ".join(" + ".join(lay) for lay in _layouts())
+    where = (f"KGEN_CUDA_HOME={home} (searched {searched})" if home
+             else f"the known locations ({searched})")
     detail = ("; rejected " + ", ".join(rejected)) if rejected else ""
+    detail += ("; " + "; ".join(incomplete)) if incomplete else ""
     raise ToolchainError(
         f"no CUDA {PINNED_RELEASE} toolchain ({', '.join(TOOLS)}) in {where}{detail}; "
         + INSTALL_HINT

@@ -12,6 +12,7 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kgen.cache import sha256
 from kgen.golden import Golden
 from kgen.resources import Resources
 from kgen.sass_listing import Instr, encode
@@ -48,6 +49,7 @@ class Compiled:
 class Verdict:
     name: str
     status: str  # "identical", "different", "missing", "new"
+    golden: str = ""  # what it was compared with: "reference", "frozen" or "" (nothing)
     ptx_equal: bool | None = None
     sass_equal: bool | None = None
     resources_equal: bool | None = None
@@ -72,15 +74,20 @@ def compare(golden: Golden, compiled: dict[str, Compiled], only: list[str] | Non
     for name in names:
         c = compiled.get(name)
         g_res = golden.resources.get(name)
+        if name not in golden.ptx and name in golden.frozen:
+            out.append(_compare_frozen(name, golden.frozen[name], c))
+            continue
         if name not in golden.ptx:
             if c is None:
                 out.append(Verdict(name, "missing", detail="neither golden nor generated"))
             else:
                 out.append(Verdict(name, "new", regs=c.resources.registers, module=c.module,
-                                   detail="not in the golden (a new variant)"))
+                                   detail="no golden and no frozen snapshot: review it, then "
+                                   "`kgen freeze`"))
             continue
         if c is None:
-            out.append(Verdict(name, "missing", golden_regs=g_res.registers if g_res else None,
+            out.append(Verdict(name, "missing", "reference",
+                               golden_regs=g_res.registers if g_res else None,
                                detail="no spec generates this kernel"))
             continue
         ptx_eq = c.ptx == golden.ptx[name]
@@ -90,10 +97,38 @@ def compare(golden: Golden, compiled: dict[str, Compiled], only: list[str] | Non
         detail = ""
         if not ok:
             detail = first_difference(golden, c, context)
-        out.append(Verdict(name, "identical" if ok else "different", ptx_eq, sass_eq, res_eq,
+        out.append(Verdict(name, "identical" if ok else "different", "reference", ptx_eq,
+                           sass_eq, res_eq,
                            g_res.registers if g_res else None, c.resources.registers, c.module,
                            detail))
     return out
+
+
+def _compare_frozen(name: str, snap: dict, c: Compiled | None) -> Verdict:
+    """A generated kernel against its ``kgen freeze`` snapshot: digests and resources."""
+    regs = snap.get("resources", {}).get("registers")
+    if c is None:
+        return Verdict(name, "missing", "frozen", golden_regs=regs, module=snap.get("module"),
+                       detail="frozen, but no spec generates it (drop it with `kgen freeze`)")
+    have = c.resources.as_dict()
+    ptx_eq = sha256(c.ptx.encode()) == snap.get("ptx_sha256")
+    sass_eq = sha256(c.code) == snap.get("code_sha256")
+    res_eq = have == snap.get("resources")
+    ok = ptx_eq and sass_eq and res_eq
+    parts = []
+    if not res_eq:
+        was = snap.get("resources", {})
+        parts.append("resources: " + ", ".join(f"{k} {was.get(k)} -> {v}" for k, v in have.items()
+                                                if was.get(k) != v))
+    if not sass_eq:
+        parts.append(f"SASS: the code ({len(c.code)} bytes) differs from the frozen snapshot "
+                     f"({snap.get('code_bytes')} bytes)")
+    elif not ptx_eq:
+        parts.append("PTX entry differs from the frozen snapshot (SASS identical)")
+    if parts:
+        parts.append("an intended change? review it, then `kgen freeze " + name + "`")
+    return Verdict(name, "identical" if ok else "different", "frozen", ptx_eq, sass_eq, res_eq,
+                   regs, c.resources.registers, c.module, "\n".join(parts))
 
 
 COLUMN = 58  # characters of each side of a SASS diff row
@@ -179,8 +214,9 @@ def table(verdicts: list[Verdict]) -> str:
         if v.golden_regs is not None or v.regs is not None:
             regs = f"{v.golden_regs if v.golden_regs is not None else '-'} -> " \
                    f"{v.regs if v.regs is not None else '-'}"
+        kind = f" ({v.golden})" if v.golden == "frozen" else ""
         rows.append(f"{v.name:<{w}}  {_mark(v.ptx_equal):<4}  {_mark(v.sass_equal):<4}  "
-                    f"{regs:<9}  {v.status}")
+                    f"{regs:<9}  {v.status}{kind}")
     return "\n".join(rows)
 
 
@@ -194,5 +230,7 @@ def summary(verdicts: list[Verdict]) -> str:
             parts.append(f"{n} {status}")
     new = sum(v.status == "new" for v in verdicts)
     if new:
-        parts.append(f"{new} new (not in the golden)")
-    return ", ".join(parts)
+        parts.append(f"{new} new (no golden: review, then `kgen freeze`)")
+    frozen = sum(v.golden == "frozen" for v in counted)
+    tail = f" ({len(counted) - frozen} reference, {frozen} frozen)" if frozen else ""
+    return ", ".join(parts) + tail

@@ -48,10 +48,29 @@ def _cp():
     return cupy
 
 
-def _positive(name: str, v) -> int:
-    if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
-        raise ContractError("KVCache", "range", f"{name} must be a positive integer, not {v!r}")
+INT32_MAX = 2**31 - 1  # every count and position reaches the kernels as a C int
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_)
+
+
+def _positive(name: str, v, who: str = "KVCache") -> int:
+    if not _is_int(v) or not 1 <= v <= INT32_MAX:
+        raise ContractError(who, "range", f"{name} must be an integer in [1, {INT32_MAX}], "
+                            f"not {v!r}")
     return int(v)
+
+
+def _float32_scale(scale, who: str) -> None:
+    """A softmax scale the kernels receive as a finite, nonzero float32."""
+    if isinstance(scale, bool | np.bool_) or not isinstance(scale, int | float | np.number):
+        raise ContractError(who, "scale", f"scale must be a real number, not {scale!r}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        s32 = float(np.float32(scale)) if math.isfinite(float(scale)) else math.inf
+    if not (math.isfinite(s32) and s32 != 0):
+        raise ContractError(who, "scale", f"scale must be finite and nonzero in float32, "
+                            f"not {scale!r}")
 
 
 class _Scratch:
@@ -274,7 +293,7 @@ class KVCache:
 
     def _shadow_counts(self, sink, win) -> tuple[int, int]:
         for name, v in (("sink", sink), ("win", win)):
-            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
+            if not _is_int(v) or v < 0:
                 raise ContractError("KVCache", "range", f"{name} must be an integer >= 0, "
                                     f"not {v!r}")
         if not self.fmt.shadows and (sink or win):
@@ -313,8 +332,10 @@ class KVCache:
         if rows is not None and x.shape[0] != rows:
             raise ContractError("KVCache", "shape", f"{name} has {x.shape[0]} rows, not {rows}")
 
-    def _check_span(self, pos0: int, n: int) -> None:
-        if not isinstance(pos0, int | np.integer) or pos0 < 0 or pos0 + n > self.max_seq:
+    def _check_span(self, pos0: int, n: int, name: str = "pos0") -> None:
+        if not _is_int(pos0):
+            raise ContractError("KVCache", "range", f"{name} must be an integer, not {pos0!r}")
+        if pos0 < 0 or pos0 + n > self.max_seq:
             raise ContractError("KVCache", "range", f"positions [{pos0}, {pos0} + {n}) must "
                                 f"lie in [0, max_seq = {self.max_seq})")
 
@@ -333,6 +354,17 @@ class KVCache:
             fn(k_new[lo:hi], v_new[lo:hi], self.k, self.v, *self.shadows, pos0=pos0 + lo,
                **self._shadow_args, stream=stream)
         self.length = max(self.length, pos0 + n)
+
+    def _check_q(self, q, ndim: int, rows: int | None = None) -> None:
+        """q is float32 [n][n_head][head_dim] (prefill) or [n_head][head_dim] (decode)."""
+        lead = "[n]" if ndim == 3 else ""
+        ok = (getattr(q, "ndim", 0) == ndim and getattr(q, "dtype", None) == np.float32
+              and q.shape[-1] == self.head_dim and (rows is None or q.shape[0] == rows))
+        if not ok:
+            raise ContractError("KVCache", "shape", f"q must be float32 {lead}[n_head]"
+                                f"[{self.head_dim}]" + (f" with {rows} rows" if rows else "")
+                                + f", not {getattr(q, 'dtype', type(q).__name__)} "
+                                f"{tuple(getattr(q, 'shape', ()))}")
 
     def _groups(self, q) -> int:
         n_head = int(q.shape[-2])
@@ -358,9 +390,6 @@ class KVCache:
         before the first row is written."""
         cp = _cp()
         n = q.shape[0]
-        if getattr(q, "ndim", 0) != 3 or q.dtype != np.float32 or q.shape[-1] != self.head_dim:
-            raise ContractError("KVCache", "shape", f"q must be float32 [n][n_head]"
-                                f"[{self.head_dim}], not {q.dtype} {tuple(q.shape)}")
         self._check_rows("k_new", k_new, n)
         self._check_rows("v_new", v_new, n)
         self._check_span(pos0, n)
@@ -381,9 +410,7 @@ class KVCache:
         return out
 
     def _check_decode(self, q, k_new, v_new) -> int:
-        if getattr(q, "ndim", 0) != 2 or q.dtype != np.float32 or q.shape[-1] != self.head_dim:
-            raise ContractError("KVCache", "shape", f"q must be float32 [n_head]"
-                                f"[{self.head_dim}], not {q.dtype} {tuple(q.shape)}")
+        self._check_q(q, 2)
         self._check_rows("k_new", k_new, 1)
         self._check_rows("v_new", v_new, 1)
         return self._groups(q)
@@ -526,8 +553,8 @@ class SlotKVCache:
         """Slot ``u``'s rings as a single-sequence KVCache (views, no copy): its
         slice of the per-slot layout is laid out exactly like one sequence's cache,
         so prefill (chunked) and append run on it unchanged."""
-        if not 0 <= u < self.nslots:
-            raise IndexError(f"slot {u} of {self.nslots}")
+        if not _is_int(u) or not 0 <= u < self.nslots:
+            raise IndexError(f"slot {u!r} of {self.nslots} (slots are 0..{self.nslots - 1})")
         bufs = (self.k[u], self.v[u], *(s[u] for s in self.shadows))
         return KVCache(self.n_head_kv, self.head_dim, self.max_seq, kv=self.kv, sink=self.sink,
                        win=self.win, variants=self.variants, prefill_kernel=prefill_kernel,
@@ -538,21 +565,46 @@ class SlotKVCache:
         return self.slot(u).prefill(q, k_new, v_new, pos0, **kw)
 
     def _positions(self, pos) -> list[int]:
-        host = [int(p) for p in (pos.get() if hasattr(pos, "get") else pos)]
-        if len(host) != self.nslots:
+        """One integer position per slot, each in [0, max_seq)."""
+        try:
+            listed = list(pos.get() if hasattr(pos, "get") else pos)
+        except TypeError:
+            raise ContractError("SlotKVCache", "shape", f"pos must list one position per "
+                                f"slot ({self.nslots}), not {pos!r}") from None
+        if len(listed) != self.nslots:
             raise ContractError("SlotKVCache", "shape",
-                                f"{len(host)} positions for {self.nslots} slots")
-        bad = [p for p in host if not 0 <= p < self.max_seq]
-        if bad:
-            raise ContractError("SlotKVCache", "range", f"positions {bad} outside "
-                                f"[0, max_seq = {self.max_seq})")
-        return host
+                                f"{len(listed)} positions for {self.nslots} slots")
+        for u, p in enumerate(listed):
+            if not _is_int(p):
+                raise ContractError("SlotKVCache", "range", f"pos[{u}] = {p!r} is not an "
+                                    "integer")
+            if not 0 <= p < self.max_seq:
+                raise ContractError("SlotKVCache", "range", f"pos[{u}] = {int(p)} (slot {u}) "
+                                    f"is outside [0, max_seq = {self.max_seq})")
+        return [int(p) for p in listed]
+
+    def _check_slot_rows(self, name: str, x, n_head: int | None = None) -> None:
+        """float32 [nslots][heads][head_dim]: q (n_head heads) or a new K/V row."""
+        heads = self.n_head_kv if n_head is None else n_head
+        shape = tuple(getattr(x, "shape", ()))
+        ok = (getattr(x, "ndim", 0) == 3 and getattr(x, "dtype", None) == np.float32
+              and shape[0] == self.nslots and shape[2] == self.head_dim
+              and (n_head is not None or shape[1] == heads))
+        if not ok:
+            want = "n_head" if n_head is not None else str(heads)
+            raise ContractError("SlotKVCache", "shape", f"{name} must be float32 [nslots = "
+                                f"{self.nslots}][{want}][{self.head_dim}], not "
+                                f"{getattr(x, 'dtype', type(x).__name__)} {shape}")
 
     def append(self, k_new, v_new, pos, stream=None) -> None:
         """Each slot's one new row at its own position (device or host int32 positions)."""
+        self._check_slot_rows("k_new", k_new)
+        self._check_slot_rows("v_new", v_new)
+        on_device = type(pos).__module__.split(".")[0] == "cupy"  # checked by the launcher
+        host = None if on_device else self._positions(pos)
         cp = _cp()
-        if not isinstance(pos, cp.ndarray):
-            pos = cp.asarray(self._positions(pos), dtype=cp.int32)
+        if host is not None:
+            pos = cp.asarray(host, dtype=cp.int32)
         _, fn = self.kernels.get("append_slots")
         fn(k_new, v_new, self.k, self.v, *self.shadows, pos, **self._shadow_args, stream=stream)
 
@@ -564,13 +616,12 @@ class SlotKVCache:
         ``pos``: host ints (one per slot) or a device int32 array. Returns
         [nslots, n_head, head_dim]. Everything is checked before any row is written.
         """
-        cp = _cp()
         pos_host = self._positions(pos)
-        if getattr(q, "ndim", 0) != 3 or q.shape[0] != self.nslots:
-            raise ContractError("SlotKVCache", "shape", f"q must be [nslots = {self.nslots}]"
-                                f"[n_head][head_dim], not {tuple(getattr(q, 'shape', ()))}")
+        self._check_slot_rows("q", q, n_head=0)
+        self._check_slot_rows("k_new", k_new)
+        self._check_slot_rows("v_new", v_new)
         n_head = q.shape[1]
-        if n_head % self.n_head_kv:
+        if n_head < 1 or n_head % self.n_head_kv:
             raise ContractError("SlotKVCache", "GQA", f"n_head = {n_head} is not a multiple "
                                 f"of n_head_kv = {self.n_head_kv}")
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, None, True)
@@ -578,6 +629,7 @@ class SlotKVCache:
                                       needs=opts.needs("decode_slots"))
         _, fcomb = self.kernels.get("combine")
         kps, splits_cap = _positive("kps", kps), _positive("splits_cap", splits_cap)
+        cp = _cp()
         width = max(decode_plan(p + 1, kps, splits_cap, kdec.tile_keys).n_splits
                     for p in pos_host)
         pos_dev = cp.asarray(pos_host, dtype=cp.int32)

@@ -24,6 +24,7 @@ from kgen.spec.axes import (
     VStage,
 )
 from kgen.spec.ir import Kernel
+from kgen.spec.names import kernel_name_problem, module_name_problem
 from kgen.spec.resolve import did_you_mean
 from kgen.target import TARGET
 
@@ -36,6 +37,8 @@ class _Ctx:
         self.by_name = {k.name: k for k in kernels}
         self.lines = lines
         self.contract = ""  # the check_* running now; its name ends every message
+        self.modules: dict[str, Kernel] = {}  # module name, lowercased -> first kernel
+        self.generated: dict[tuple[str, str], Kernel] = {}  # (module, test name) -> kernel
 
     def error(self, pos: SourcePos, msg: str) -> SpecError:
         src = self.lines.get(pos.path, ())
@@ -54,18 +57,74 @@ def check_keys_apply_to_op(k: Kernel, ctx: _Ctx) -> None:
                             f"(only to op={ops})")
 
 
+def check_kernel_name(k: Kernel, ctx: _Ctx) -> None:
+    """The name is a C symbol, a PTX entry, a Python function and part of test names."""
+    why = kernel_name_problem(k.name)
+    if why is not None:
+        raise ctx.error(k.pos, f"kernel name '{k.name}' {why}")
+
+
 def check_module_name(k: Kernel, ctx: _Ctx) -> None:
-    """The module names a generated file: a plain (ASCII) identifier."""
-    if not (k.module.isascii() and k.module.isidentifier()):
-        raise ctx.error(k.where("module"), f"module {k.module!r} must be an ASCII identifier "
-                        "(it names the generated file)")
+    """The module names generated files, a Python module and a C identifier: an ASCII
+    identifier, unique ignoring case, not a kernel's name."""
+    why = module_name_problem(k.module)
+    if why is not None:
+        raise ctx.error(k.where("module"), f"module {k.module!r} {why}")
+    if k.module in ctx.by_name:
+        raise ctx.error(k.where("module"), f"module '{k.module}' has the name of a kernel "
+                        f"(both are names of the kgen_kernels package)")
+    first = ctx.modules.setdefault(k.module.lower(), k)
+    if first.module != k.module:
+        raise ctx.error(k.where("module"), f"module '{k.module}' differs from module "
+                        f"'{first.module}' ({first.where('module')}) only in case (the C "
+                        "header and case-insensitive file systems would mix them up)")
+
+
+def check_generated_names(k: Kernel, ctx: _Ctx) -> None:
+    """The names the generated test module defines per kernel (test functions, case
+    lists) must not collide with another kernel's in the same module."""
+    names = [f"test_{k.name}", f"test_{k.name}_refuses", f"{k.name.upper()}_CASES",
+             *(f"test_{k.name}_{r.kind}_{r.other}" for r in k.relations)]
+    for name in names:
+        first = ctx.generated.setdefault((k.module, name), k)
+        if first is not k:
+            raise ctx.error(k.pos, f"kernel '{k.name}' and kernel '{first.name}' "
+                            f"({first.pos}) both generate '{name}' in "
+                            f"tests/generated/test_{k.module}.py")
 
 
 def check_doc_comment(k: Kernel, ctx: _Ctx) -> None:
-    """The doc lands inside a ``/* ... */`` comment of the generated source."""
+    """The doc lands inside a ``/* ... */`` comment, a Python comment and a docstring:
+    one line of printable text (backslashes are escaped where they land)."""
     if "*/" in k.doc:
         raise ctx.error(k.where("doc"), "doc must not contain '*/' (it is emitted inside "
                         "a C comment)")
+    bad = next((c for c in k.doc if not c.isprintable()), None)
+    if bad is not None:
+        raise ctx.error(k.where("doc"), f"doc must be one line of printable text, not "
+                        f"{bad!r} (it is emitted in C and Python comments and a docstring)")
+
+
+def check_limits(k: Kernel, ctx: _Ctx) -> None:
+    """Compile-time bounds with a legal launch, and not beyond what the target can use:
+    append staging holds a row of at least one format block and at most a block's
+    threads; the fp16 shadows' rows stay addressable (``TARGET.max_shadow_rows``)."""
+    if k.op is Op.KV_APPEND:
+        fmt, hd = k.fmt, k.max_head_dim
+        if hd > TARGET.max_threads:
+            raise ctx.error(k.where("max_head_dim"), f"max_head_dim = {hd}: an append block "
+                            f"is head_dim threads, at most {TARGET.max_threads}")
+        if fmt.append_staging and hd < fmt.block:
+            raise ctx.error(k.where("max_head_dim"), f"max_head_dim = {hd} admits no "
+                            f"head_dim: a kv = {fmt.name} row is whole blocks of {fmt.block} "
+                            f"values (max_head_dim >= {fmt.block})")
+    if k.op in (Op.FLASH, Op.KV_APPEND):
+        for key in ("sink_rows", "ring_rows"):
+            rows = getattr(k, key)
+            if rows > TARGET.max_shadow_rows:
+                raise ctx.error(k.where(key), f"{key} = {rows} exceeds "
+                                f"{TARGET.max_shadow_rows} (a head's fp16 shadow rows are "
+                                "addressed with int offsets)")
 
 
 def check_mode_position(k: Kernel, ctx: _Ctx) -> None:
@@ -234,14 +293,22 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
         if (other.op, other.mode, other.position, other.kv) != (k.op, k.mode, k.position, k.kv):
             raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' take different inputs "
                             "(op, mode, position and kv must match to compare outputs)")
+        if k.fmt.shadows and (other.ring_rows, other.sink_rows) != (k.ring_rows, k.sink_rows):
+            raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' lay out the fp16 shadows "
+                            f"differently (ring_rows, sink_rows = {k.ring_rows}, "
+                            f"{k.sink_rows} vs {other.ring_rows}, {other.sink_rows}): one "
+                            "cache cannot feed both")
         if r.kind == "close_to" and not 0 < r.tolerance < 1:
             raise ctx.error(r.pos, f"tolerance {r.tolerance} must be in (0, 1)")
 
 
 CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
     check_keys_apply_to_op,
+    check_kernel_name,
     check_module_name,
+    check_generated_names,
     check_doc_comment,
+    check_limits,
     check_mode_position,
     check_attention_options,
     check_rows_per_block,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kgen.errors import SourcePos, SpecError
@@ -21,3 +22,10 @@ def spec_paths(inputs: list[Path]) -> list[Path]:
         else:
             out.append(p)
     return out
+
+
+def partial(inputs: list[Path] | tuple[Path, ...]) -> bool:
+    """True when ``inputs`` name some spec files of a directory but not all of them."""
+    named = {os.path.realpath(p) for p in spec_paths(list(inputs))}
+    beside = {os.path.realpath(s) for p in named for s in Path(p).parent.glob(f"*{SPEC_SUFFIX}")}
+    return bool(beside - named)

@@ -11,7 +11,9 @@ error points into.
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import stat
 from functools import cache
 from pathlib import Path
 
@@ -201,6 +203,10 @@ def read_spec_text(path: Path, shown: str | None = None) -> str:
     or non-UTF-8 files. A UTF-8 byte-order mark is dropped (columns count after it)."""
     shown = shown or str(path)
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            raise SpecError(SourcePos(shown, 1, 1), "not a regular file (a FIFO, socket or "
+                            "device): a spec is a text file")
         data = path.read_bytes()
     except FileNotFoundError:
         raise SpecError(SourcePos(shown, 1, 1), "no such spec file") from None

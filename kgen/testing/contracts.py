@@ -333,7 +333,8 @@ MUTATIONS: dict[str, Mutation] = {
     "append_ring_race": Mutation(
         "ring write race", lambda k: k.op is Op.KV_APPEND and k.position is Position.HOST,
         lambda k, c: host_args(k, c.with_(
-            n=(k.ring_rows if k.fmt.shadows else c.max_seq) + 1, pos0=0, win=8,
+            n=(k.ring_rows if k.fmt.shadows else c.max_seq) + 1, pos0=0,
+            win=min(8, k.ring_rows),
             max_seq=(4 * k.ring_rows if k.fmt.shadows else c.max_seq)))),
     "device_append_rows": Mutation(
         "one decode row", lambda k: k.op is Op.KV_APPEND and k.position is Position.DEVICE,

@@ -77,7 +77,8 @@ def test_expected_err_is_well_formed(fixture: Path):
     assert caret.strip() == "^" and caret.startswith("  ")
     source = fixture.read_bytes().split(b"\n")[line - 1].decode("utf-8", errors="replace")
     assert len(source) <= SHOWN_LINE_MAX
-    assert shown == "  " + source.rstrip("\r").replace("\t", " ").replace("\0", "?")
+    source = source.rstrip("\r").replace("\t", " ")
+    assert shown == "  " + "".join(c if c.isprintable() else "?" for c in source)
     assert caret.index("^") - 2 == col - 1
 
 

@@ -70,16 +70,16 @@ kernel b { module = m op = flash mode = decode expect registers >= 8
 
 def test_drop_removes_every_inherited_budget_on_a_resource():
     ks = kernels(BASE + """
-kernel free : base { drop expect registers }
+kernel loose : base { drop expect registers }
 kernel again : base {
     drop expect registers
     expect registers <= 100
 }
-kernel child : free { }
+kernel child : loose { }
 """)
-    assert budgets(ks["free"]) == {("stack_frame", "==", 0)}
+    assert budgets(ks["loose"]) == {("stack_frame", "==", 0)}
     assert budgets(ks["again"]) == {("registers", "<=", 100), ("stack_frame", "==", 0)}
-    assert budgets(ks["child"]) == budgets(ks["free"])
+    assert budgets(ks["child"]) == budgets(ks["loose"])
 
 
 def test_drop_removes_an_inherited_relation_only():

@@ -295,7 +295,7 @@ def test_summary_counts_what_verify_gates_on(golden):
         "k_sass": compiled("k_sass", sass=stream(*changed)), "k_new": compiled("k_new"),
     }, sorted({*golden.kernels, "k_new"}))
     assert summary(verdicts) == ("3/5 identical, 1 different, 1 missing, "
-                                 "1 new (not in the golden)")
+                                 "1 new (no golden: review, then `kgen freeze`)")
     ok = compare(golden_of(k=(entry("k"), stream(*BODY), RES)), {"k": compiled("k")})
     assert summary(ok) == "1/1 identical"
 

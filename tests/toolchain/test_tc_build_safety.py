@@ -19,8 +19,10 @@ toolchain = pytest.mark.toolchain
 
 
 def leftovers(parent) -> list[str]:
-    """replace_dir's scratch trees (``.<name>.new-*`` / ``.<name>.old-*``)."""
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+    """replace_dir's scratch trees (``.<name>.new-*`` / ``.<name>.old-*``) and journals;
+    not the build locks (``.<name>.lock``, kept like any lock file)."""
+    return sorted(p.name for p in parent.iterdir()
+                  if p.name.startswith(".") and not p.name.endswith(".lock"))
 
 
 # -- determinism ------------------------------------------------------------------

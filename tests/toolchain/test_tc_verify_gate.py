@@ -1,8 +1,9 @@
 """The verify gate catches what it exists to catch: one changed template token
 makes exactly the affected kernels ``different`` with a readable SASS diff, and a
-golden kernel that nothing generates is ``missing``. Kernels the specs add beyond
-the golden are ``new`` and do not fail the gate; every count comes from the specs
-and golden/."""
+golden kernel that nothing generates is ``missing``. Kernels beyond the reference are
+verified against their ``kgen freeze`` snapshot (golden/frozen.json); a kernel with no
+golden at all is ``new`` and fails the gate unless ``--allow-new``; every count comes
+from the specs and golden/."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def verdicts(output: str) -> dict[str, str]:
     """kernel -> verdict, from verify's table."""
     out = {}
     for line in output.splitlines():
-        m = re.match(r"^(\w+)\s+(same|DIFF|-)\s+(same|DIFF|-)\s+.*\s(\w+)$", line)
+        m = re.match(r"^(\w+)\s+(same|DIFF|-)\s+(same|DIFF|-)\s+.*\s(\w+)(?: \(frozen\))?$",
+                     line)
         if m:
             out[m.group(1)] = m.group(4)
     return out
@@ -43,7 +45,9 @@ def kernels_of(ws) -> list:
 
 
 def golden_names(ws) -> set[str]:
-    return set(load_golden(ws.golden).kernels)
+    """Every kernel verify has a golden for: the reference's and the frozen ones."""
+    golden = load_golden(ws.golden)
+    return set(golden.kernels) | set(golden.frozen)
 
 
 def expected(ws, kernels, different=()) -> dict[str, str]:
@@ -88,7 +92,12 @@ def test_one_changed_template_token_is_caught_with_a_sass_diff(ws):
     assert f"{n - len(affected)}/{n} identical, {len(affected)} different" in r.out
 
     golden = load_golden(ws.golden)
-    for name in affected:
+    frozen = [name for name in affected if name in golden.frozen]
+    assert frozen, "a frozen kernel renders the mutated line too"
+    for name in frozen:
+        section = r.out.split(f"\n{name} (", 1)[1].split("\n\n", 1)[0]
+        assert "differs from the frozen snapshot" in section and "kgen freeze" in section
+    for name in sorted(set(affected) - set(frozen)):
         # Each affected kernel's section: a heading, then golden | generated rows.
         section = r.out.split(f"\n{name} (", 1)[1].split("\n\n", 1)[0]
         lines = section.splitlines()
@@ -170,9 +179,10 @@ def test_a_golden_kernel_nothing_generates_is_missing(ws):
     assert only.rc == 1 and verdicts(only.out) == {gone: "missing"}
 
 
-def test_kernels_beyond_the_golden_are_new_and_pass_the_gate(ws):
-    """A spec file of new kernels (in a module of its own, one from a family) builds,
-    and verify reports them ``new`` without failing."""
+def test_kernels_without_golden_fail_the_gate_until_frozen(ws):
+    """A spec file of new kernels (in a module of its own, one from a family) builds;
+    verify reports them ``new`` and fails (passes with --allow-new); ``kgen freeze``
+    snapshots them, and then a change of their code is caught."""
     (ws.specs / "zz_new.kspec").write_text(
         "kernel fc_new_combine_{position} : fc_attn_flash_decode_combine"
         " for position in [host, device] {\n    module = attn_new\n}\n", encoding="utf-8")
@@ -180,12 +190,38 @@ def test_kernels_beyond_the_golden_are_new_and_pass_the_gate(ws):
     assert b.rc == 0, b.text
     assert (ws.generated / "attn_new.cu").is_file()
     r = ws.kgen("verify")
-    assert r.rc == 0, r.text
+    assert r.rc == 1, r.text
     kernels = kernels_of(ws)
     new = {"fc_new_combine_host", "fc_new_combine_device"}
     assert new <= {k.name for k in kernels}
     assert verdicts(r.out) == expected(ws, kernels)
     assert {verdicts(r.out)[name] for name in new} == {"new"}
     n = len(golden_names(ws))
-    fresh = len(kernels) - n  # the workspace's own new kernels, and these two
-    assert r.out.rstrip().endswith(f"{n}/{n} identical, {fresh} new (not in the golden)")
+    assert f"{n}/{n} identical, 2 new (no golden: review, then `kgen freeze`)" in r.out
+    assert ws.kgen("verify", "--allow-new").rc == 0
+
+    f = ws.kgen("freeze", "fc_new_combine_host")
+    assert f.rc == 0, f.text
+    assert "added: fc_new_combine_host" in f.out
+    assert verdicts(ws.kgen("verify").out)["fc_new_combine_host"] == "identical"
+    assert ws.kgen("verify").rc == 1  # the other one is still new
+    assert ws.kgen("freeze").rc == 0
+    r = ws.kgen("verify")
+    assert r.rc == 0, r.text
+    assert f"{n + 2}/{n + 2} identical" in r.out
+
+    # A frozen kernel whose code changes fails the gate, naming the snapshot.
+    ws.edit(ws.specs / "zz_new.kspec", "module = attn_new", "module = attn_new\n"
+            "    tile_keys = 32")
+    assert ws.kgen("build").rc == 0
+    r = ws.kgen("verify", "fc_new_combine_device")
+    assert r.rc == 1, r.text
+    assert verdicts(r.out) == {"fc_new_combine_device": "different"}
+    assert "differs from the frozen snapshot" in r.out
+
+
+def test_verify_unknown_kernel_answers_before_compiling(ws):
+    r = ws.kgen("verify", "fc_attn_flash_prefil")
+    assert r.rc == 1
+    assert "did you mean 'fc_attn_flash_prefill'?" in r.err
+    assert "ptx" not in r.err  # no compile progress before the answer

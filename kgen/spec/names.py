@@ -1,0 +1,137 @@
+"""The names a kernel or module may not take, and why.
+
+A kernel name becomes an ``extern "C" __global__`` symbol (so a C/C++ identifier no
+header nvcc includes declares), a PTX ``.entry`` name, a Python function in
+``generated/<module>.py`` and part of the test names in ``tests/generated/``. A
+module name becomes a file in both trees, a Python module of the ``kgen_kernels``
+package and a C identifier in ``attention_ptx.h``.
+
+``GENERATED_PY_NAMES`` are the module-level names the generated Python binds or
+reads; tests/cpu/test_names.py derives them from the generated files and fails when
+a template starts using a name that is not listed here.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+# Names the generated Python code binds or reads at module level (templates/python/*.j2,
+# templates/tests/test_module.py.j2): a kernel or module of that name would replace
+# or shadow them.
+GENERATED_PY_NAMES = frozenset({
+    # generated/<module>.py
+    "annotations", "Path", "TYPE_CHECKING", "launch", "kernel", "cupy", "PTX", "KERNELS",
+    # tests/generated/test_<module>.py
+    "pytest", "Case", "check_kernel", "check_mutation", "check_relation", "mod", "K",
+    # generated/__init__.py
+    "MODULES",
+    # builtins the generated code reads (test ids, scalar annotations)
+    "str", "int", "float", "bool",
+})
+
+C_KEYWORDS = _words("""
+auto break case char const continue default do double else enum extern float for goto if
+inline int long register restrict return short signed sizeof static struct switch typedef
+union unsigned void volatile while _Alignas _Alignof _Atomic _Bool _Complex _Generic
+_Imaginary _Noreturn _Static_assert _Thread_local
+""")
+
+CPP_KEYWORDS = _words("""
+alignas alignof and and_eq asm bitand bitor bool catch char8_t char16_t char32_t class
+compl concept consteval constexpr constinit const_cast co_await co_return co_yield decltype
+delete dynamic_cast explicit export false final friend mutable namespace new noexcept not
+not_eq nullptr operator or or_eq override private protected public reinterpret_cast
+requires static_assert static_cast template this thread_local throw true try typeid
+typename using virtual wchar_t xor xor_eq
+""")
+
+# CUDA's built-in variables and the memory-space / function qualifiers' plain spellings.
+CUDA_BUILTINS = _words("""
+threadIdx blockIdx blockDim gridDim warpSize dim3 uint3 float2 float4 int2 int4 half
+__half __half2 nullptr_t
+""")
+
+# PTX: the predefined identifier WARP_SZ; an identifier made of one underscore (or
+# one of ``_$%`` followed by nothing) is not a PTX name.
+PTX_RESERVED = frozenset({"WARP_SZ"})
+
+# Functions the headers nvcc always includes declare with C linkage (the C library
+# the device runtime provides: printf, malloc, the math library, ...): an
+# ``extern "C"`` kernel of the same name conflicts with them. A name missing here
+# still fails at the spec line: the ptx stage maps such an nvcc error to its kernel.
+C_LIBRARY = _words("""
+printf fprintf sprintf snprintf vprintf puts putchar malloc calloc realloc free memcpy
+memmove memset memcmp strlen strcpy strncpy strcmp strncmp strcat abort exit atexit
+assert abs labs llabs div rand srand qsort bsearch atoi atol atof strtol strtod clock
+acos acosf acosh acoshf asin asinf asinh asinhf atan atanf atan2 atan2f atanh atanhf cbrt
+cbrtf ceil ceilf copysign copysignf cos cosf cosh coshf erf erff erfc erfcf exp expf exp2
+exp2f expm1 expm1f fabs fabsf fdim fdimf floor floorf fma fmaf fmax fmaxf fmin fminf fmod
+fmodf frexp frexpf hypot hypotf ilogb ilogbf ldexp ldexpf lgamma lgammaf llrint llrintf
+llround llroundf log logf log10 log10f log1p log1pf log2 log2f logb logbf lrint lrintf
+lround lroundf modf modff nan nanf nearbyint nearbyintf nextafter nextafterf pow powf
+remainder remainderf remquo remquof rint rintf round roundf scalbln scalblnf scalbn scalbnf
+sin sinf sinh sinhf sqrt sqrtf tan tanf tanh tanhf tgamma tgammaf trunc truncf isnan isinf
+isfinite signbit rsqrt rsqrtf sincos sincosf min max umin umax
+""")
+
+# kgen's own device helpers and macros are kgen_* / KGEN_*.
+HELPER_PREFIX = "kgen_"
+
+# Longest module name: it names files (``test_<module>.py``, ``<module>.ptx``) whose
+# names, with the build's scratch prefixes, stay far below a file system's 255 bytes.
+MODULE_NAME_MAX = 64
+# Longest kernel name: it is spelled in test names (``test_<kernel>_bit_exact_<other>``).
+KERNEL_NAME_MAX = 96
+
+_RESERVED_C = re.compile(r"__|_[A-Z]")
+
+
+def _is_ptx_identifier(name: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z][A-Za-z0-9_$]*|[_$%][A-Za-z0-9_$]+", name))
+
+
+def kernel_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a generated kernel, or None."""
+    if not (name.isascii() and name.isidentifier()):
+        return "is not an ASCII identifier"
+    if len(name) > KERNEL_NAME_MAX:
+        return f"is {len(name)} characters long (at most {KERNEL_NAME_MAX})"
+    if keyword.iskeyword(name):
+        return "is a Python keyword (the kernel is a Python function of kgen_kernels)"
+    if name in C_KEYWORDS or name in CPP_KEYWORDS:
+        return "is a C/C++ keyword (the kernel is an extern \"C\" __global__ function)"
+    if name in CUDA_BUILTINS:
+        return "is a CUDA built-in name"
+    if _RESERVED_C.match(name):
+        return "starts with '__' or '_' and a capital letter (reserved in C and C++)"
+    if name in PTX_RESERVED or not _is_ptx_identifier(name):
+        return "is not a PTX name (the kernel is a PTX .entry)"
+    if name.lower().startswith(HELPER_PREFIX):
+        return f"starts with '{HELPER_PREFIX}' (kgen's generated helpers and macros use it)"
+    if name in C_LIBRARY:
+        return "is a C library function the CUDA headers declare"
+    if name in GENERATED_PY_NAMES:
+        return "is a name the generated Python code uses"
+    return None
+
+
+def module_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a generated module, or None."""
+    if not (name.isascii() and name.isidentifier()):
+        return "must be an ASCII identifier (it names the generated file)"
+    if len(name) > MODULE_NAME_MAX:
+        return (f"is {len(name)} characters long (at most {MODULE_NAME_MAX}: it names the "
+                "generated files)")
+    if keyword.iskeyword(name):
+        return "is a Python keyword (the module is imported from kgen_kernels)"
+    if name.startswith("_"):
+        return "starts with '_' (generated/__init__.py and private modules use it)"
+    if name in GENERATED_PY_NAMES:
+        return "is a name the generated Python code uses"
+    return None

@@ -1,0 +1,51 @@
+"""Compile-time limits: a one-row sink and window ring is a legal (if small) cache, and
+its generated tests run the shapes it holds; limits with no legal launch or beyond the
+target are spec errors (tests/fixtures/invalid/check_limits_*)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kgen import pipeline
+from kgen.spec.parser import parse_spec
+from kgen.testgen import cases, plan_cases
+from kgen.testing import check_mutation, mutations_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SPEC = """
+kernel t_append_small_rings : fc_attn_kv_append_q4 {
+    module = attn_small
+    ring_rows = 1
+    sink_rows = 1
+}
+kernel t_prefill_small_rings : fc_attn_flash_prefill_q4 {
+    module = attn_small
+    ring_rows = 1
+    sink_rows = 1
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def small():
+    files = [*pipeline.parse([ROOT / "specs"], ROOT), parse_spec(SPEC, "small.kspec")]
+    return [k for k in pipeline.checked(files) if k.module == "attn_small"]
+
+
+def test_small_rings_are_tested_with_what_they_hold(small):
+    for k in small:
+        planned = cases(k)
+        assert planned
+        assert all(c.sink <= 1 and c.win <= 1 for c in planned)
+        if k.name.startswith("t_prefill"):
+            assert any(c.win == 1 and c.sink == 1 for c in planned)  # shadows exercised
+        for m in mutations_for(k):
+            check_mutation(k, planned[0], m)
+
+
+def test_refused_shapes_are_listed(small):
+    _, refused = plan_cases(small[0])
+    assert refused and all("[contract:" in why for _, why in refused)

@@ -1,0 +1,92 @@
+"""Names kernels and modules may not take: the list kgen checks against is the
+one the generated code actually uses, and the generated code survives any doc."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from kgen import pipeline
+from kgen.render import render_python, render_tests
+from kgen.spec.names import GENERATED_PY_NAMES, kernel_name_problem, module_name_problem
+from kgen.spec.parser import parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _global_names(tree: ast.Module) -> set[str]:
+    """Every name a generated file binds at module level or reads as a global."""
+    local: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            local |= {a.arg for a in (*node.args.args, *node.args.kwonlyargs)}
+            local |= {n.id for sub in node.body for n in ast.walk(sub)
+                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, ast.Load) and n.id not in local}
+    return names
+
+
+def test_reserved_names_are_what_the_generated_code_uses():
+    manifest = json.loads((ROOT / "generated" / "manifest.json").read_text())
+    kernels = {k for m in manifest["modules"].values() for k in m["kernels"]}
+    modules = set(manifest["modules"])
+    files = [*(ROOT / "generated").glob("*.py"), *(ROOT / "tests" / "generated").glob("*.py")]
+    used: set[str] = set()
+    for f in files:
+        used |= _global_names(ast.parse(f.read_text(encoding="utf-8")))
+    per_kernel = {n for n in used if n.startswith("test_") or n.endswith("_CASES")}
+    used -= kernels | modules | per_kernel | {"__all__", "__file__", "__name__"}
+    assert used <= GENERATED_PY_NAMES, sorted(used - GENERATED_PY_NAMES)
+    assert used | {"TYPE_CHECKING", "cupy"} >= GENERATED_PY_NAMES, "stale entries"
+
+
+@pytest.mark.parametrize("name", ["def", "None", "lambda", "launch", "KERNELS", "kernel",
+                                  "Path", "PTX", "pytest", "mod", "K", "Case", "MODULES",
+                                  "int", "float", "return", "threadIdx", "printf", "_",
+                                  "__x", "_Foo", "kgen_q4_quant_block", "WARP_SZ", "x" * 97])
+def test_refused_kernel_names(name):
+    assert kernel_name_problem(name) is not None
+
+
+@pytest.mark.parametrize("name", ["fc_attn_flash_prefill", "_lower", "main", "add", "K2"])
+def test_accepted_kernel_names(name):
+    assert kernel_name_problem(name) is None
+
+
+@pytest.mark.parametrize("name", ["class", "import", "__init__", "MODULES", "x" * 300])
+def test_refused_module_names(name):
+    assert module_name_problem(name) is not None
+
+
+def test_every_current_name_is_accepted():
+    kernels = pipeline.checked(pipeline.parse([ROOT / "specs"], ROOT))
+    assert not [k.name for k in kernels if kernel_name_problem(k.name)]
+    assert not [k.module for k in kernels if module_name_problem(k.module)]
+
+
+@pytest.mark.parametrize("doc", [r"C:\users", r"\N", "ends in \\", r"\x41 \u00e9 \\\\"])
+def test_backslashes_in_doc_survive_the_generated_python(doc, tmp_path):
+    spec = ('kernel fc_doc : fc_attn_kv_append {\n    module = attn_doc\n'
+            f'    doc = "{doc}"\n}}\n')
+    files = [*pipeline.parse([ROOT / "specs"], ROOT), parse_spec(spec, "doc.kspec")]
+    kernels = [k for k in pipeline.checked(files) if k.module == "attn_doc"]
+    mods = [pipeline.Module("attn_doc", tuple(kernels), "")]
+    py = render_python(mods, ROOT / "templates", ROOT, tmp_path)["attn_doc.py"]
+    tree = ast.parse(py)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "fc_doc")
+    assert ast.get_docstring(fn).startswith(doc[:1].upper() + doc[1:] + ".")
+    tests = render_tests(mods, ROOT / "templates", ROOT, tmp_path)["test_attn_doc.py"]
+    compile(tests, "test_attn_doc.py", "exec")

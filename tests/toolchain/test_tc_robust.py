@@ -1,0 +1,266 @@
+"""Builds nothing can break: concurrent builds of one checkout, a build killed at every
+point of the swap, builds of one spec file, builds from any directory, and the inputs
+and settings that used to end in tracebacks or hangs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from tc_helpers import REPO
+
+from kgen.atomic import JOURNAL_SUFFIX, read_tree
+
+pytestmark = pytest.mark.toolchain
+
+UTIL_DOC = 'doc = "split the joint q+gate projection into contiguous q and z"'
+
+
+def scratch(parent: Path) -> list[str]:
+    """Scratch trees and journals beside the outputs (the locks stay, like any lock)."""
+    return sorted(p.name for p in parent.iterdir()
+                  if p.name.startswith(".") and not p.name.endswith(".lock"))
+
+
+@pytest.fixture
+def tiny(ws):
+    """The workspace with one spec (util.kspec: one small module), so a build takes a
+    fraction of a second once its PTX is cached; two doc variants, A and B."""
+    for p in ws.specs.glob("*.kspec"):
+        if p.name != "util.kspec":
+            p.unlink()
+    spec = ws.specs / "util.kspec"
+    text = spec.read_text(encoding="utf-8")
+    assert UTIL_DOC in text
+    variants = {v: text.replace(UTIL_DOC, f'doc = "variant {v}"') for v in "AB"}
+    trees = {}
+    for v, t in variants.items():  # each variant's expected trees (and a warm cache)
+        spec.write_text(t, encoding="utf-8")
+        r = ws.kgen("build", "-q")
+        assert r.rc == 0, r.text
+        trees[v] = (ws.tree("generated"), read_tree(Path(os.environ["KGEN_TESTS_GENERATED"])))
+    return ws, spec, variants, trees
+
+
+def procs(ws, *argv_list, env=None):
+    return [subprocess.Popen([sys.executable, "-m", "kgen", *argv], cwd=ws.root,
+                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for argv in argv_list]
+
+
+def results(ps):
+    return [(p.wait(timeout=120), *p.communicate()) for p in ps]
+
+
+def trees_now(ws):
+    return ws.tree("generated"), read_tree(Path(os.environ["KGEN_TESTS_GENERATED"]))
+
+
+def test_fifty_concurrent_build_pairs(tiny):
+    """50 pairs of builds of one checkout, in waves of 10 pairs at once: each pair
+    builds spec sets A (specs/) and B (a copy with another doc), so every build really
+    writes. All succeed, and after each wave both trees are whole and of one variant."""
+    ws, spec, variants, trees = tiny
+    spec.write_text(variants["A"], encoding="utf-8")
+    other = ws.root / "specs_b"
+    other.mkdir()
+    (other / spec.name).write_text(variants["B"], encoding="utf-8")
+    for v, where in (("B", other), ("A", ws.specs)):  # trees of each set, as built alone
+        assert ws.kgen("build", "-q", str(where)).rc == 0
+        trees[v] = trees_now(ws)
+    t0 = time.monotonic()
+    for wave in range(5):
+        ps = procs(ws, *[["build", "-q", str(where)] for _ in range(10)
+                         for where in (ws.specs, other)])
+        for rc, out, err in results(ps):
+            assert rc == 0, f"wave {wave}: {out}{err}"
+            assert "Traceback" not in err
+        assert trees_now(ws) in (trees["A"], trees["B"]), f"wave {wave}: mixed trees"
+        assert scratch(ws.generated.parent) == []
+    assert time.monotonic() - t0 < 60
+    # The stamp describes what is there: --check agrees, a rebuild writes the same.
+    v = "A" if trees_now(ws) == trees["A"] else "B"
+    where = ws.specs if v == "A" else other
+    assert ws.kgen("build", "--check", "-q", str(where)).rc == 0
+    r = ws.kgen("build", str(where))
+    assert r.rc == 0, r.text
+    assert trees_now(ws) == trees[v]
+
+
+SWAP_POINTS = ["staged", "journal", "old-0", "new-0", "old-1", "new-1", "swapped"]
+
+
+@pytest.mark.parametrize("point", SWAP_POINTS)
+def test_a_build_killed_in_the_swap_is_finished_by_the_next(tiny, point):
+    ws, spec, variants, trees = tiny
+    spec.write_text(variants["A"], encoding="utf-8")
+    assert ws.kgen("build", "-q").rc == 0
+    spec.write_text(variants["B"], encoding="utf-8")
+    ((rc, out, err),) = results(procs(ws, ["build", "-q"], env={"KGEN_FAULT_AT": point}))
+    assert rc == 97, out + err  # ended where a kill would
+    after = trees_now(ws)
+    if point in ("staged",):
+        assert after == trees["A"]  # nothing renamed: the old trees, whole
+    # Whatever the crash left, the next build (or its recovery) makes both trees B.
+    r = ws.kgen("build", "-q")
+    assert r.rc == 0, r.text
+    assert trees_now(ws) == trees["B"]
+    assert scratch(ws.generated.parent) == []
+    assert scratch(Path(os.environ["KGEN_TESTS_GENERATED"]).parent) == []
+    assert ws.kgen("build", "--check", "-q").rc == 0
+
+
+def test_a_journal_is_replayed_even_by_a_no_op_build(tiny):
+    """Killed between the two trees' renames, with the stamp of the new inputs already
+    recorded by an earlier build: the next build still finishes the swap first."""
+    ws, spec, variants, trees = tiny
+    spec.write_text(variants["B"], encoding="utf-8")
+    assert ws.kgen("build", "-q").rc == 0  # B's stamp recorded
+    spec.write_text(variants["A"], encoding="utf-8")
+    assert ws.kgen("build", "-q").rc == 0
+    spec.write_text(variants["B"], encoding="utf-8")
+    ((rc, _, _),) = results(procs(ws, ["build", "-q"], env={"KGEN_FAULT_AT": "new-0"}))
+    assert rc == 97
+    assert (ws.generated.parent / f".{ws.generated.name}{JOURNAL_SUFFIX}").is_file()
+    r = ws.kgen("build")
+    assert r.rc == 0, r.text
+    assert "finished an interrupted swap" in r.err
+    assert trees_now(ws) == trees["B"]
+
+
+def test_stale_scratch_and_tool_dirs_are_removed(tiny):
+    ws, spec, variants, trees = tiny
+    stale = [ws.generated.parent / f".{ws.generated.name}.new-dead1",
+             ws.generated.parent / f".{ws.generated.name}.old-dead2"]
+    for d in stale:
+        (d / "sub").mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    tool = Path(tempfile.gettempdir()) / f"kgen-ptx-{dead}-zz"
+    tool.mkdir()
+    mine = Path(tempfile.gettempdir()) / f"kgen-ptx-{os.getpid()}-zz"
+    mine.mkdir()
+    r = ws.kgen("build")
+    assert r.rc == 0, r.text
+    assert not any(d.exists() for d in stale) and not tool.exists()
+    assert mine.exists()  # a live process's work dir stays
+    mine.rmdir()
+    assert trees_now(ws) == trees["B"]
+
+
+def test_build_one_file_keeps_the_other_modules(ws):
+    assert ws.kgen("build", "-q").rc == 0
+    whole = ws.tree("generated")
+    tests_whole = read_tree(Path(os.environ["KGEN_TESTS_GENERATED"]))
+    for name in ("prefill", "decode", "heads", "util"):
+        r = ws.kgen("build", "-q", str(ws.specs / f"{name}.kspec"))
+        assert r.rc == 0, r.text
+        assert ws.tree("generated") == whole, name
+        assert read_tree(Path(os.environ["KGEN_TESTS_GENERATED"])) == tests_whole, name
+        c = ws.kgen("check", str(ws.specs / f"{name}.kspec"))
+        assert c.rc == 0, c.text  # check FILE and build FILE agree
+    # A change in the file reaches its module only.
+    ws.edit(ws.specs / "util.kspec", UTIL_DOC, 'doc = "changed"')
+    assert ws.kgen("build", "-q", str(ws.specs / "util.kspec")).rc == 0
+    now = ws.tree("generated")
+    changed = {n for n in set(now) | set(whole) if now.get(n) != whole.get(n)}
+    assert changed == {"attn_util.cu", "attn_util.py", "manifest.json"}, changed
+    # A module the file shares with another file is refused, nothing written.
+    (ws.specs / "zz_more.kspec").write_text(
+        "kernel fc_more_combine : fc_attn_flash_decode_combine {\n"
+        "    module = attn_util\n}\n", encoding="utf-8")
+    assert ws.kgen("build", "-q").rc == 0
+    before = ws.tree("generated")
+    r = ws.kgen("build", "-q", str(ws.specs / "util.kspec"))
+    assert r.rc == 1 and "module 'attn_util' also holds kernels" in r.err, r.text
+    assert ws.tree("generated") == before
+
+
+def test_paths_from_the_project_root_wherever_kgen_runs(ws, monkeypatch):
+    assert ws.kgen("build", "-q").rc == 0
+    before = ws.tree("generated")
+    sub = ws.root / "templates" / "kernels"
+    monkeypatch.chdir(sub)
+    r = ws.kgen("build", "--check", "-q")
+    assert r.rc == 0, r.text
+    r = ws.kgen("build", "-q", os.path.relpath(ws.specs, sub))
+    assert r.rc == 0, r.text
+    assert ws.tree("generated") == before
+
+
+def test_bad_inputs_and_settings_are_one_line_errors(ws, tmp_path, monkeypatch):
+    loop = ws.specs / "loop.kspec"
+    loop.symlink_to(loop)
+    r = ws.kgen("check")
+    assert r.rc == 2 and "loop.kspec:1:1: error: cannot read" in r.err, r.text
+    loop.unlink()
+    fifo = ws.specs / "x.kspec"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    for cmd in ("check", "build"):
+        r = ws.kgen(cmd)
+        assert r.rc == 2 and "x.kspec:1:1: error: not a regular file" in r.err, r.text
+    assert time.monotonic() - t0 < 30
+    fifo.unlink()
+    bogus = tmp_path / "cache-file"
+    bogus.write_text("")
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(bogus))
+    r = ws.kgen("check")
+    assert r.rc == 1 and "is not a directory" in r.err and "Traceback" not in r.err
+    monkeypatch.undo()
+
+
+def test_an_unwritable_output_directory_is_an_error(ws, tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"  # even root cannot make a directory under a file
+    blocked.write_text("")
+    monkeypatch.setenv("KGEN_GENERATED", str(blocked / "generated"))
+    r = ws.kgen("build", "-q")
+    assert r.rc == 1 and "a-file: " in r.err and "Traceback" not in r.err, r.text
+    monkeypatch.undo()
+    if os.geteuid() == 0:
+        return  # root writes anywhere
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    monkeypatch.setenv("KGEN_GENERATED", str(ro / "generated"))
+    ro.chmod(0o500)
+    try:
+        r = ws.kgen("build", "-q")
+    finally:
+        ro.chmod(0o700)
+    assert r.rc == 1 and "Permission denied" in r.err and "Traceback" not in r.err
+
+
+def test_an_nvcc_error_about_a_kernel_name_points_at_the_spec(ws):
+    """A name the CUDA headers declare that the static list misses: nvcc's error is
+    reported at the kernel's definition."""
+    (ws.specs / "zz_name.kspec").write_text(
+        "kernel erfcinvf : fc_attn_flash_decode_combine {\n    module = attn_name\n}\n",
+        encoding="utf-8")
+    r = ws.kgen("build", "-q")
+    assert r.rc == 2, r.text
+    first = r.err.splitlines()[0]
+    assert first.startswith("specs/zz_name.kspec:1:8: error: kernel name 'erfcinvf' does not "
+                            "compile as a CUDA symbol (nvcc: "), first
+
+
+def test_cli_answers(ws):
+    r = ws.kgen("show", "fc_attn_flash_prefil")
+    assert r.rc == 1 and "did you mean 'fc_attn_flash_prefill'?" in r.err
+    import json
+
+    r = ws.kgen("show", "--json", "fc_attn_flash_prefill")
+    assert json.loads(r.out)["keys"]["op"]["value"] == "flash"
+    r = ws.kgen("check", "--json")
+    assert json.loads(r.out)["ok"] is True
+    r = ws.kgen("check", "--json", str(REPO / "tests/fixtures/invalid/unknown_key.kspec"))
+    assert r.rc == 2 and json.loads(r.out)["error"]["line"] > 0
+    r = subprocess.run([sys.executable, "-m", "kgen", "--help"], capture_output=True,
+                       text=True, cwd=ws.root)
+    assert "``" not in r.stdout
+    assert shutil.which  # keep the import used
