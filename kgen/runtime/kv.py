@@ -388,7 +388,7 @@ class KVCache:
         q head), ``causal=False`` (every row sees all pos0 + n keys). ``attn_win`` is
         the reference kernels' tile-granular recent window. Everything is checked
         before the first row is written."""
-        cp = _cp()
+        self._check_q(q, 3)
         n = q.shape[0]
         self._check_rows("k_new", k_new, n)
         self._check_rows("v_new", v_new, n)
@@ -396,12 +396,13 @@ class KVCache:
         opts = self._options(q.shape[1], attn_sink, attn_win, scale, window, softcap, sinks,
                              causal)
         kp, fn = self.kernels.get("prefill", self._groups(q), needs=opts.needs("prefill"))
-        out = cp.empty(q.shape, cp.float32)
         step = n if not causal else self.max_prefill_chunk()
         if not causal and n > self.max_prefill_chunk():
             raise ContractError("KVCache", "non-causal batch", f"a non-causal prefill sees "
                                 "every row of its batch, so it runs in one launch: at most "
                                 f"{self.max_prefill_chunk()} rows with this window ring")
+        cp = _cp()
+        out = cp.empty(q.shape, cp.float32)
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             self.append(k_new[lo:hi], v_new[lo:hi], pos0 + lo, stream=stream)

@@ -132,7 +132,7 @@ def test_running_out_of_blocks_changes_nothing():
 
     from kgen.runtime.paged import PagedKVCache
 
-    cache = PagedKVCache(2, 4, HK, HD, kv="f32")
+    cache = PagedKVCache(2, 4, HK, HD, kv="f32", max_blocks_per_seq=4)
     sid = cache.add()
     rows = cp.zeros((9, HK, HD), cp.float32)
     with pytest.raises(ContractError, match="out of blocks"):
