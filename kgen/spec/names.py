@@ -26,9 +26,10 @@ def _words(text: str) -> frozenset[str]:
 # or shadow them.
 GENERATED_PY_NAMES = frozenset({
     # generated/<module>.py
-    "annotations", "Path", "TYPE_CHECKING", "launch", "kernel", "cupy", "PTX", "KERNELS",
+    "annotations", "Path", "TYPE_CHECKING", "launch", "kernel", "cupy", "PTX", "FATBIN",
+    "KERNELS",
     # tests/generated/test_<module>.py
-    "pytest", "Case", "check_kernel", "check_mutation", "check_relation", "mod", "K",
+    "pytest", "Case", "check_kernel", "check_mutation", "check_relation", "mod", "K", "other",
     # generated/__init__.py
     "MODULES",
     # builtins the generated code reads (test ids, scalar annotations)
