@@ -195,8 +195,8 @@ def heads_table(cp, g) -> list[dict]:
 def variants_table(cp, g) -> list[dict]:
     from kgen.formats import FORMATS
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.select import generated
-    from kgen.spec.axes import Mode, Op
+    from kgen.runtime.select import generated, options
+    from kgen.spec.axes import Mode, Op, Position
 
     hd, out_rows = 256, []
     for kv in FORMATS:
@@ -205,6 +205,7 @@ def variants_table(cp, g) -> list[dict]:
         chosen = cache.kernels.get("prefill", H // HK)[0].name
         same = [(k, f) for k, f in generated() if k.op is Op.FLASH and k.mode is Mode.PREFILL
                 and k.kv.value == kv and shape_refusal(k, hd, H // HK) is None
+                and options(k) == 0 and k.position is Position.HOST
                 and (not cache.fmt.shadows or (k.ring_rows, k.sink_rows) ==
                      (cache.RING_ROWS, cache.SINK_ROWS))]
         arms = {}
