@@ -5,7 +5,7 @@
  * module:    attn_engine
  * specs:     specs/engine.kspec
  * templates: kernels/decode_combine.cu.j2, kernels/flash.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
- * kernels:   ae_f32_prefill, ae_q4_prefill, ae_f16_prefill, ae_q8_0_prefill, ae_fp8_e4m3_prefill, ae_f32_prefill_full, ae_f16_prefill_full, ae_f32_decode, ae_f32_decode_dev, ae_f32_decode_slots, ae_q4_decode, ae_q4_decode_dev, ae_q4_decode_slots, ae_f16_decode_host, ae_f16_decode_device, ae_f16_decode_slots, ae_q8_0_decode_host, ae_q8_0_decode_device, ae_q8_0_decode_slots, ae_fp8_e4m3_decode_host, ae_fp8_e4m3_decode_device, ae_fp8_e4m3_decode_slots, ae_combine, ae_combine_dev
+ * kernels:   ae_f32_prefill, ae_q4_prefill, ae_f16_prefill, ae_q8_0_prefill, ae_fp8_e4m3_prefill, ae_f32_prefill_full, ae_f16_prefill_full, ae_f32_decode, ae_f32_decode_dev, ae_f32_decode_slots, ae_q4_decode, ae_q4_decode_dev, ae_q4_decode_slots, ae_f16_decode_host, ae_f16_decode_device, ae_f16_decode_slots, ae_q8_0_decode_host, ae_q8_0_decode_device, ae_q8_0_decode_slots, ae_fp8_e4m3_decode_host, ae_fp8_e4m3_decode_device, ae_fp8_e4m3_decode_slots, ae_combine, ae_combine_dev, ae_f32_prefill_t8, ae_f32_prefill_t4, ae_f16_prefill_t8, ae_f16_prefill_t4, ae_q8_0_prefill_t8, ae_q8_0_prefill_t4, ae_fp8_e4m3_prefill_t8, ae_fp8_e4m3_prefill_t4, ae_q4_prefill_t8, ae_q4_prefill_t4, ae_f32_decode_host_t8, ae_f32_decode_host_t4, ae_f32_decode_device_t8, ae_f32_decode_device_t4, ae_f32_decode_slots_t8, ae_f32_decode_slots_t4, ae_q4_decode_host_t8, ae_q4_decode_host_t4, ae_q4_decode_device_t8, ae_q4_decode_device_t4, ae_q4_decode_slots_t8, ae_q4_decode_slots_t4, ae_f16_decode_host_t8, ae_f16_decode_host_t4, ae_f16_decode_device_t8, ae_f16_decode_device_t4, ae_f16_decode_slots_t8, ae_f16_decode_slots_t4, ae_q8_0_decode_host_t8, ae_q8_0_decode_host_t4, ae_q8_0_decode_device_t8, ae_q8_0_decode_device_t4, ae_q8_0_decode_slots_t8, ae_q8_0_decode_slots_t4, ae_fp8_e4m3_decode_host_t8, ae_fp8_e4m3_decode_host_t4, ae_fp8_e4m3_decode_device_t8, ae_fp8_e4m3_decode_device_t4, ae_fp8_e4m3_decode_slots_t8, ae_fp8_e4m3_decode_slots_t4, ae_combine_dev_t8, ae_combine_dev_t4
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
  * against the golden instruction stream of the hand-written original.
@@ -4117,6 +4117,7226 @@ __global__ void ae_combine_dev(const float *m_in, const float *l_in, const float
                                float *out, const float *sinks, int head_dim, const int *pos,
                                int kps, int splits_cap) {
     constexpr int TILE_KEYS = 16;
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    kgen_decode_combine_sinks(m_in, l_in, acc_in, sinks, out, head_dim, n_splits);
+}
+
+/* ae_f32_prefill_t8: f32 prefill with the engine's options, 8-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * prefill, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_f32_prefill_t8(const float *q, const float *k_cache, const float *v_cache,
+                                  float *out, const float *sinks, int kv_groups, int head_dim,
+                                  int max_seq, int pos0, int attn_sink, int win_left,
+                                  int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)(j0 + key) * head_dim + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_f32_prefill_t4: f32 prefill with the engine's options, 4-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * prefill, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_f32_prefill_t4(const float *q, const float *k_cache, const float *v_cache,
+                                  float *out, const float *sinks, int kv_groups, int head_dim,
+                                  int max_seq, int pos0, int attn_sink, int win_left,
+                                  int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)(j0 + key) * head_dim + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_f16_prefill_t8: f16 prefill with the engine's options, 8-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * prefill, position=host, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_f16_prefill_t8(const float *q, const __half *k_cache, const __half *v_cache,
+                                  float *out, const float *sinks, int kv_groups, int head_dim,
+                                  int max_seq, int pos0, int attn_sink, int win_left,
+                                  int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const __half *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)(j0 + key) * head_dim + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_f16_prefill_t4: f16 prefill with the engine's options, 4-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * prefill, position=host, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_f16_prefill_t4(const float *q, const __half *k_cache, const __half *v_cache,
+                                  float *out, const float *sinks, int kv_groups, int head_dim,
+                                  int max_seq, int pos0, int attn_sink, int win_left,
+                                  int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const __half *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)(j0 + key) * head_dim + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_q8_0_prefill_t8: q8_0 prefill with the engine's options, 8-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * prefill, position=host, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_q8_0_prefill_t8(const float *q, const unsigned char *k_cache,
+                                   const unsigned char *v_cache, float *out, const float *sinks,
+                                   int kv_groups, int head_dim, int max_seq, int pos0,
+                                   int attn_sink, int win_left, int win_right, float scale,
+                                   float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)(j0 + key) * row_bytes;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_q8_0_prefill_t4: q8_0 prefill with the engine's options, 4-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * prefill, position=host, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_q8_0_prefill_t4(const float *q, const unsigned char *k_cache,
+                                   const unsigned char *v_cache, float *out, const float *sinks,
+                                   int kv_groups, int head_dim, int max_seq, int pos0,
+                                   int attn_sink, int win_left, int win_right, float scale,
+                                   float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)(j0 + key) * row_bytes;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_fp8_e4m3_prefill_t8: fp8_e4m3 prefill with the engine's options, 8-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_fp8_e4m3_prefill_t8(const float *q, const unsigned char *k_cache,
+                                       const unsigned char *v_cache, float *out,
+                                       const float *sinks, int kv_groups, int head_dim,
+                                       int max_seq, int pos0, float k_scale, float v_scale,
+                                       int attn_sink, int win_left, int win_right, float scale,
+                                       float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_fp8_e4m3_prefill_t4: fp8_e4m3 prefill with the engine's options, 4-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_fp8_e4m3_prefill_t4(const float *q, const unsigned char *k_cache,
+                                       const unsigned char *v_cache, float *out,
+                                       const float *sinks, int kv_groups, int head_dim,
+                                       int max_seq, int pos0, float k_scale, float v_scale,
+                                       int attn_sink, int win_left, int win_right, float scale,
+                                       float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_q4_prefill_t8: q4 prefill with the engine's options, 8-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
+ * prefill, position=host, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=batch
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_q4_prefill_t8(const float *q, const unsigned char *k_cache,
+                                 const unsigned char *v_cache, const __half *k_sink,
+                                 const __half *v_sink, const __half *k_win, const __half *v_win,
+                                 float *out, const float *sinks, int kv_groups, int head_dim,
+                                 int max_seq, int pos0, int sink, int win, int attn_sink,
+                                 int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    constexpr int RING_ROWS = 256;  /* the fp16 window ring laps here */
+    constexpr int SINK_ROWS = 8;
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q4_row_bytes(head_dim);
+    /* Every row of the batch was appended before any row reads, so ring slot
+     * p % RING_ROWS still holds p only while p > (last appended) - RING_ROWS.
+     * Lapped keys fall back to the q4 body instead of a future token. */
+    const int win_live_lo = (cur_pos - t + (int)gridDim.x - 1) - RING_ROWS;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+    const __half *k_win_head = k_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *v_win_head = v_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *k_sink_head = k_sink + (size_t)kvh * SINK_ROWS * head_dim;
+    const __half *v_sink_head = v_sink + (size_t)kvh * SINK_ROWS * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            int kp = j0 + key;
+            float *krow = k_s + (size_t)key * kstride;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else if (win > 0 && kp > cur_pos - win && kp > win_live_lo) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else {
+                const unsigned char *s = k_head + (size_t)kp * row_bytes;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = kgen_q4_dequant_elem(s, e);
+            }
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win && vp > win_live_lo) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_q4_prefill_t4: q4 prefill with the engine's options, 4-key tiles
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
+ * prefill, position=host, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=batch
+ * Grid (n, n_head_kv), block head_dim threads; out [n][n_head][head_dim].
+ */
+__global__ void ae_q4_prefill_t4(const float *q, const unsigned char *k_cache,
+                                 const unsigned char *v_cache, const __half *k_sink,
+                                 const __half *v_sink, const __half *k_win, const __half *v_win,
+                                 float *out, const float *sinks, int kv_groups, int head_dim,
+                                 int max_seq, int pos0, int sink, int win, int attn_sink,
+                                 int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    constexpr int RING_ROWS = 256;  /* the fp16 window ring laps here */
+    constexpr int SINK_ROWS = 8;
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q4_row_bytes(head_dim);
+    /* Every row of the batch was appended before any row reads, so ring slot
+     * p % RING_ROWS still holds p only while p > (last appended) - RING_ROWS.
+     * Lapped keys fall back to the q4 body instead of a future token. */
+    const int win_live_lo = (cur_pos - t + (int)gridDim.x - 1) - RING_ROWS;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+    const __half *k_win_head = k_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *v_win_head = v_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *k_sink_head = k_sink + (size_t)kvh * SINK_ROWS * head_dim;
+    const __half *v_sink_head = v_sink + (size_t)kvh * SINK_ROWS * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            int kp = j0 + key;
+            float *krow = k_s + (size_t)key * kstride;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else if (win > 0 && kp > cur_pos - win && kp > win_live_lo) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else {
+                const unsigned char *s = k_head + (size_t)kp * row_bytes;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = kgen_q4_dequant_elem(s, e);
+            }
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win && vp > win_live_lo) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* ae_f32_decode_host_t8: f32 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_f32_decode_host_t8(const float *q, const float *k_cache,
+                                      const float *v_cache, float *m_out, float *l_out,
+                                      float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                      int seq_len, int n_splits, int split_len, int attn_sink,
+                                      int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)(j0 + key) * head_dim + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f32_decode_host_t4: f32 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=host, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_f32_decode_host_t4(const float *q, const float *k_cache,
+                                      const float *v_cache, float *m_out, float *l_out,
+                                      float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                      int seq_len, int n_splits, int split_len, int attn_sink,
+                                      int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)(j0 + key) * head_dim + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f32_decode_device_t8: f32 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=device, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_f32_decode_device_t8(const float *q, const float *k_cache,
+                                        const float *v_cache, float *m_out, float *l_out,
+                                        float *acc_out, int kv_groups, int head_dim,
+                                        int max_seq, const int *pos, int kps, int splits_cap,
+                                        int attn_sink, int win_left, int win_right, float scale,
+                                        float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)(j0 + key) * head_dim + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f32_decode_device_t4: f32 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=device, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_f32_decode_device_t4(const float *q, const float *k_cache,
+                                        const float *v_cache, float *m_out, float *l_out,
+                                        float *acc_out, int kv_groups, int head_dim,
+                                        int max_seq, const int *pos, int kps, int splits_cap,
+                                        int attn_sink, int win_left, int win_right, float scale,
+                                        float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)(j0 + key) * head_dim + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f32_decode_slots_t8: f32 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=slots, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_f32_decode_slots_t8(const float *q, const float *k_cache,
+                                       const float *v_cache, float *m_out, float *l_out,
+                                       float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                       const int *pos, int kps, int splits_cap, int attn_sink,
+                                       int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const float *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)(j0 + key) * head_dim + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f32_decode_slots_t4: f32 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=slots, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_f32_decode_slots_t4(const float *q, const float *k_cache,
+                                       const float *v_cache, float *m_out, float *l_out,
+                                       float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                       const int *pos, int kps, int splits_cap, int attn_sink,
+                                       int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const float *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)(j0 + key) * head_dim + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q4_decode_host_t8: q4 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
+ * decode, position=host, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_q4_decode_host_t8(const float *q, const unsigned char *k_cache,
+                                     const unsigned char *v_cache, const __half *k_sink,
+                                     const __half *v_sink, const __half *k_win,
+                                     const __half *v_win, float *m_out, float *l_out,
+                                     float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                     int seq_len, int n_splits, int split_len, int sink,
+                                     int win, int attn_sink, int win_left, int win_right,
+                                     float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    constexpr int RING_ROWS = 256;  /* the fp16 window ring laps here */
+    constexpr int SINK_ROWS = 8;
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q4_row_bytes(head_dim);
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+    const __half *k_win_head = k_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *v_win_head = v_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *k_sink_head = k_sink + (size_t)kvh * SINK_ROWS * head_dim;
+    const __half *v_sink_head = v_sink + (size_t)kvh * SINK_ROWS * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            int kp = j0 + key;
+            float *krow = k_s + (size_t)key * kstride;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else if (win > 0 && kp > cur_pos - win) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else {
+                const unsigned char *s = k_head + (size_t)kp * row_bytes;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = kgen_q4_dequant_elem(s, e);
+            }
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q4_decode_host_t4: q4 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
+ * decode, position=host, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_q4_decode_host_t4(const float *q, const unsigned char *k_cache,
+                                     const unsigned char *v_cache, const __half *k_sink,
+                                     const __half *v_sink, const __half *k_win,
+                                     const __half *v_win, float *m_out, float *l_out,
+                                     float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                     int seq_len, int n_splits, int split_len, int sink,
+                                     int win, int attn_sink, int win_left, int win_right,
+                                     float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    constexpr int RING_ROWS = 256;  /* the fp16 window ring laps here */
+    constexpr int SINK_ROWS = 8;
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q4_row_bytes(head_dim);
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+    const __half *k_win_head = k_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *v_win_head = v_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *k_sink_head = k_sink + (size_t)kvh * SINK_ROWS * head_dim;
+    const __half *v_sink_head = v_sink + (size_t)kvh * SINK_ROWS * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            int kp = j0 + key;
+            float *krow = k_s + (size_t)key * kstride;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else if (win > 0 && kp > cur_pos - win) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else {
+                const unsigned char *s = k_head + (size_t)kp * row_bytes;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = kgen_q4_dequant_elem(s, e);
+            }
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q4_decode_device_t8: q4 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
+ * decode, position=device, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_q4_decode_device_t8(const float *q, const unsigned char *k_cache,
+                                       const unsigned char *v_cache, const __half *k_sink,
+                                       const __half *v_sink, const __half *k_win,
+                                       const __half *v_win, float *m_out, float *l_out,
+                                       float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                       const int *pos, int kps, int splits_cap, int sink,
+                                       int win, int attn_sink, int win_left, int win_right,
+                                       float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    constexpr int RING_ROWS = 256;  /* the fp16 window ring laps here */
+    constexpr int SINK_ROWS = 8;
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q4_row_bytes(head_dim);
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+    const __half *k_win_head = k_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *v_win_head = v_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *k_sink_head = k_sink + (size_t)kvh * SINK_ROWS * head_dim;
+    const __half *v_sink_head = v_sink + (size_t)kvh * SINK_ROWS * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            int kp = j0 + key;
+            float *krow = k_s + (size_t)key * kstride;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else if (win > 0 && kp > cur_pos - win) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else {
+                const unsigned char *s = k_head + (size_t)kp * row_bytes;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = kgen_q4_dequant_elem(s, e);
+            }
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q4_decode_device_t4: q4 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
+ * decode, position=device, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_q4_decode_device_t4(const float *q, const unsigned char *k_cache,
+                                       const unsigned char *v_cache, const __half *k_sink,
+                                       const __half *v_sink, const __half *k_win,
+                                       const __half *v_win, float *m_out, float *l_out,
+                                       float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                       const int *pos, int kps, int splits_cap, int sink,
+                                       int win, int attn_sink, int win_left, int win_right,
+                                       float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    constexpr int RING_ROWS = 256;  /* the fp16 window ring laps here */
+    constexpr int SINK_ROWS = 8;
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q4_row_bytes(head_dim);
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+    const __half *k_win_head = k_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *v_win_head = v_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *k_sink_head = k_sink + (size_t)kvh * SINK_ROWS * head_dim;
+    const __half *v_sink_head = v_sink + (size_t)kvh * SINK_ROWS * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            int kp = j0 + key;
+            float *krow = k_s + (size_t)key * kstride;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else if (win > 0 && kp > cur_pos - win) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else {
+                const unsigned char *s = k_head + (size_t)kp * row_bytes;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = kgen_q4_dequant_elem(s, e);
+            }
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q4_decode_slots_t8: q4 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
+ * decode, position=slots, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_q4_decode_slots_t8(const float *q, const unsigned char *k_cache,
+                                      const unsigned char *v_cache, const __half *k_sink,
+                                      const __half *v_sink, const __half *k_win,
+                                      const __half *v_win, float *m_out, float *l_out,
+                                      float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                      const int *pos, int kps, int splits_cap, int sink,
+                                      int win, int attn_sink, int win_left, int win_right,
+                                      float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    constexpr int RING_ROWS = 256;  /* the fp16 window ring laps here */
+    constexpr int SINK_ROWS = 8;
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q4_row_bytes(head_dim);
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * row_bytes;
+    const __half *k_win_head = k_win + ((size_t)slot * n_head_kv + kvh) * RING_ROWS * head_dim;
+    const __half *v_win_head = v_win + ((size_t)slot * n_head_kv + kvh) * RING_ROWS * head_dim;
+    const __half *k_sink_head = k_sink + ((size_t)slot * n_head_kv + kvh) * SINK_ROWS * head_dim;
+    const __half *v_sink_head = v_sink + ((size_t)slot * n_head_kv + kvh) * SINK_ROWS * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            int kp = j0 + key;
+            float *krow = k_s + (size_t)key * kstride;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else if (win > 0 && kp > cur_pos - win) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else {
+                const unsigned char *s = k_head + (size_t)kp * row_bytes;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = kgen_q4_dequant_elem(s, e);
+            }
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q4_decode_slots_t4: q4 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q4.j2]
+ * decode, position=slots, kv=q4, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_q4_decode_slots_t4(const float *q, const unsigned char *k_cache,
+                                      const unsigned char *v_cache, const __half *k_sink,
+                                      const __half *v_sink, const __half *k_win,
+                                      const __half *v_win, float *m_out, float *l_out,
+                                      float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                      const int *pos, int kps, int splits_cap, int sink,
+                                      int win, int attn_sink, int win_left, int win_right,
+                                      float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    constexpr int RING_ROWS = 256;  /* the fp16 window ring laps here */
+    constexpr int SINK_ROWS = 8;
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q4_row_bytes(head_dim);
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * row_bytes;
+    const __half *k_win_head = k_win + ((size_t)slot * n_head_kv + kvh) * RING_ROWS * head_dim;
+    const __half *v_win_head = v_win + ((size_t)slot * n_head_kv + kvh) * RING_ROWS * head_dim;
+    const __half *k_sink_head = k_sink + ((size_t)slot * n_head_kv + kvh) * SINK_ROWS * head_dim;
+    const __half *v_sink_head = v_sink + ((size_t)slot * n_head_kv + kvh) * SINK_ROWS * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            int kp = j0 + key;
+            float *krow = k_s + (size_t)key * kstride;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else if (win > 0 && kp > cur_pos - win) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = __half2float(s[e]);
+            } else {
+                const unsigned char *s = k_head + (size_t)kp * row_bytes;
+                for (int e = tid; e < head_dim; e += blockDim.x)
+                    krow[e] = kgen_q4_dequant_elem(s, e);
+            }
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f16_decode_host_t8: f16 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=host, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_f16_decode_host_t8(const float *q, const __half *k_cache,
+                                      const __half *v_cache, float *m_out, float *l_out,
+                                      float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                      int seq_len, int n_splits, int split_len, int attn_sink,
+                                      int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const __half *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)(j0 + key) * head_dim + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f16_decode_host_t4: f16 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=host, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_f16_decode_host_t4(const float *q, const __half *k_cache,
+                                      const __half *v_cache, float *m_out, float *l_out,
+                                      float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                      int seq_len, int n_splits, int split_len, int attn_sink,
+                                      int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const __half *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)(j0 + key) * head_dim + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f16_decode_device_t8: f16 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=device, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_f16_decode_device_t8(const float *q, const __half *k_cache,
+                                        const __half *v_cache, float *m_out, float *l_out,
+                                        float *acc_out, int kv_groups, int head_dim,
+                                        int max_seq, const int *pos, int kps, int splits_cap,
+                                        int attn_sink, int win_left, int win_right, float scale,
+                                        float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const __half *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)(j0 + key) * head_dim + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f16_decode_device_t4: f16 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=device, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_f16_decode_device_t4(const float *q, const __half *k_cache,
+                                        const __half *v_cache, float *m_out, float *l_out,
+                                        float *acc_out, int kv_groups, int head_dim,
+                                        int max_seq, const int *pos, int kps, int splits_cap,
+                                        int attn_sink, int win_left, int win_right, float scale,
+                                        float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const __half *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)(j0 + key) * head_dim + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f16_decode_slots_t8: f16 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=slots, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_f16_decode_slots_t8(const float *q, const __half *k_cache,
+                                       const __half *v_cache, float *m_out, float *l_out,
+                                       float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                       const int *pos, int kps, int splits_cap, int attn_sink,
+                                       int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const __half *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)(j0 + key) * head_dim + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_f16_decode_slots_t4: f16 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=slots, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_f16_decode_slots_t4(const float *q, const __half *k_cache,
+                                       const __half *v_cache, float *m_out, float *l_out,
+                                       float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                       const int *pos, int kps, int splits_cap, int attn_sink,
+                                       int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const __half *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)(j0 + key) * head_dim + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q8_0_decode_host_t8: q8_0 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=host, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_q8_0_decode_host_t8(const float *q, const unsigned char *k_cache,
+                                       const unsigned char *v_cache, float *m_out, float *l_out,
+                                       float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                       int seq_len, int n_splits, int split_len, int attn_sink,
+                                       int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)(j0 + key) * row_bytes;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q8_0_decode_host_t4: q8_0 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=host, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_q8_0_decode_host_t4(const float *q, const unsigned char *k_cache,
+                                       const unsigned char *v_cache, float *m_out, float *l_out,
+                                       float *acc_out, int kv_groups, int head_dim, int max_seq,
+                                       int seq_len, int n_splits, int split_len, int attn_sink,
+                                       int win_left, int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)(j0 + key) * row_bytes;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q8_0_decode_device_t8: q8_0 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=device, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_q8_0_decode_device_t8(const float *q, const unsigned char *k_cache,
+                                         const unsigned char *v_cache, float *m_out,
+                                         float *l_out, float *acc_out, int kv_groups,
+                                         int head_dim, int max_seq, const int *pos, int kps,
+                                         int splits_cap, int attn_sink, int win_left,
+                                         int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)(j0 + key) * row_bytes;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q8_0_decode_device_t4: q8_0 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=device, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_q8_0_decode_device_t4(const float *q, const unsigned char *k_cache,
+                                         const unsigned char *v_cache, float *m_out,
+                                         float *l_out, float *acc_out, int kv_groups,
+                                         int head_dim, int max_seq, const int *pos, int kps,
+                                         int splits_cap, int attn_sink, int win_left,
+                                         int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)(j0 + key) * row_bytes;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q8_0_decode_slots_t8: q8_0 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=slots, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_q8_0_decode_slots_t8(const float *q, const unsigned char *k_cache,
+                                        const unsigned char *v_cache, float *m_out,
+                                        float *l_out, float *acc_out, int kv_groups,
+                                        int head_dim, int max_seq, const int *pos, int kps,
+                                        int splits_cap, int attn_sink, int win_left,
+                                        int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)(j0 + key) * row_bytes;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_q8_0_decode_slots_t4: q8_0 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=slots, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_q8_0_decode_slots_t4(const float *q, const unsigned char *k_cache,
+                                        const unsigned char *v_cache, float *m_out,
+                                        float *l_out, float *acc_out, int kv_groups,
+                                        int head_dim, int max_seq, const int *pos, int kps,
+                                        int splits_cap, int attn_sink, int win_left,
+                                        int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)(j0 + key) * row_bytes;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_fp8_e4m3_decode_host_t8: fp8_e4m3 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_fp8_e4m3_decode_host_t8(const float *q, const unsigned char *k_cache,
+                                           const unsigned char *v_cache, float *m_out,
+                                           float *l_out, float *acc_out, int kv_groups,
+                                           int head_dim, int max_seq, int seq_len, int n_splits,
+                                           int split_len, float k_scale, float v_scale,
+                                           int attn_sink, int win_left, int win_right,
+                                           float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_fp8_e4m3_decode_host_t4: fp8_e4m3 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=host, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (n_splits, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_fp8_e4m3_decode_host_t4(const float *q, const unsigned char *k_cache,
+                                           const unsigned char *v_cache, float *m_out,
+                                           float *l_out, float *acc_out, int kv_groups,
+                                           int head_dim, int max_seq, int seq_len, int n_splits,
+                                           int split_len, float k_scale, float v_scale,
+                                           int attn_sink, int win_left, int win_right,
+                                           float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_fp8_e4m3_decode_device_t8: fp8_e4m3 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=device, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_fp8_e4m3_decode_device_t8(const float *q, const unsigned char *k_cache,
+                                             const unsigned char *v_cache, float *m_out,
+                                             float *l_out, float *acc_out, int kv_groups,
+                                             int head_dim, int max_seq, const int *pos, int kps,
+                                             int splits_cap, float k_scale, float v_scale,
+                                             int attn_sink, int win_left, int win_right,
+                                             float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_fp8_e4m3_decode_device_t4: fp8_e4m3 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=device, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (splits_cap, n_head_kv), block head_dim threads; partials of head h at
+ * [h * n_splits + split].
+ */
+__global__ void ae_fp8_e4m3_decode_device_t4(const float *q, const unsigned char *k_cache,
+                                             const unsigned char *v_cache, float *m_out,
+                                             float *l_out, float *acc_out, int kv_groups,
+                                             int head_dim, int max_seq, const int *pos, int kps,
+                                             int splits_cap, float k_scale, float v_scale,
+                                             int attn_sink, int win_left, int win_right,
+                                             float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    if ((int)blockIdx.x >= n_splits)
+        return; /* off-plan: partials are strided by the live n_splits */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int cur_pos = seq_len - 1;
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + (size_t)kvh * G * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = ((size_t)kvh * G + g) * n_splits + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_fp8_e4m3_decode_slots_t8: fp8_e4m3 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=slots, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_fp8_e4m3_decode_slots_t8(const float *q, const unsigned char *k_cache,
+                                            const unsigned char *v_cache, float *m_out,
+                                            float *l_out, float *acc_out, int kv_groups,
+                                            int head_dim, int max_seq, const int *pos, int kps,
+                                            int splits_cap, float k_scale, float v_scale,
+                                            int attn_sink, int win_left, int win_right,
+                                            float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_fp8_e4m3_decode_slots_t4: fp8_e4m3 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+ * [spec specs/engine.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=slots, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void ae_fp8_e4m3_decode_slots_t4(const float *q, const unsigned char *k_cache,
+                                            const unsigned char *v_cache, float *m_out,
+                                            float *l_out, float *acc_out, int kv_groups,
+                                            int head_dim, int max_seq, const int *pos, int kps,
+                                            int splits_cap, float k_scale, float v_scale,
+                                            int attn_sink, int win_left, int win_right,
+                                            float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = pos[slot] + 1;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + ((size_t)slot * n_head_kv + kvh) * max_seq * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)(j0 + key) * head_dim + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* ae_combine_dev_t8: combine with learned sinks, device plan of 8-key tiles
+ * [spec specs/engine.kspec | templates/kernels/decode_combine.cu.j2]
+ * Grid (n_head) or (nslots * n_head), block head_dim threads. */
+__global__ void ae_combine_dev_t8(const float *m_in, const float *l_in, const float *acc_in,
+                                  float *out, const float *sinks, int head_dim, const int *pos,
+                                  int kps, int splits_cap) {
+    constexpr int TILE_KEYS = 8;
+    int seq_len = pos[0] + 1;
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    kgen_decode_combine_sinks(m_in, l_in, acc_in, sinks, out, head_dim, n_splits);
+}
+
+/* ae_combine_dev_t4: combine with learned sinks, device plan of 4-key tiles
+ * [spec specs/engine.kspec | templates/kernels/decode_combine.cu.j2]
+ * Grid (n_head) or (nslots * n_head), block head_dim threads. */
+__global__ void ae_combine_dev_t4(const float *m_in, const float *l_in, const float *acc_in,
+                                  float *out, const float *sinks, int head_dim, const int *pos,
+                                  int kps, int splits_cap) {
+    constexpr int TILE_KEYS = 4;
     int seq_len = pos[0] + 1;
     int split_len;
     int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);

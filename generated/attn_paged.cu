@@ -5,7 +5,7 @@
  * module:    attn_paged
  * specs:     specs/paged.kspec
  * templates: kernels/flash.cu.j2, kernels/kv_append.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
- * kernels:   paged_f32_append, paged_f16_append, paged_q8_0_append, paged_fp8_e4m3_append, paged_f32_prefill, paged_f16_prefill, paged_q8_0_prefill, paged_fp8_e4m3_prefill, paged_f32_decode, paged_f16_decode, paged_q8_0_decode, paged_fp8_e4m3_decode, paged_f32_prefill_opts, paged_f16_prefill_opts, paged_q8_0_prefill_opts, paged_fp8_e4m3_prefill_opts, paged_f32_decode_opts, paged_f16_decode_opts, paged_q8_0_decode_opts, paged_fp8_e4m3_decode_opts
+ * kernels:   paged_f32_append, paged_f16_append, paged_q8_0_append, paged_fp8_e4m3_append, paged_f32_prefill, paged_f16_prefill, paged_q8_0_prefill, paged_fp8_e4m3_prefill, paged_f32_decode, paged_f16_decode, paged_q8_0_decode, paged_fp8_e4m3_decode, paged_f32_prefill_opts, paged_f16_prefill_opts, paged_q8_0_prefill_opts, paged_fp8_e4m3_prefill_opts, paged_f32_decode_opts, paged_f16_decode_opts, paged_q8_0_decode_opts, paged_fp8_e4m3_decode_opts, paged_f32_prefill_t8, paged_f32_prefill_t4, paged_f16_prefill_t8, paged_f16_prefill_t4, paged_q8_0_prefill_t8, paged_q8_0_prefill_t4, paged_fp8_e4m3_prefill_t8, paged_fp8_e4m3_prefill_t4, paged_f32_decode_t8, paged_f32_decode_t4, paged_f16_decode_t8, paged_f16_decode_t4, paged_q8_0_decode_t8, paged_q8_0_decode_t4, paged_fp8_e4m3_decode_t8, paged_fp8_e4m3_decode_t4, paged_f32_prefill_opts_t8, paged_f32_prefill_opts_t4, paged_f16_prefill_opts_t8, paged_f16_prefill_opts_t4, paged_q8_0_prefill_opts_t8, paged_q8_0_prefill_opts_t4, paged_fp8_e4m3_prefill_opts_t8, paged_fp8_e4m3_prefill_opts_t4, paged_f32_decode_opts_t8, paged_f32_decode_opts_t4, paged_f16_decode_opts_t8, paged_f16_decode_opts_t4, paged_q8_0_decode_opts_t8, paged_q8_0_decode_opts_t4, paged_fp8_e4m3_decode_opts_t8, paged_fp8_e4m3_decode_opts_t4
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
  * against the golden instruction stream of the hand-written original.
@@ -2942,6 +2942,5766 @@ __global__ void paged_fp8_e4m3_decode_opts(const float *q, const unsigned char *
                                            int attn_sink, int win_left, int win_right,
                                            float scale, float softcap) {
     constexpr int TILE_KEYS = 16;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_f32_prefill_t8: varlen prefill over f32 pages, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * prefill, position=paged, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_f32_prefill_t8(const float *q, const float *k_cache, const float *v_cache,
+                                     float *out, const int *block_table, const int *seq_lens,
+                                     const int *query_start_loc, int kv_groups, int head_dim,
+                                     int block_size, int max_blocks, int num_reqs,
+                                     int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const float *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;  /* one position, every kv head */
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* paged_f32_prefill_t4: varlen prefill over f32 pages, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * prefill, position=paged, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_f32_prefill_t4(const float *q, const float *k_cache, const float *v_cache,
+                                     float *out, const int *block_table, const int *seq_lens,
+                                     const int *query_start_loc, int kv_groups, int head_dim,
+                                     int block_size, int max_blocks, int num_reqs,
+                                     int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const float *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;  /* one position, every kv head */
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* paged_f16_prefill_t8: varlen prefill over f16 pages, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * prefill, position=paged, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_f16_prefill_t8(const float *q, const __half *k_cache,
+                                     const __half *v_cache, float *out, const int *block_table,
+                                     const int *seq_lens, const int *query_start_loc,
+                                     int kv_groups, int head_dim, int block_size,
+                                     int max_blocks, int num_reqs, int attn_sink, int attn_win,
+                                     float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const __half *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* paged_f16_prefill_t4: varlen prefill over f16 pages, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * prefill, position=paged, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_f16_prefill_t4(const float *q, const __half *k_cache,
+                                     const __half *v_cache, float *out, const int *block_table,
+                                     const int *seq_lens, const int *query_start_loc,
+                                     int kv_groups, int head_dim, int block_size,
+                                     int max_blocks, int num_reqs, int attn_sink, int attn_win,
+                                     float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const __half *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* paged_q8_0_prefill_t8: varlen prefill over q8_0 pages, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * prefill, position=paged, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_q8_0_prefill_t8(const float *q, const unsigned char *k_cache,
+                                      const unsigned char *v_cache, float *out,
+                                      const int *block_table, const int *seq_lens,
+                                      const int *query_start_loc, int kv_groups, int head_dim,
+                                      int block_size, int max_blocks, int num_reqs,
+                                      int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * row_bytes; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * row_bytes;
+    const size_t pstride = (size_t)gridDim.y * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* paged_q8_0_prefill_t4: varlen prefill over q8_0 pages, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * prefill, position=paged, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_q8_0_prefill_t4(const float *q, const unsigned char *k_cache,
+                                      const unsigned char *v_cache, float *out,
+                                      const int *block_table, const int *seq_lens,
+                                      const int *query_start_loc, int kv_groups, int head_dim,
+                                      int block_size, int max_blocks, int num_reqs,
+                                      int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * row_bytes; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * row_bytes;
+    const size_t pstride = (size_t)gridDim.y * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* paged_fp8_e4m3_prefill_t8: varlen prefill over fp8_e4m3 pages, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=paged, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_fp8_e4m3_prefill_t8(const float *q, const unsigned char *k_cache,
+                                          const unsigned char *v_cache, float *out,
+                                          const int *block_table, const int *seq_lens,
+                                          const int *query_start_loc, int kv_groups,
+                                          int head_dim, int block_size, int max_blocks,
+                                          int num_reqs, float k_scale, float v_scale,
+                                          int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* paged_fp8_e4m3_prefill_t4: varlen prefill over fp8_e4m3 pages, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=paged, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_fp8_e4m3_prefill_t4(const float *q, const unsigned char *k_cache,
+                                          const unsigned char *v_cache, float *out,
+                                          const int *block_table, const int *seq_lens,
+                                          const int *query_start_loc, int kv_groups,
+                                          int head_dim, int block_size, int max_blocks,
+                                          int num_reqs, float k_scale, float v_scale,
+                                          int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        if (g < G)
+            out_base[(size_t)g * head_dim + tid] = acc[g] / l_s[g];
+}
+
+/* paged_f32_decode_t8: split decode over f32 pages, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=paged, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_f32_decode_t8(const float *q, const float *k_cache, const float *v_cache,
+                                    float *m_out, float *l_out, float *acc_out,
+                                    const int *block_table, const int *seq_lens, int kv_groups,
+                                    int head_dim, int block_size, int max_blocks, int kps,
+                                    int splits_cap, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const float *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;  /* one position, every kv head */
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_f32_decode_t4: split decode over f32 pages, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=paged, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_f32_decode_t4(const float *q, const float *k_cache, const float *v_cache,
+                                    float *m_out, float *l_out, float *acc_out,
+                                    const int *block_table, const int *seq_lens, int kv_groups,
+                                    int head_dim, int block_size, int max_blocks, int kps,
+                                    int splits_cap, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const float *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;  /* one position, every kv head */
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_f16_decode_t8: split decode over f16 pages, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=paged, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_f16_decode_t8(const float *q, const __half *k_cache,
+                                    const __half *v_cache, float *m_out, float *l_out,
+                                    float *acc_out, const int *block_table, const int *seq_lens,
+                                    int kv_groups, int head_dim, int block_size, int max_blocks,
+                                    int kps, int splits_cap, int attn_sink, int attn_win,
+                                    float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const __half *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_f16_decode_t4: split decode over f16 pages, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=paged, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_f16_decode_t4(const float *q, const __half *k_cache,
+                                    const __half *v_cache, float *m_out, float *l_out,
+                                    float *acc_out, const int *block_table, const int *seq_lens,
+                                    int kv_groups, int head_dim, int block_size, int max_blocks,
+                                    int kps, int splits_cap, int attn_sink, int attn_win,
+                                    float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const __half *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_q8_0_decode_t8: split decode over q8_0 pages, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=paged, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_q8_0_decode_t8(const float *q, const unsigned char *k_cache,
+                                     const unsigned char *v_cache, float *m_out, float *l_out,
+                                     float *acc_out, const int *block_table,
+                                     const int *seq_lens, int kv_groups, int head_dim,
+                                     int block_size, int max_blocks, int kps, int splits_cap,
+                                     int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * row_bytes; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * row_bytes;
+    const size_t pstride = (size_t)gridDim.y * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_q8_0_decode_t4: split decode over q8_0 pages, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=paged, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_q8_0_decode_t4(const float *q, const unsigned char *k_cache,
+                                     const unsigned char *v_cache, float *m_out, float *l_out,
+                                     float *acc_out, const int *block_table,
+                                     const int *seq_lens, int kv_groups, int head_dim,
+                                     int block_size, int max_blocks, int kps, int splits_cap,
+                                     int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * row_bytes; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * row_bytes;
+    const size_t pstride = (size_t)gridDim.y * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_fp8_e4m3_decode_t8: split decode over fp8_e4m3 pages, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=paged, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_fp8_e4m3_decode_t8(const float *q, const unsigned char *k_cache,
+                                         const unsigned char *v_cache, float *m_out,
+                                         float *l_out, float *acc_out, const int *block_table,
+                                         const int *seq_lens, int kv_groups, int head_dim,
+                                         int block_size, int max_blocks, int kps,
+                                         int splits_cap, float k_scale, float v_scale,
+                                         int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_fp8_e4m3_decode_t4: split decode over fp8_e4m3 pages, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=paged, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_fp8_e4m3_decode_t4(const float *q, const unsigned char *k_cache,
+                                         const unsigned char *v_cache, float *m_out,
+                                         float *l_out, float *acc_out, const int *block_table,
+                                         const int *seq_lens, int kv_groups, int head_dim,
+                                         int block_size, int max_blocks, int kps,
+                                         int splits_cap, float k_scale, float v_scale,
+                                         int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_window(j0, tk, cur_pos, attn_sink, attn_win))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk)
+                        score_s[g * TILE_KEYS + ky] = p * scale;
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_f32_prefill_opts_t8: varlen prefill over f32 pages with the engine's options, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * prefill, position=paged, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_f32_prefill_opts_t8(const float *q, const float *k_cache,
+                                          const float *v_cache, float *out, const float *sinks,
+                                          const int *block_table, const int *seq_lens,
+                                          const int *query_start_loc, int kv_groups,
+                                          int head_dim, int block_size, int max_blocks,
+                                          int num_reqs, int attn_sink, int win_left,
+                                          int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const float *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;  /* one position, every kv head */
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* paged_f32_prefill_opts_t4: varlen prefill over f32 pages with the engine's options, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * prefill, position=paged, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_f32_prefill_opts_t4(const float *q, const float *k_cache,
+                                          const float *v_cache, float *out, const float *sinks,
+                                          const int *block_table, const int *seq_lens,
+                                          const int *query_start_loc, int kv_groups,
+                                          int head_dim, int block_size, int max_blocks,
+                                          int num_reqs, int attn_sink, int win_left,
+                                          int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const float *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;  /* one position, every kv head */
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* paged_f16_prefill_opts_t8: varlen prefill over f16 pages with the engine's options, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * prefill, position=paged, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_f16_prefill_opts_t8(const float *q, const __half *k_cache,
+                                          const __half *v_cache, float *out, const float *sinks,
+                                          const int *block_table, const int *seq_lens,
+                                          const int *query_start_loc, int kv_groups,
+                                          int head_dim, int block_size, int max_blocks,
+                                          int num_reqs, int attn_sink, int win_left,
+                                          int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const __half *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* paged_f16_prefill_opts_t4: varlen prefill over f16 pages with the engine's options, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * prefill, position=paged, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_f16_prefill_opts_t4(const float *q, const __half *k_cache,
+                                          const __half *v_cache, float *out, const float *sinks,
+                                          const int *block_table, const int *seq_lens,
+                                          const int *query_start_loc, int kv_groups,
+                                          int head_dim, int block_size, int max_blocks,
+                                          int num_reqs, int attn_sink, int win_left,
+                                          int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const __half *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* paged_q8_0_prefill_opts_t8: varlen prefill over q8_0 pages with the engine's options, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * prefill, position=paged, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_q8_0_prefill_opts_t8(const float *q, const unsigned char *k_cache,
+                                           const unsigned char *v_cache, float *out,
+                                           const float *sinks, const int *block_table,
+                                           const int *seq_lens, const int *query_start_loc,
+                                           int kv_groups, int head_dim, int block_size,
+                                           int max_blocks, int num_reqs, int attn_sink,
+                                           int win_left, int win_right, float scale,
+                                           float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * row_bytes; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * row_bytes;
+    const size_t pstride = (size_t)gridDim.y * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* paged_q8_0_prefill_opts_t4: varlen prefill over q8_0 pages with the engine's options, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * prefill, position=paged, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_q8_0_prefill_opts_t4(const float *q, const unsigned char *k_cache,
+                                           const unsigned char *v_cache, float *out,
+                                           const float *sinks, const int *block_table,
+                                           const int *seq_lens, const int *query_start_loc,
+                                           int kv_groups, int head_dim, int block_size,
+                                           int max_blocks, int num_reqs, int attn_sink,
+                                           int win_left, int win_right, float scale,
+                                           float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * row_bytes; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * row_bytes;
+    const size_t pstride = (size_t)gridDim.y * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* paged_fp8_e4m3_prefill_opts_t8: varlen prefill over fp8_e4m3 pages with the engine's options, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=paged, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_fp8_e4m3_prefill_opts_t8(const float *q, const unsigned char *k_cache,
+                                               const unsigned char *v_cache, float *out,
+                                               const float *sinks, const int *block_table,
+                                               const int *seq_lens, const int *query_start_loc,
+                                               int kv_groups, int head_dim, int block_size,
+                                               int max_blocks, int num_reqs, float k_scale,
+                                               float v_scale, int attn_sink, int win_left,
+                                               int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* paged_fp8_e4m3_prefill_opts_t4: varlen prefill over fp8_e4m3 pages with the engine's options, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, position=paged, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (rows of the varlen batch, n_head_kv), block head_dim threads; row t belongs to
+ * the request r with query_start_loc[r] <= t < query_start_loc[r + 1], aligned to
+ * the end of its seq_lens[r] keys; out [rows][n_head][head_dim].
+ */
+__global__ void paged_fp8_e4m3_prefill_opts_t4(const float *q, const unsigned char *k_cache,
+                                               const unsigned char *v_cache, float *out,
+                                               const float *sinks, const int *block_table,
+                                               const int *seq_lens, const int *query_start_loc,
+                                               int kv_groups, int head_dim, int block_size,
+                                               int max_blocks, int num_reqs, float k_scale,
+                                               float v_scale, int attn_sink, int win_left,
+                                               int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;  /* the output dim this thread owns */
+    const int G = kv_groups;
+    /* The request row t belongs to: the last r with query_start_loc[r] <= t. */
+    int req = 0;
+    for (int hi = num_reqs - 1; req < hi;) {
+        const int mid = (req + hi + 1) >> 1;
+        if (query_start_loc[mid] <= t)
+            req = mid;
+        else
+            hi = mid - 1;
+    }
+    const int q_len = query_start_loc[req + 1] - query_start_loc[req];
+    const int k_len = seq_lens[req];
+    const int cur_pos = k_len - q_len + (t - query_start_loc[req]); /* bottom-right */
+    const int seq_len = cur_pos + 1;
+    const int *page_row = block_table + (size_t)req * max_blocks;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = 0; j0 < seq_len; j0 += TILE_KEYS) {
+        int tk = seq_len - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    /* Each q head's sink logit joins the denominator only, both rescaled to the
+     * larger of the running max and the sink (a sink of -inf changes no bit). */
+    const float *sink_g = sinks + (size_t)kvh * G;
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            const float top = fmaxf(m_s[g], sink_g[g]);
+            const float w = expf(m_s[g] - top);
+            out_base[(size_t)g * head_dim + tid] =
+                acc[g] * w / (l_s[g] * w + expf(sink_g[g] - top));
+        }
+    }
+}
+
+/* paged_f32_decode_opts_t8: split decode over f32 pages with exact windows and soft-cap, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=paged, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_f32_decode_opts_t8(const float *q, const float *k_cache,
+                                         const float *v_cache, float *m_out, float *l_out,
+                                         float *acc_out, const int *block_table,
+                                         const int *seq_lens, int kv_groups, int head_dim,
+                                         int block_size, int max_blocks, int kps,
+                                         int splits_cap, int attn_sink, int win_left,
+                                         int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const float *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;  /* one position, every kv head */
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_f32_decode_opts_t4: split decode over f32 pages with exact windows and soft-cap, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f32.j2]
+ * decode, position=paged, kv=f32, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_f32_decode_opts_t4(const float *q, const float *k_cache,
+                                         const float *v_cache, float *m_out, float *l_out,
+                                         float *acc_out, const int *block_table,
+                                         const int *seq_lens, int kv_groups, int head_dim,
+                                         int block_size, int max_blocks, int kps,
+                                         int splits_cap, int attn_sink, int win_left,
+                                         int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const float *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const float *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;  /* one position, every kv head */
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e];
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_f16_decode_opts_t8: split decode over f16 pages with exact windows and soft-cap, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=paged, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_f16_decode_opts_t8(const float *q, const __half *k_cache,
+                                         const __half *v_cache, float *m_out, float *l_out,
+                                         float *acc_out, const int *block_table,
+                                         const int *seq_lens, int kv_groups, int head_dim,
+                                         int block_size, int max_blocks, int kps,
+                                         int splits_cap, int attn_sink, int win_left,
+                                         int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const __half *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_f16_decode_opts_t4: split decode over f16 pages with exact windows and soft-cap, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/f16.j2]
+ * decode, position=paged, kv=f16, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_f16_decode_opts_t4(const float *q, const __half *k_cache,
+                                         const __half *v_cache, float *m_out, float *l_out,
+                                         float *acc_out, const int *block_table,
+                                         const int *seq_lens, int kv_groups, int head_dim,
+                                         int block_size, int max_blocks, int kps,
+                                         int splits_cap, int attn_sink, int win_left,
+                                         int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const __half *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const __half *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    __half2float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]);
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = __half2float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid]));
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_q8_0_decode_opts_t8: split decode over q8_0 pages with exact windows and soft-cap, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=paged, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_q8_0_decode_opts_t8(const float *q, const unsigned char *k_cache,
+                                          const unsigned char *v_cache, float *m_out,
+                                          float *l_out, float *acc_out, const int *block_table,
+                                          const int *seq_lens, int kv_groups, int head_dim,
+                                          int block_size, int max_blocks, int kps,
+                                          int splits_cap, int attn_sink, int win_left,
+                                          int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * row_bytes; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * row_bytes;
+    const size_t pstride = (size_t)gridDim.y * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_q8_0_decode_opts_t4: split decode over q8_0 pages with exact windows and soft-cap, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/q8_0.j2]
+ * decode, position=paged, kv=q8_0, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_q8_0_decode_opts_t4(const float *q, const unsigned char *k_cache,
+                                          const unsigned char *v_cache, float *m_out,
+                                          float *l_out, float *acc_out, const int *block_table,
+                                          const int *seq_lens, int kv_groups, int head_dim,
+                                          int block_size, int max_blocks, int kps,
+                                          int splits_cap, int attn_sink, int win_left,
+                                          int win_right, float scale, float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * row_bytes; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * row_bytes;
+    const size_t pstride = (size_t)gridDim.y * row_bytes;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++) {
+            const unsigned char *s = k_head + (size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride;
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] =
+                    kgen_q8_0_dequant_elem(s, e);
+        }
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride, tid);
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_fp8_e4m3_decode_opts_t8: split decode over fp8_e4m3 pages with exact windows and soft-cap, 8-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=paged, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_fp8_e4m3_decode_opts_t8(const float *q, const unsigned char *k_cache,
+                                              const unsigned char *v_cache, float *m_out,
+                                              float *l_out, float *acc_out,
+                                              const int *block_table, const int *seq_lens,
+                                              int kv_groups, int head_dim, int block_size,
+                                              int max_blocks, int kps, int splits_cap,
+                                              float k_scale, float v_scale, int attn_sink,
+                                              int win_left, int win_right, float scale,
+                                              float softcap) {
+    constexpr int TILE_KEYS = 8;   /* keys per tile */
+    constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int slot = blockIdx.z; /* the request */
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int n_head_kv = gridDim.y;
+    const int stride = gridDim.x; /* partial stride: the launch width */
+    const int seq_len = seq_lens[slot];
+    const int *page_row = block_table + (size_t)slot * max_blocks;
+    const int cur_pos = seq_len - 1;
+
+    /* This user's own plan: the single-user formula at its own position. */
+    int split_len;
+    int n_splits = kgen_dec_plan<TILE_KEYS>(seq_len, kps, splits_cap, &split_len);
+    const size_t head0 = ((size_t)slot * n_head_kv + kvh) * G;
+
+    if (split >= n_splits) {
+        /* Off-plan for a shorter context: an empty partial, weighted 0 by combine. */
+        for (int g = 0; g < G; g++) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = 0.0f;
+            if (tid == 0) {
+                m_out[po] = -__int_as_float(0x7f800000);
+                l_out[po] = 0.0f;
+            }
+        }
+        return;
+    }
+    int k_lo = split * split_len;
+    int k_hi = k_lo + split_len;
+    if (k_hi > seq_len) k_hi = seq_len;
+
+    /* Shared: q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] */
+    const int kstride = head_dim + K_PAD;
+    extern __shared__ float sh[];
+    float *q_s = sh;
+    float *k_s = q_s + (size_t)G * head_dim;
+    float *score_s = k_s + (size_t)TILE_KEYS * kstride;
+    float *p_s = score_s + G * TILE_KEYS;
+    float *m_s = p_s + G * TILE_KEYS;
+    float *l_s = m_s + G;
+    float *corr_s = l_s + G;
+
+    /* Stage the block's q group; start every head's online softmax. */
+    const float *q_base = q + head0 * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    if (tid < G) {
+        m_s[tid] = -__int_as_float(0x7f800000);
+        l_s[tid] = 0.0f;
+    }
+    __syncthreads();
+
+    /* acc[] stays in registers only while every index is a compile-time
+     * constant: loops over it unroll to MAX_GROUPS with a runtime g < G guard. */
+    float acc[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++)
+        acc[g] = 0.0f;
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * head_dim; /* pages: [block][pos][kv head] */
+    const unsigned char *v_head = v_cache + (size_t)kvh * head_dim;
+    const size_t pstride = (size_t)gridDim.y * head_dim;
+const int ky = tid / DOT_LANES;   /* the key in the tile this thread scores */
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Key-exact window [win_lo, win_hi] around cur_pos, clamped to the sequence (a
+     * distance of INT_MAX is no bound), plus the sink prefix [0, attn_sink). */
+    const int win_lo = win_left >= cur_pos ? 0 : cur_pos - win_left;
+    const int win_hi = win_right >= seq_len - 1 - cur_pos ? seq_len - 1 : cur_pos + win_right;
+    for (int j0 = k_lo; j0 < k_hi; j0 += TILE_KEYS) {
+        int tk = k_hi - j0;
+        if (tk > TILE_KEYS) tk = TILE_KEYS;
+
+        /* Uniform across the block, so skipping before any barrier is safe. */
+        if (!kgen_tile_in_exact(j0, tk, win_lo, win_hi, attn_sink))
+            continue;
+
+        /* K tile: each row read once, reused by all G heads. */
+        for (int key = 0; key < tk; key++)
+            for (int e = tid; e < head_dim; e += blockDim.x)
+                k_s[(size_t)key * kstride + e] = kgen_fp8_e4m3_to_float(k_head[(size_t)kgen_page_pos(page_row, (j0 + key), block_size) * pstride + e]) * k_scale;
+__syncthreads();
+
+        /* QK^T: DOT_LANES lanes per (head, key); each K element is loaded
+         * once and fanned across the group, accumulating in ascending e. */
+        {
+            float part[MAX_GROUPS];
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                part[g] = 0.0f;
+            if (ky < tk) {
+                const float *kv = k_s + (size_t)ky * kstride;
+                for (int i = 0; i < chunk; i++) {
+                    int e = lane + i * DOT_LANES;
+                    float kve = kv[e];
+#pragma unroll
+                    for (int g = 0; g < MAX_GROUPS; g++)
+                        if (g < G)
+                            part[g] += q_s[(size_t)g * head_dim + e] * kve;
+                }
+            }
+            /* g < G is block-uniform, so every lane joins each shuffle. */
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    float p = part[g];
+                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
+                        p += __shfl_down_sync(0xffffffffu, p, (unsigned)off, DOT_LANES);
+                    if (lane == 0 && ky < tk) {
+                        float s = p * scale;
+                        if (softcap > 0.0f) /* 0: the plain path, bit for bit */
+                            s = softcap * tanhf(s / softcap);
+                        const int kp = j0 + ky;
+                        if (!(kp < attn_sink || (kp >= win_lo && kp <= win_hi)))
+                            s = -__int_as_float(0x7f800000); /* outside the window: weight exactly 0 */
+                        score_s[g * TILE_KEYS + ky] = s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Online-softmax fold, one thread per head. */
+        if (tid < G) {
+            const float *sc = score_s + tid * TILE_KEYS;
+            float m_new = m_s[tid];
+            for (int j = 0; j < tk; j++)
+                m_new = fmaxf(m_new, sc[j]);
+            float corr = expf(m_s[tid] - m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < tk; j++) {
+                float pj = expf(sc[j] - m_new);
+                p_s[(size_t)j * G + tid] = pj; /* [T][G]: the PV loop reads a run */
+                sum += pj;
+            }
+            l_s[tid] = l_s[tid] * corr + sum;
+            m_s[tid] = m_new;
+            corr_s[tid] = corr;
+        }
+        __syncthreads();
+
+        /* PV: thread tid owns output dim tid. The rescale stays fused at
+         * j == 0, where it contracts to one fma (hoisting it changes bits). */
+        for (int j = 0; j < tk; j++) {
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)kgen_page_pos(page_row, (j0 + j), block_size) * pstride + tid])) *
+                       v_scale;
+const float *pj_s = p_s + (size_t)j * G;
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++) {
+                if (g < G) {
+                    if (j == 0)
+                        acc[g] *= corr_s[g];
+                    acc[g] += pj_s[g] * vv;
+                }
+            }
+        }
+        __syncthreads(); /* the next tile overwrites the staged tiles */
+    }
+
+    /* The split's partial: running max, running sum, unnormalised acc. */
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (g < G) {
+            size_t po = (head0 + g) * stride + split;
+            acc_out[po * head_dim + tid] = acc[g];
+            if (tid == 0) {
+                m_out[po] = m_s[g];
+                l_out[po] = l_s[g];
+            }
+        }
+    }
+}
+
+/* paged_fp8_e4m3_decode_opts_t4: split decode over fp8_e4m3 pages with exact windows and soft-cap, 4-key tiles
+ * [spec specs/paged.kspec | templates/kernels/flash.cu.j2, templates/kv/fp8_e4m3.j2]
+ * decode, position=paged, kv=fp8_e4m3, q=f32, k=shared_f32, v=global, ring_floor=none
+ * Grid (launch_splits, n_head_kv, nslots), block head_dim threads; partials of
+ * global head slot*n_head + h at [head * gridDim.x + split].
+ */
+__global__ void paged_fp8_e4m3_decode_opts_t4(const float *q, const unsigned char *k_cache,
+                                              const unsigned char *v_cache, float *m_out,
+                                              float *l_out, float *acc_out,
+                                              const int *block_table, const int *seq_lens,
+                                              int kv_groups, int head_dim, int block_size,
+                                              int max_blocks, int kps, int splits_cap,
+                                              float k_scale, float v_scale, int attn_sink,
+                                              int win_left, int win_right, float scale,
+                                              float softcap) {
+    constexpr int TILE_KEYS = 4;   /* keys per tile */
     constexpr int DOT_LANES = 16;   /* lanes per q.k dot */
     constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
     constexpr int K_PAD = 16;       /* floats of pad per K row: no bank conflicts */

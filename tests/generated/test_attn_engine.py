@@ -1492,3 +1492,2105 @@ def test_ae_combine_dev_bit_exact_fc_attn_flash_decode_combine_dev(case):
 ])
 def test_ae_combine_dev_refuses(mutation):
     check_mutation(K["ae_combine_dev"], AE_COMBINE_DEV_CASES[0], mutation)
+
+# ---- ae_f32_prefill_t8: f32 prefill with the engine's options, 8-key tiles
+
+AE_F32_PREFILL_T8_CASES = [
+    Case('hd128_g1_partial_tile', n=11, n_head=2, head_dim=128, max_seq=40, pos0=9),
+    Case('hd128_g8_partial_tile', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9),
+    Case('hd192_g8_partial_tile', n=11, n_head=16, head_dim=192, max_seq=40, pos0=9),
+    Case('hd256_g8_partial_tile', n=11, n_head=16, max_seq=40, pos0=9),
+    Case('hd512_g8_partial_tile', n=11, n_head=16, head_dim=512, max_seq=40, pos0=9),
+    Case('hd128_g8_partial_tile_win5', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, win_left=5, win_right=0),
+    Case('hd128_g8_partial_tile_win0_sink3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, attn_sink=3, win_left=0),
+    Case('hd128_g8_partial_tile_win11_right3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, win_left=11, win_right=3),
+    Case('hd128_g8_partial_tile_softcap1', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, softcap=1.0),
+    Case('hd128_g8_partial_tile_sinks', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sinks=True),
+    Case('hd128_g8_partial_tile_all_options', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, attn_sink=2, win_left=7, softcap=2.0, sinks=True),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F32_PREFILL_T8_CASES, ids=str)
+def test_ae_f32_prefill_t8(case):
+    check_kernel(K["ae_f32_prefill_t8"], mod.ae_f32_prefill_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ae_f32_prefill_t8_refuses(mutation):
+    check_mutation(K["ae_f32_prefill_t8"], AE_F32_PREFILL_T8_CASES[0], mutation)
+
+# ---- ae_f32_prefill_t4: f32 prefill with the engine's options, 4-key tiles
+
+AE_F32_PREFILL_T4_CASES = [
+    Case('hd64_g1_partial_tile', n=7, n_head=2, head_dim=64, max_seq=24, pos0=5),
+    Case('hd64_g8_partial_tile', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5),
+    Case('hd96_g8_partial_tile', n=7, n_head=16, head_dim=96, max_seq=24, pos0=5),
+    Case('hd128_g8_partial_tile', n=7, n_head=16, head_dim=128, max_seq=24, pos0=5),
+    Case('hd192_g8_partial_tile', n=7, n_head=16, head_dim=192, max_seq=24, pos0=5),
+    Case('hd256_g8_partial_tile', n=7, n_head=16, max_seq=24, pos0=5),
+    Case('hd512_g8_partial_tile', n=7, n_head=16, head_dim=512, max_seq=24, pos0=5),
+    Case('hd64_g8_partial_tile_win5', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, win_left=5, win_right=0),
+    Case('hd64_g8_partial_tile_win0_sink3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, attn_sink=3, win_left=0),
+    Case('hd64_g8_partial_tile_win11_right3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, win_left=11, win_right=3),
+    Case('hd64_g8_partial_tile_softcap1', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, softcap=1.0),
+    Case('hd64_g8_partial_tile_sinks', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sinks=True),
+    Case('hd64_g8_partial_tile_all_options', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, attn_sink=2, win_left=7, softcap=2.0, sinks=True),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F32_PREFILL_T4_CASES, ids=str)
+def test_ae_f32_prefill_t4(case):
+    check_kernel(K["ae_f32_prefill_t4"], mod.ae_f32_prefill_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ae_f32_prefill_t4_refuses(mutation):
+    check_mutation(K["ae_f32_prefill_t4"], AE_F32_PREFILL_T4_CASES[0], mutation)
+
+# ---- ae_f16_prefill_t8: f16 prefill with the engine's options, 8-key tiles
+
+AE_F16_PREFILL_T8_CASES = [
+    Case('hd128_g1_partial_tile', n=11, n_head=2, head_dim=128, max_seq=40, pos0=9),
+    Case('hd128_g8_partial_tile', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9),
+    Case('hd192_g8_partial_tile', n=11, n_head=16, head_dim=192, max_seq=40, pos0=9),
+    Case('hd256_g8_partial_tile', n=11, n_head=16, max_seq=40, pos0=9),
+    Case('hd512_g8_partial_tile', n=11, n_head=16, head_dim=512, max_seq=40, pos0=9),
+    Case('hd128_g8_partial_tile_win5', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, win_left=5, win_right=0),
+    Case('hd128_g8_partial_tile_win0_sink3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, attn_sink=3, win_left=0),
+    Case('hd128_g8_partial_tile_win11_right3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, win_left=11, win_right=3),
+    Case('hd128_g8_partial_tile_softcap1', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, softcap=1.0),
+    Case('hd128_g8_partial_tile_sinks', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sinks=True),
+    Case('hd128_g8_partial_tile_all_options', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, attn_sink=2, win_left=7, softcap=2.0, sinks=True),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F16_PREFILL_T8_CASES, ids=str)
+def test_ae_f16_prefill_t8(case):
+    check_kernel(K["ae_f16_prefill_t8"], mod.ae_f16_prefill_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ae_f16_prefill_t8_refuses(mutation):
+    check_mutation(K["ae_f16_prefill_t8"], AE_F16_PREFILL_T8_CASES[0], mutation)
+
+# ---- ae_f16_prefill_t4: f16 prefill with the engine's options, 4-key tiles
+
+AE_F16_PREFILL_T4_CASES = [
+    Case('hd64_g1_partial_tile', n=7, n_head=2, head_dim=64, max_seq=24, pos0=5),
+    Case('hd64_g8_partial_tile', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5),
+    Case('hd96_g8_partial_tile', n=7, n_head=16, head_dim=96, max_seq=24, pos0=5),
+    Case('hd128_g8_partial_tile', n=7, n_head=16, head_dim=128, max_seq=24, pos0=5),
+    Case('hd192_g8_partial_tile', n=7, n_head=16, head_dim=192, max_seq=24, pos0=5),
+    Case('hd256_g8_partial_tile', n=7, n_head=16, max_seq=24, pos0=5),
+    Case('hd512_g8_partial_tile', n=7, n_head=16, head_dim=512, max_seq=24, pos0=5),
+    Case('hd64_g8_partial_tile_win5', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, win_left=5, win_right=0),
+    Case('hd64_g8_partial_tile_win0_sink3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, attn_sink=3, win_left=0),
+    Case('hd64_g8_partial_tile_win11_right3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, win_left=11, win_right=3),
+    Case('hd64_g8_partial_tile_softcap1', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, softcap=1.0),
+    Case('hd64_g8_partial_tile_sinks', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sinks=True),
+    Case('hd64_g8_partial_tile_all_options', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, attn_sink=2, win_left=7, softcap=2.0, sinks=True),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F16_PREFILL_T4_CASES, ids=str)
+def test_ae_f16_prefill_t4(case):
+    check_kernel(K["ae_f16_prefill_t4"], mod.ae_f16_prefill_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ae_f16_prefill_t4_refuses(mutation):
+    check_mutation(K["ae_f16_prefill_t4"], AE_F16_PREFILL_T4_CASES[0], mutation)
+
+# ---- ae_q8_0_prefill_t8: q8_0 prefill with the engine's options, 8-key tiles
+
+AE_Q8_0_PREFILL_T8_CASES = [
+    Case('hd128_g1_partial_tile', n=11, n_head=2, head_dim=128, max_seq=40, pos0=9),
+    Case('hd128_g8_partial_tile', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9),
+    Case('hd192_g8_partial_tile', n=11, n_head=16, head_dim=192, max_seq=40, pos0=9),
+    Case('hd256_g8_partial_tile', n=11, n_head=16, max_seq=40, pos0=9),
+    Case('hd512_g8_partial_tile', n=11, n_head=16, head_dim=512, max_seq=40, pos0=9),
+    Case('hd128_g8_partial_tile_win5', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, win_left=5, win_right=0),
+    Case('hd128_g8_partial_tile_win0_sink3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, attn_sink=3, win_left=0),
+    Case('hd128_g8_partial_tile_win11_right3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, win_left=11, win_right=3),
+    Case('hd128_g8_partial_tile_softcap1', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, softcap=1.0),
+    Case('hd128_g8_partial_tile_sinks', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sinks=True),
+    Case('hd128_g8_partial_tile_all_options', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, attn_sink=2, win_left=7, softcap=2.0, sinks=True),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q8_0_PREFILL_T8_CASES, ids=str)
+def test_ae_q8_0_prefill_t8(case):
+    check_kernel(K["ae_q8_0_prefill_t8"], mod.ae_q8_0_prefill_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ae_q8_0_prefill_t8_refuses(mutation):
+    check_mutation(K["ae_q8_0_prefill_t8"], AE_Q8_0_PREFILL_T8_CASES[0], mutation)
+
+# ---- ae_q8_0_prefill_t4: q8_0 prefill with the engine's options, 4-key tiles
+
+AE_Q8_0_PREFILL_T4_CASES = [
+    Case('hd64_g1_partial_tile', n=7, n_head=2, head_dim=64, max_seq=24, pos0=5),
+    Case('hd64_g8_partial_tile', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5),
+    Case('hd96_g8_partial_tile', n=7, n_head=16, head_dim=96, max_seq=24, pos0=5),
+    Case('hd128_g8_partial_tile', n=7, n_head=16, head_dim=128, max_seq=24, pos0=5),
+    Case('hd192_g8_partial_tile', n=7, n_head=16, head_dim=192, max_seq=24, pos0=5),
+    Case('hd256_g8_partial_tile', n=7, n_head=16, max_seq=24, pos0=5),
+    Case('hd512_g8_partial_tile', n=7, n_head=16, head_dim=512, max_seq=24, pos0=5),
+    Case('hd64_g8_partial_tile_win5', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, win_left=5, win_right=0),
+    Case('hd64_g8_partial_tile_win0_sink3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, attn_sink=3, win_left=0),
+    Case('hd64_g8_partial_tile_win11_right3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, win_left=11, win_right=3),
+    Case('hd64_g8_partial_tile_softcap1', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, softcap=1.0),
+    Case('hd64_g8_partial_tile_sinks', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sinks=True),
+    Case('hd64_g8_partial_tile_all_options', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, attn_sink=2, win_left=7, softcap=2.0, sinks=True),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q8_0_PREFILL_T4_CASES, ids=str)
+def test_ae_q8_0_prefill_t4(case):
+    check_kernel(K["ae_q8_0_prefill_t4"], mod.ae_q8_0_prefill_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ae_q8_0_prefill_t4_refuses(mutation):
+    check_mutation(K["ae_q8_0_prefill_t4"], AE_Q8_0_PREFILL_T4_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_prefill_t8: fp8_e4m3 prefill with the engine's options, 8-key tiles
+
+AE_FP8_E4M3_PREFILL_T8_CASES = [
+    Case('hd128_g1_partial_tile', n=11, n_head=2, head_dim=128, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd192_g8_partial_tile', n=11, n_head=16, head_dim=192, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile', n=11, n_head=16, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd512_g8_partial_tile', n=11, n_head=16, head_dim=512, max_seq=40, pos0=9, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile_win5', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, win_left=5, win_right=0, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile_win0_sink3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile_win11_right3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, win_left=11, win_right=3, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile_softcap1', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, softcap=1.0, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile_sinks', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sinks=True, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile_all_options', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, attn_sink=2, win_left=7, softcap=2.0, sinks=True, k_scale=0.5, v_scale=0.25),
+    Case('g1_n5', n=5, n_head=2, max_seq=32, k_scale=0.5, v_scale=0.25),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, k_scale=0.5, v_scale=0.25),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, k_scale=0.005, v_scale=2.0),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_PREFILL_T8_CASES, ids=str)
+def test_ae_fp8_e4m3_prefill_t8(case):
+    check_kernel(K["ae_fp8_e4m3_prefill_t8"], mod.ae_fp8_e4m3_prefill_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ae_fp8_e4m3_prefill_t8_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_prefill_t8"], AE_FP8_E4M3_PREFILL_T8_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_prefill_t4: fp8_e4m3 prefill with the engine's options, 4-key tiles
+
+AE_FP8_E4M3_PREFILL_T4_CASES = [
+    Case('hd64_g1_partial_tile', n=7, n_head=2, head_dim=64, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd96_g8_partial_tile', n=7, n_head=16, head_dim=96, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile', n=7, n_head=16, head_dim=128, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd192_g8_partial_tile', n=7, n_head=16, head_dim=192, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile', n=7, n_head=16, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd512_g8_partial_tile', n=7, n_head=16, head_dim=512, max_seq=24, pos0=5, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile_win5', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, win_left=5, win_right=0, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile_win0_sink3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile_win11_right3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, win_left=11, win_right=3, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile_softcap1', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, softcap=1.0, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile_sinks', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sinks=True, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile_all_options', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, attn_sink=2, win_left=7, softcap=2.0, sinks=True, k_scale=0.5, v_scale=0.25),
+    Case('g1_n5', n=5, n_head=2, max_seq=32, k_scale=0.5, v_scale=0.25),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, k_scale=0.5, v_scale=0.25),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, k_scale=0.005, v_scale=2.0),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_PREFILL_T4_CASES, ids=str)
+def test_ae_fp8_e4m3_prefill_t4(case):
+    check_kernel(K["ae_fp8_e4m3_prefill_t4"], mod.ae_fp8_e4m3_prefill_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ae_fp8_e4m3_prefill_t4_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_prefill_t4"], AE_FP8_E4M3_PREFILL_T4_CASES[0], mutation)
+
+# ---- ae_q4_prefill_t8: q4 prefill with the engine's options, 8-key tiles
+
+AE_Q4_PREFILL_T8_CASES = [
+    Case('hd128_g1_partial_tile', n=11, n_head=2, head_dim=128, max_seq=40, pos0=9, sink=2, win=13),
+    Case('hd128_g8_partial_tile', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sink=2, win=13),
+    Case('hd192_g8_partial_tile', n=11, n_head=16, head_dim=192, max_seq=40, pos0=9, sink=2, win=13),
+    Case('hd256_g8_partial_tile', n=11, n_head=16, max_seq=40, pos0=9, sink=2, win=13),
+    Case('hd512_g8_partial_tile', n=11, n_head=16, head_dim=512, max_seq=40, pos0=9, sink=2, win=13),
+    Case('hd128_g8_partial_tile_win5', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sink=2, win=13, win_left=5, win_right=0),
+    Case('hd128_g8_partial_tile_win0_sink3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sink=2, win=13, attn_sink=3, win_left=0),
+    Case('hd128_g8_partial_tile_win11_right3', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sink=2, win=13, win_left=11, win_right=3),
+    Case('hd128_g8_partial_tile_softcap1', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sink=2, win=13, softcap=1.0),
+    Case('hd128_g8_partial_tile_sinks', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sink=2, win=13, sinks=True),
+    Case('hd128_g8_partial_tile_all_options', n=11, n_head=16, head_dim=128, max_seq=40, pos0=9, sink=2, win=13, attn_sink=2, win_left=7, softcap=2.0, sinks=True),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, sink=4, win=40, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, sink=2, win=128),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q4_PREFILL_T8_CASES, ids=str)
+def test_ae_q4_prefill_t8(case):
+    check_kernel(K["ae_q4_prefill_t8"], mod.ae_q4_prefill_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+    "sink_rows",
+    "window_ring",
+])
+def test_ae_q4_prefill_t8_refuses(mutation):
+    check_mutation(K["ae_q4_prefill_t8"], AE_Q4_PREFILL_T8_CASES[0], mutation)
+
+# ---- ae_q4_prefill_t4: q4 prefill with the engine's options, 4-key tiles
+
+AE_Q4_PREFILL_T4_CASES = [
+    Case('hd64_g1_partial_tile', n=7, n_head=2, head_dim=64, max_seq=24, pos0=5, sink=2, win=9),
+    Case('hd64_g8_partial_tile', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sink=2, win=9),
+    Case('hd96_g8_partial_tile', n=7, n_head=16, head_dim=96, max_seq=24, pos0=5, sink=2, win=9),
+    Case('hd128_g8_partial_tile', n=7, n_head=16, head_dim=128, max_seq=24, pos0=5, sink=2, win=9),
+    Case('hd192_g8_partial_tile', n=7, n_head=16, head_dim=192, max_seq=24, pos0=5, sink=2, win=9),
+    Case('hd256_g8_partial_tile', n=7, n_head=16, max_seq=24, pos0=5, sink=2, win=9),
+    Case('hd512_g8_partial_tile', n=7, n_head=16, head_dim=512, max_seq=24, pos0=5, sink=2, win=9),
+    Case('hd64_g8_partial_tile_win5', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sink=2, win=9, win_left=5, win_right=0),
+    Case('hd64_g8_partial_tile_win0_sink3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sink=2, win=9, attn_sink=3, win_left=0),
+    Case('hd64_g8_partial_tile_win11_right3', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sink=2, win=9, win_left=11, win_right=3),
+    Case('hd64_g8_partial_tile_softcap1', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sink=2, win=9, softcap=1.0),
+    Case('hd64_g8_partial_tile_sinks', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sink=2, win=9, sinks=True),
+    Case('hd64_g8_partial_tile_all_options', n=7, n_head=16, head_dim=64, max_seq=24, pos0=5, sink=2, win=9, attn_sink=2, win_left=7, softcap=2.0, sinks=True),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, sink=4, win=24),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window', n=20, head_dim=512, max_seq=160, pos0=100, sink=4, win=40, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, sink=2, win=128),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q4_PREFILL_T4_CASES, ids=str)
+def test_ae_q4_prefill_t4(case):
+    check_kernel(K["ae_q4_prefill_t4"], mod.ae_q4_prefill_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "prefill_ring_wrap",
+    "negative_pos0",
+    "sink_rows",
+    "window_ring",
+])
+def test_ae_q4_prefill_t4_refuses(mutation):
+    check_mutation(K["ae_q4_prefill_t4"], AE_Q4_PREFILL_T4_CASES[0], mutation)
+
+# ---- ae_f32_decode_host_t8: f32 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+
+AE_F32_DECODE_HOST_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F32_DECODE_HOST_T8_CASES, ids=str)
+def test_ae_f32_decode_host_t8(case):
+    check_kernel(K["ae_f32_decode_host_t8"], mod.ae_f32_decode_host_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_f32_decode_host_t8_refuses(mutation):
+    check_mutation(K["ae_f32_decode_host_t8"], AE_F32_DECODE_HOST_T8_CASES[0], mutation)
+
+# ---- ae_f32_decode_host_t4: f32 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+
+AE_F32_DECODE_HOST_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F32_DECODE_HOST_T4_CASES, ids=str)
+def test_ae_f32_decode_host_t4(case):
+    check_kernel(K["ae_f32_decode_host_t4"], mod.ae_f32_decode_host_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_f32_decode_host_t4_refuses(mutation):
+    check_mutation(K["ae_f32_decode_host_t4"], AE_F32_DECODE_HOST_T4_CASES[0], mutation)
+
+# ---- ae_f32_decode_device_t8: f32 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+
+AE_F32_DECODE_DEVICE_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F32_DECODE_DEVICE_T8_CASES, ids=str)
+def test_ae_f32_decode_device_t8(case):
+    check_kernel(K["ae_f32_decode_device_t8"], mod.ae_f32_decode_device_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_f32_decode_device_t8_refuses(mutation):
+    check_mutation(K["ae_f32_decode_device_t8"], AE_F32_DECODE_DEVICE_T8_CASES[0], mutation)
+
+# ---- ae_f32_decode_device_t4: f32 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+
+AE_F32_DECODE_DEVICE_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F32_DECODE_DEVICE_T4_CASES, ids=str)
+def test_ae_f32_decode_device_t4(case):
+    check_kernel(K["ae_f32_decode_device_t4"], mod.ae_f32_decode_device_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_f32_decode_device_t4_refuses(mutation):
+    check_mutation(K["ae_f32_decode_device_t4"], AE_F32_DECODE_DEVICE_T4_CASES[0], mutation)
+
+# ---- ae_f32_decode_slots_t8: f32 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+
+AE_F32_DECODE_SLOTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F32_DECODE_SLOTS_T8_CASES, ids=str)
+def test_ae_f32_decode_slots_t8(case):
+    check_kernel(K["ae_f32_decode_slots_t8"], mod.ae_f32_decode_slots_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_f32_decode_slots_t8_refuses(mutation):
+    check_mutation(K["ae_f32_decode_slots_t8"], AE_F32_DECODE_SLOTS_T8_CASES[0], mutation)
+
+# ---- ae_f32_decode_slots_t4: f32 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+
+AE_F32_DECODE_SLOTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head_kv=1, head_dim=96, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F32_DECODE_SLOTS_T4_CASES, ids=str)
+def test_ae_f32_decode_slots_t4(case):
+    check_kernel(K["ae_f32_decode_slots_t4"], mod.ae_f32_decode_slots_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_f32_decode_slots_t4_refuses(mutation):
+    check_mutation(K["ae_f32_decode_slots_t4"], AE_F32_DECODE_SLOTS_T4_CASES[0], mutation)
+
+# ---- ae_q4_decode_host_t8: q4 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+
+AE_Q4_DECODE_HOST_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, sink=4, win=8, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, sink=8, win=64, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, sink=2, win=16, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, sink=8, win=256, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q4_DECODE_HOST_T8_CASES, ids=str)
+def test_ae_q4_decode_host_t8(case):
+    check_kernel(K["ae_q4_decode_host_t8"], mod.ae_q4_decode_host_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "sink_rows",
+    "window_ring",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_q4_decode_host_t8_refuses(mutation):
+    check_mutation(K["ae_q4_decode_host_t8"], AE_Q4_DECODE_HOST_T8_CASES[0], mutation)
+
+# ---- ae_q4_decode_host_t4: q4 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+
+AE_Q4_DECODE_HOST_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, sink=4, win=8, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, sink=8, win=64, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, sink=2, win=16, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, sink=8, win=256, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q4_DECODE_HOST_T4_CASES, ids=str)
+def test_ae_q4_decode_host_t4(case):
+    check_kernel(K["ae_q4_decode_host_t4"], mod.ae_q4_decode_host_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "sink_rows",
+    "window_ring",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_q4_decode_host_t4_refuses(mutation):
+    check_mutation(K["ae_q4_decode_host_t4"], AE_Q4_DECODE_HOST_T4_CASES[0], mutation)
+
+# ---- ae_q4_decode_device_t8: q4 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+
+AE_Q4_DECODE_DEVICE_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, sink=2, win=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, sink=2, win=8, attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, sink=4, win=8, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, sink=8, win=64, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, sink=2, win=16, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, sink=8, win=256, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q4_DECODE_DEVICE_T8_CASES, ids=str)
+def test_ae_q4_decode_device_t8(case):
+    check_kernel(K["ae_q4_decode_device_t8"], mod.ae_q4_decode_device_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "sink_rows",
+    "window_ring",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_q4_decode_device_t8_refuses(mutation):
+    check_mutation(K["ae_q4_decode_device_t8"], AE_Q4_DECODE_DEVICE_T8_CASES[0], mutation)
+
+# ---- ae_q4_decode_device_t4: q4 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+
+AE_Q4_DECODE_DEVICE_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, sink=2, win=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, sink=2, win=4, attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, sink=4, win=8, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, sink=8, win=64, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, sink=2, win=16, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, sink=8, win=256, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q4_DECODE_DEVICE_T4_CASES, ids=str)
+def test_ae_q4_decode_device_t4(case):
+    check_kernel(K["ae_q4_decode_device_t4"], mod.ae_q4_decode_device_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "sink_rows",
+    "window_ring",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_q4_decode_device_t4_refuses(mutation):
+    check_mutation(K["ae_q4_decode_device_t4"], AE_Q4_DECODE_DEVICE_T4_CASES[0], mutation)
+
+# ---- ae_q4_decode_slots_t8: q4 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+
+AE_Q4_DECODE_SLOTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), sink=2, win=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), sink=2, win=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=40, positions=(18, 0, 8), sink=2, win=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=40, positions=(18, 0, 8), sink=2, win=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=40, positions=(18, 0, 8), sink=2, win=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), sink=2, win=8, win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), sink=2, win=8, attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), sink=2, win=8, win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), sink=2, win=8, softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), sink=2, win=8, attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), sink=4, win=64),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), sink=4, win=40, attn_sink=4, attn_win=40, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q4_DECODE_SLOTS_T8_CASES, ids=str)
+def test_ae_q4_decode_slots_t8(case):
+    check_kernel(K["ae_q4_decode_slots_t8"], mod.ae_q4_decode_slots_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "sink_rows",
+    "window_ring",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_q4_decode_slots_t8_refuses(mutation):
+    check_mutation(K["ae_q4_decode_slots_t8"], AE_Q4_DECODE_SLOTS_T8_CASES[0], mutation)
+
+# ---- ae_q4_decode_slots_t4: q4 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+
+AE_Q4_DECODE_SLOTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), sink=2, win=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), sink=2, win=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head_kv=1, head_dim=96, max_seq=24, positions=(10, 0, 4), sink=2, win=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=24, positions=(10, 0, 4), sink=2, win=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=24, positions=(10, 0, 4), sink=2, win=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=24, positions=(10, 0, 4), sink=2, win=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=24, positions=(10, 0, 4), sink=2, win=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), sink=2, win=4, win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), sink=2, win=4, attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), sink=2, win=4, win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), sink=2, win=4, softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), sink=2, win=4, attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), sink=4, win=64),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), sink=4, win=40, attn_sink=4, attn_win=40, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q4_DECODE_SLOTS_T4_CASES, ids=str)
+def test_ae_q4_decode_slots_t4(case):
+    check_kernel(K["ae_q4_decode_slots_t4"], mod.ae_q4_decode_slots_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "sink_rows",
+    "window_ring",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_q4_decode_slots_t4_refuses(mutation):
+    check_mutation(K["ae_q4_decode_slots_t4"], AE_Q4_DECODE_SLOTS_T4_CASES[0], mutation)
+
+# ---- ae_f16_decode_host_t8: f16 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+
+AE_F16_DECODE_HOST_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F16_DECODE_HOST_T8_CASES, ids=str)
+def test_ae_f16_decode_host_t8(case):
+    check_kernel(K["ae_f16_decode_host_t8"], mod.ae_f16_decode_host_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_f16_decode_host_t8_refuses(mutation):
+    check_mutation(K["ae_f16_decode_host_t8"], AE_F16_DECODE_HOST_T8_CASES[0], mutation)
+
+# ---- ae_f16_decode_host_t4: f16 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+
+AE_F16_DECODE_HOST_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F16_DECODE_HOST_T4_CASES, ids=str)
+def test_ae_f16_decode_host_t4(case):
+    check_kernel(K["ae_f16_decode_host_t4"], mod.ae_f16_decode_host_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_f16_decode_host_t4_refuses(mutation):
+    check_mutation(K["ae_f16_decode_host_t4"], AE_F16_DECODE_HOST_T4_CASES[0], mutation)
+
+# ---- ae_f16_decode_device_t8: f16 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+
+AE_F16_DECODE_DEVICE_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F16_DECODE_DEVICE_T8_CASES, ids=str)
+def test_ae_f16_decode_device_t8(case):
+    check_kernel(K["ae_f16_decode_device_t8"], mod.ae_f16_decode_device_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_f16_decode_device_t8_refuses(mutation):
+    check_mutation(K["ae_f16_decode_device_t8"], AE_F16_DECODE_DEVICE_T8_CASES[0], mutation)
+
+# ---- ae_f16_decode_device_t4: f16 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+
+AE_F16_DECODE_DEVICE_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F16_DECODE_DEVICE_T4_CASES, ids=str)
+def test_ae_f16_decode_device_t4(case):
+    check_kernel(K["ae_f16_decode_device_t4"], mod.ae_f16_decode_device_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_f16_decode_device_t4_refuses(mutation):
+    check_mutation(K["ae_f16_decode_device_t4"], AE_F16_DECODE_DEVICE_T4_CASES[0], mutation)
+
+# ---- ae_f16_decode_slots_t8: f16 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+
+AE_F16_DECODE_SLOTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F16_DECODE_SLOTS_T8_CASES, ids=str)
+def test_ae_f16_decode_slots_t8(case):
+    check_kernel(K["ae_f16_decode_slots_t8"], mod.ae_f16_decode_slots_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_f16_decode_slots_t8_refuses(mutation):
+    check_mutation(K["ae_f16_decode_slots_t8"], AE_F16_DECODE_SLOTS_T8_CASES[0], mutation)
+
+# ---- ae_f16_decode_slots_t4: f16 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+
+AE_F16_DECODE_SLOTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head_kv=1, head_dim=96, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_F16_DECODE_SLOTS_T4_CASES, ids=str)
+def test_ae_f16_decode_slots_t4(case):
+    check_kernel(K["ae_f16_decode_slots_t4"], mod.ae_f16_decode_slots_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_f16_decode_slots_t4_refuses(mutation):
+    check_mutation(K["ae_f16_decode_slots_t4"], AE_F16_DECODE_SLOTS_T4_CASES[0], mutation)
+
+# ---- ae_q8_0_decode_host_t8: q8_0 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+
+AE_Q8_0_DECODE_HOST_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q8_0_DECODE_HOST_T8_CASES, ids=str)
+def test_ae_q8_0_decode_host_t8(case):
+    check_kernel(K["ae_q8_0_decode_host_t8"], mod.ae_q8_0_decode_host_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_q8_0_decode_host_t8_refuses(mutation):
+    check_mutation(K["ae_q8_0_decode_host_t8"], AE_Q8_0_DECODE_HOST_T8_CASES[0], mutation)
+
+# ---- ae_q8_0_decode_host_t4: q8_0 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+
+AE_Q8_0_DECODE_HOST_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q8_0_DECODE_HOST_T4_CASES, ids=str)
+def test_ae_q8_0_decode_host_t4(case):
+    check_kernel(K["ae_q8_0_decode_host_t4"], mod.ae_q8_0_decode_host_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_q8_0_decode_host_t4_refuses(mutation):
+    check_mutation(K["ae_q8_0_decode_host_t4"], AE_Q8_0_DECODE_HOST_T4_CASES[0], mutation)
+
+# ---- ae_q8_0_decode_device_t8: q8_0 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+
+AE_Q8_0_DECODE_DEVICE_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q8_0_DECODE_DEVICE_T8_CASES, ids=str)
+def test_ae_q8_0_decode_device_t8(case):
+    check_kernel(K["ae_q8_0_decode_device_t8"], mod.ae_q8_0_decode_device_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_q8_0_decode_device_t8_refuses(mutation):
+    check_mutation(K["ae_q8_0_decode_device_t8"], AE_Q8_0_DECODE_DEVICE_T8_CASES[0], mutation)
+
+# ---- ae_q8_0_decode_device_t4: q8_0 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+
+AE_Q8_0_DECODE_DEVICE_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q8_0_DECODE_DEVICE_T4_CASES, ids=str)
+def test_ae_q8_0_decode_device_t4(case):
+    check_kernel(K["ae_q8_0_decode_device_t4"], mod.ae_q8_0_decode_device_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_q8_0_decode_device_t4_refuses(mutation):
+    check_mutation(K["ae_q8_0_decode_device_t4"], AE_Q8_0_DECODE_DEVICE_T4_CASES[0], mutation)
+
+# ---- ae_q8_0_decode_slots_t8: q8_0 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+
+AE_Q8_0_DECODE_SLOTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=40, positions=(18, 0, 8), kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), win_left=5, win_right=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), attn_sink=3, win_left=0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), win_left=11, win_right=3, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), softcap=1.0, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), attn_sink=2, win_left=7, softcap=2.0, kps=8, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q8_0_DECODE_SLOTS_T8_CASES, ids=str)
+def test_ae_q8_0_decode_slots_t8(case):
+    check_kernel(K["ae_q8_0_decode_slots_t8"], mod.ae_q8_0_decode_slots_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_q8_0_decode_slots_t8_refuses(mutation):
+    check_mutation(K["ae_q8_0_decode_slots_t8"], AE_Q8_0_DECODE_SLOTS_T8_CASES[0], mutation)
+
+# ---- ae_q8_0_decode_slots_t4: q8_0 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+
+AE_Q8_0_DECODE_SLOTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head_kv=1, head_dim=96, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=24, positions=(10, 0, 4), kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), win_left=5, win_right=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), attn_sink=3, win_left=0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), win_left=11, win_right=3, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), softcap=1.0, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), attn_sink=2, win_left=7, softcap=2.0, kps=4, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700)),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_Q8_0_DECODE_SLOTS_T4_CASES, ids=str)
+def test_ae_q8_0_decode_slots_t4(case):
+    check_kernel(K["ae_q8_0_decode_slots_t4"], mod.ae_q8_0_decode_slots_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_q8_0_decode_slots_t4_refuses(mutation):
+    check_mutation(K["ae_q8_0_decode_slots_t4"], AE_Q8_0_DECODE_SLOTS_T4_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_decode_host_t8: fp8_e4m3 split decode with exact windows and soft-cap, 8-key tiles (position from host)
+
+AE_FP8_E4M3_DECODE_HOST_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=5, win_right=0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=11, win_right=3, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, softcap=1.0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=2, win_left=7, softcap=2.0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_DECODE_HOST_T8_CASES, ids=str)
+def test_ae_fp8_e4m3_decode_host_t8(case):
+    check_kernel(K["ae_fp8_e4m3_decode_host_t8"], mod.ae_fp8_e4m3_decode_host_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_fp8_e4m3_decode_host_t8_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_decode_host_t8"], AE_FP8_E4M3_DECODE_HOST_T8_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_decode_host_t4: fp8_e4m3 split decode with exact windows and soft-cap, 4-key tiles (position from host)
+
+AE_FP8_E4M3_DECODE_HOST_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=5, win_right=0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=11, win_right=3, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, softcap=1.0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=2, win_left=7, softcap=2.0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_DECODE_HOST_T4_CASES, ids=str)
+def test_ae_fp8_e4m3_decode_host_t4(case):
+    check_kernel(K["ae_fp8_e4m3_decode_host_t4"], mod.ae_fp8_e4m3_decode_host_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "decode_past_max_seq",
+    "decode_bad_plan",
+    "split_len_not_tiles",
+    "partials_too_small",
+])
+def test_ae_fp8_e4m3_decode_host_t4_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_decode_host_t4"], AE_FP8_E4M3_DECODE_HOST_T4_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_decode_device_t8: fp8_e4m3 split decode with exact windows and soft-cap, 8-key tiles (position from device)
+
+AE_FP8_E4M3_DECODE_DEVICE_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=40, seq_len=27, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=5, win_right=0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, max_seq=40, seq_len=27, win_left=11, win_right=3, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, max_seq=40, seq_len=27, softcap=1.0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, max_seq=40, seq_len=27, attn_sink=2, win_left=7, softcap=2.0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_DECODE_DEVICE_T8_CASES, ids=str)
+def test_ae_fp8_e4m3_decode_device_t8(case):
+    check_kernel(K["ae_fp8_e4m3_decode_device_t8"], mod.ae_fp8_e4m3_decode_device_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_fp8_e4m3_decode_device_t8_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_decode_device_t8"], AE_FP8_E4M3_DECODE_DEVICE_T8_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_decode_device_t4: fp8_e4m3 split decode with exact windows and soft-cap, 4-key tiles (position from device)
+
+AE_FP8_E4M3_DECODE_DEVICE_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, max_seq=24, seq_len=15, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=5, win_right=0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, max_seq=24, seq_len=15, win_left=11, win_right=3, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, max_seq=24, seq_len=15, softcap=1.0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, max_seq=24, seq_len=15, attn_sink=2, win_left=7, softcap=2.0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('g2_seq1', n_head=4, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g8_seq17_kps8', n_head=16, max_seq=32, seq_len=17, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('g3_seq300_window', n_head=6, max_seq=320, seq_len=300, attn_sink=4, attn_win=50, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_seq77', n_head=4, n_head_kv=1, head_dim=512, max_seq=80, seq_len=77, k_scale=0.5, v_scale=0.25, kps=16, cap=16),
+    Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_DECODE_DEVICE_T4_CASES, ids=str)
+def test_ae_fp8_e4m3_decode_device_t4(case):
+    check_kernel(K["ae_fp8_e4m3_decode_device_t4"], mod.ae_fp8_e4m3_decode_device_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "partials_too_small",
+])
+def test_ae_fp8_e4m3_decode_device_t4_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_decode_device_t4"], AE_FP8_E4M3_DECODE_DEVICE_T4_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_decode_slots_t8: fp8_e4m3 split decode with exact windows and soft-cap, 8-key tiles (position from slots)
+
+AE_FP8_E4M3_DECODE_SLOTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=40, positions=(18, 0, 8), k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), win_left=5, win_right=0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), win_left=11, win_right=3, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), softcap=1.0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head_kv=1, head_dim=128, max_seq=40, positions=(18, 0, 8), attn_sink=2, win_left=7, softcap=2.0, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), k_scale=0.005, v_scale=2.0),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_DECODE_SLOTS_T8_CASES, ids=str)
+def test_ae_fp8_e4m3_decode_slots_t8(case):
+    check_kernel(K["ae_fp8_e4m3_decode_slots_t8"], mod.ae_fp8_e4m3_decode_slots_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_fp8_e4m3_decode_slots_t8_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_decode_slots_t8"], AE_FP8_E4M3_DECODE_SLOTS_T8_CASES[0], mutation)
+
+# ---- ae_fp8_e4m3_decode_slots_t4: fp8_e4m3 split decode with exact windows and soft-cap, 4-key tiles (position from slots)
+
+AE_FP8_E4M3_DECODE_SLOTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=1, n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head_kv=1, head_dim=96, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head_kv=1, head_dim=128, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head_kv=1, head_dim=192, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head_kv=1, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head_kv=1, head_dim=512, max_seq=24, positions=(10, 0, 4), k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), win_left=5, win_right=0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), attn_sink=3, win_left=0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), win_left=11, win_right=3, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), softcap=1.0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head_kv=1, head_dim=64, max_seq=24, positions=(10, 0, 4), attn_sink=2, win_left=7, softcap=2.0, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('ragged_0_130_700', n_head=4, max_seq=704, positions=(0, 130, 700), k_scale=0.005, v_scale=2.0),
+    Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_FP8_E4M3_DECODE_SLOTS_T4_CASES, ids=str)
+def test_ae_fp8_e4m3_decode_slots_t4(case):
+    check_kernel(K["ae_fp8_e4m3_decode_slots_t4"], mod.ae_fp8_e4m3_decode_slots_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "negative_device_pos",
+    "device_pos_past_max_seq",
+    "slots_launch_too_narrow",
+    "partials_too_small",
+])
+def test_ae_fp8_e4m3_decode_slots_t4_refuses(mutation):
+    check_mutation(K["ae_fp8_e4m3_decode_slots_t4"], AE_FP8_E4M3_DECODE_SLOTS_T4_CASES[0], mutation)
+
+# ---- ae_combine_dev_t8: combine with learned sinks, device plan of 8-key tiles
+
+AE_COMBINE_DEV_T8_CASES = [
+    Case('hd1_smallest', n_head=3, head_dim=1, seq_len=19, kps=8, cap=4, n_splits=2),
+    Case('hd1_smallest_sinks', n_head=3, head_dim=1, seq_len=19, sinks=True, kps=8, cap=4, n_splits=2),
+    Case('h16_s5', n_head=16, seq_len=300, n_splits=5),
+    Case('h3_s1_hd64', n_head=3, head_dim=64, seq_len=10, n_splits=1),
+    Case('h8_s8', head_dim=128, seq_len=1000, n_splits=8),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_COMBINE_DEV_T8_CASES, ids=str)
+def test_ae_combine_dev_t8(case):
+    check_kernel(K["ae_combine_dev_t8"], mod.ae_combine_dev_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "partials_too_small",
+])
+def test_ae_combine_dev_t8_refuses(mutation):
+    check_mutation(K["ae_combine_dev_t8"], AE_COMBINE_DEV_T8_CASES[0], mutation)
+
+# ---- ae_combine_dev_t4: combine with learned sinks, device plan of 4-key tiles
+
+AE_COMBINE_DEV_T4_CASES = [
+    Case('hd1_smallest', n_head=3, head_dim=1, seq_len=11, kps=4, cap=4, n_splits=2),
+    Case('hd1_smallest_sinks', n_head=3, head_dim=1, seq_len=11, sinks=True, kps=4, cap=4, n_splits=2),
+    Case('h16_s5', n_head=16, seq_len=300, n_splits=5),
+    Case('h3_s1_hd64', n_head=3, head_dim=64, seq_len=10, n_splits=1),
+    Case('h8_s8', head_dim=128, seq_len=1000, n_splits=8),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", AE_COMBINE_DEV_T4_CASES, ids=str)
+def test_ae_combine_dev_t4(case):
+    check_kernel(K["ae_combine_dev_t4"], mod.ae_combine_dev_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "partials_too_small",
+])
+def test_ae_combine_dev_t4_refuses(mutation):
+    check_mutation(K["ae_combine_dev_t4"], AE_COMBINE_DEV_T4_CASES[0], mutation)

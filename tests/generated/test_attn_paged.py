@@ -797,3 +797,1451 @@ def test_paged_fp8_e4m3_decode_opts(case):
 ])
 def test_paged_fp8_e4m3_decode_opts_refuses(mutation):
     check_mutation(K["paged_fp8_e4m3_decode_opts"], PAGED_FP8_E4M3_DECODE_OPTS_CASES[0], mutation)
+
+# ---- paged_f32_prefill_t8: varlen prefill over f32 pages, 8-key tiles
+
+PAGED_F32_PREFILL_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F32_PREFILL_T8_CASES, ids=str)
+def test_paged_f32_prefill_t8(case):
+    check_kernel(K["paged_f32_prefill_t8"], mod.paged_f32_prefill_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_f32_prefill_t8_refuses(mutation):
+    check_mutation(K["paged_f32_prefill_t8"], PAGED_F32_PREFILL_T8_CASES[0], mutation)
+
+# ---- paged_f32_prefill_t4: varlen prefill over f32 pages, 4-key tiles
+
+PAGED_F32_PREFILL_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F32_PREFILL_T4_CASES, ids=str)
+def test_paged_f32_prefill_t4(case):
+    check_kernel(K["paged_f32_prefill_t4"], mod.paged_f32_prefill_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_f32_prefill_t4_refuses(mutation):
+    check_mutation(K["paged_f32_prefill_t4"], PAGED_F32_PREFILL_T4_CASES[0], mutation)
+
+# ---- paged_f16_prefill_t8: varlen prefill over f16 pages, 8-key tiles
+
+PAGED_F16_PREFILL_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F16_PREFILL_T8_CASES, ids=str)
+def test_paged_f16_prefill_t8(case):
+    check_kernel(K["paged_f16_prefill_t8"], mod.paged_f16_prefill_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_f16_prefill_t8_refuses(mutation):
+    check_mutation(K["paged_f16_prefill_t8"], PAGED_F16_PREFILL_T8_CASES[0], mutation)
+
+# ---- paged_f16_prefill_t4: varlen prefill over f16 pages, 4-key tiles
+
+PAGED_F16_PREFILL_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F16_PREFILL_T4_CASES, ids=str)
+def test_paged_f16_prefill_t4(case):
+    check_kernel(K["paged_f16_prefill_t4"], mod.paged_f16_prefill_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_f16_prefill_t4_refuses(mutation):
+    check_mutation(K["paged_f16_prefill_t4"], PAGED_F16_PREFILL_T4_CASES[0], mutation)
+
+# ---- paged_q8_0_prefill_t8: varlen prefill over q8_0 pages, 8-key tiles
+
+PAGED_Q8_0_PREFILL_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_Q8_0_PREFILL_T8_CASES, ids=str)
+def test_paged_q8_0_prefill_t8(case):
+    check_kernel(K["paged_q8_0_prefill_t8"], mod.paged_q8_0_prefill_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_q8_0_prefill_t8_refuses(mutation):
+    check_mutation(K["paged_q8_0_prefill_t8"], PAGED_Q8_0_PREFILL_T8_CASES[0], mutation)
+
+# ---- paged_q8_0_prefill_t4: varlen prefill over q8_0 pages, 4-key tiles
+
+PAGED_Q8_0_PREFILL_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_Q8_0_PREFILL_T4_CASES, ids=str)
+def test_paged_q8_0_prefill_t4(case):
+    check_kernel(K["paged_q8_0_prefill_t4"], mod.paged_q8_0_prefill_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_q8_0_prefill_t4_refuses(mutation):
+    check_mutation(K["paged_q8_0_prefill_t4"], PAGED_Q8_0_PREFILL_T4_CASES[0], mutation)
+
+# ---- paged_fp8_e4m3_prefill_t8: varlen prefill over fp8_e4m3 pages, 8-key tiles
+
+PAGED_FP8_E4M3_PREFILL_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16)), k_scale=0.5, v_scale=0.25),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5, k_scale=0.5, v_scale=0.25),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33)), k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_FP8_E4M3_PREFILL_T8_CASES, ids=str)
+def test_paged_fp8_e4m3_prefill_t8(case):
+    check_kernel(K["paged_fp8_e4m3_prefill_t8"], mod.paged_fp8_e4m3_prefill_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_fp8_e4m3_prefill_t8_refuses(mutation):
+    check_mutation(K["paged_fp8_e4m3_prefill_t8"], PAGED_FP8_E4M3_PREFILL_T8_CASES[0], mutation)
+
+# ---- paged_fp8_e4m3_prefill_t4: varlen prefill over fp8_e4m3 pages, 4-key tiles
+
+PAGED_FP8_E4M3_PREFILL_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16)), k_scale=0.5, v_scale=0.25),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5, k_scale=0.5, v_scale=0.25),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33)), k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_FP8_E4M3_PREFILL_T4_CASES, ids=str)
+def test_paged_fp8_e4m3_prefill_t4(case):
+    check_kernel(K["paged_fp8_e4m3_prefill_t4"], mod.paged_fp8_e4m3_prefill_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_fp8_e4m3_prefill_t4_refuses(mutation):
+    check_mutation(K["paged_fp8_e4m3_prefill_t4"], PAGED_FP8_E4M3_PREFILL_T4_CASES[0], mutation)
+
+# ---- paged_f32_decode_t8: split decode over f32 pages, 8-key tiles
+
+PAGED_F32_DECODE_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F32_DECODE_T8_CASES, ids=str)
+def test_paged_f32_decode_t8(case):
+    check_kernel(K["paged_f32_decode_t8"], mod.paged_f32_decode_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_f32_decode_t8_refuses(mutation):
+    check_mutation(K["paged_f32_decode_t8"], PAGED_F32_DECODE_T8_CASES[0], mutation)
+
+# ---- paged_f32_decode_t4: split decode over f32 pages, 4-key tiles
+
+PAGED_F32_DECODE_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F32_DECODE_T4_CASES, ids=str)
+def test_paged_f32_decode_t4(case):
+    check_kernel(K["paged_f32_decode_t4"], mod.paged_f32_decode_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_f32_decode_t4_refuses(mutation):
+    check_mutation(K["paged_f32_decode_t4"], PAGED_F32_DECODE_T4_CASES[0], mutation)
+
+# ---- paged_f16_decode_t8: split decode over f16 pages, 8-key tiles
+
+PAGED_F16_DECODE_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F16_DECODE_T8_CASES, ids=str)
+def test_paged_f16_decode_t8(case):
+    check_kernel(K["paged_f16_decode_t8"], mod.paged_f16_decode_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_f16_decode_t8_refuses(mutation):
+    check_mutation(K["paged_f16_decode_t8"], PAGED_F16_DECODE_T8_CASES[0], mutation)
+
+# ---- paged_f16_decode_t4: split decode over f16 pages, 4-key tiles
+
+PAGED_F16_DECODE_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F16_DECODE_T4_CASES, ids=str)
+def test_paged_f16_decode_t4(case):
+    check_kernel(K["paged_f16_decode_t4"], mod.paged_f16_decode_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_f16_decode_t4_refuses(mutation):
+    check_mutation(K["paged_f16_decode_t4"], PAGED_F16_DECODE_T4_CASES[0], mutation)
+
+# ---- paged_q8_0_decode_t8: split decode over q8_0 pages, 8-key tiles
+
+PAGED_Q8_0_DECODE_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_Q8_0_DECODE_T8_CASES, ids=str)
+def test_paged_q8_0_decode_t8(case):
+    check_kernel(K["paged_q8_0_decode_t8"], mod.paged_q8_0_decode_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_q8_0_decode_t8_refuses(mutation):
+    check_mutation(K["paged_q8_0_decode_t8"], PAGED_Q8_0_DECODE_T8_CASES[0], mutation)
+
+# ---- paged_q8_0_decode_t4: split decode over q8_0 pages, 4-key tiles
+
+PAGED_Q8_0_DECODE_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_Q8_0_DECODE_T4_CASES, ids=str)
+def test_paged_q8_0_decode_t4(case):
+    check_kernel(K["paged_q8_0_decode_t4"], mod.paged_q8_0_decode_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_q8_0_decode_t4_refuses(mutation):
+    check_mutation(K["paged_q8_0_decode_t4"], PAGED_Q8_0_DECODE_T4_CASES[0], mutation)
+
+# ---- paged_fp8_e4m3_decode_t8: split decode over fp8_e4m3 pages, 8-key tiles
+
+PAGED_FP8_E4M3_DECODE_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700)), k_scale=0.5, v_scale=0.25),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_FP8_E4M3_DECODE_T8_CASES, ids=str)
+def test_paged_fp8_e4m3_decode_t8(case):
+    check_kernel(K["paged_fp8_e4m3_decode_t8"], mod.paged_fp8_e4m3_decode_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_fp8_e4m3_decode_t8_refuses(mutation):
+    check_mutation(K["paged_fp8_e4m3_decode_t8"], PAGED_FP8_E4M3_DECODE_T8_CASES[0], mutation)
+
+# ---- paged_fp8_e4m3_decode_t4: split decode over fp8_e4m3 pages, 4-key tiles
+
+PAGED_FP8_E4M3_DECODE_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700)), k_scale=0.5, v_scale=0.25),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_FP8_E4M3_DECODE_T4_CASES, ids=str)
+def test_paged_fp8_e4m3_decode_t4(case):
+    check_kernel(K["paged_fp8_e4m3_decode_t4"], mod.paged_fp8_e4m3_decode_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_fp8_e4m3_decode_t4_refuses(mutation):
+    check_mutation(K["paged_fp8_e4m3_decode_t4"], PAGED_FP8_E4M3_DECODE_T4_CASES[0], mutation)
+
+# ---- paged_f32_prefill_opts_t8: varlen prefill over f32 pages with the engine's options, 8-key tiles
+
+PAGED_F32_PREFILL_OPTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, win_left=5, win_right=0, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, attn_sink=3, win_left=0, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, win_left=11, win_right=3, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, softcap=1.0, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_sinks', n_head=16, head_dim=128, sinks=True, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, attn_sink=2, win_left=7, softcap=2.0, sinks=True, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F32_PREFILL_OPTS_T8_CASES, ids=str)
+def test_paged_f32_prefill_opts_t8(case):
+    check_kernel(K["paged_f32_prefill_opts_t8"], mod.paged_f32_prefill_opts_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_f32_prefill_opts_t8_refuses(mutation):
+    check_mutation(K["paged_f32_prefill_opts_t8"], PAGED_F32_PREFILL_OPTS_T8_CASES[0], mutation)
+
+# ---- paged_f32_prefill_opts_t4: varlen prefill over f32 pages with the engine's options, 4-key tiles
+
+PAGED_F32_PREFILL_OPTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, win_left=5, win_right=0, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, attn_sink=3, win_left=0, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, win_left=11, win_right=3, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, softcap=1.0, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_sinks', n_head=16, head_dim=64, sinks=True, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, attn_sink=2, win_left=7, softcap=2.0, sinks=True, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F32_PREFILL_OPTS_T4_CASES, ids=str)
+def test_paged_f32_prefill_opts_t4(case):
+    check_kernel(K["paged_f32_prefill_opts_t4"], mod.paged_f32_prefill_opts_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_f32_prefill_opts_t4_refuses(mutation):
+    check_mutation(K["paged_f32_prefill_opts_t4"], PAGED_F32_PREFILL_OPTS_T4_CASES[0], mutation)
+
+# ---- paged_f16_prefill_opts_t8: varlen prefill over f16 pages with the engine's options, 8-key tiles
+
+PAGED_F16_PREFILL_OPTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, win_left=5, win_right=0, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, attn_sink=3, win_left=0, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, win_left=11, win_right=3, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, softcap=1.0, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_sinks', n_head=16, head_dim=128, sinks=True, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, attn_sink=2, win_left=7, softcap=2.0, sinks=True, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F16_PREFILL_OPTS_T8_CASES, ids=str)
+def test_paged_f16_prefill_opts_t8(case):
+    check_kernel(K["paged_f16_prefill_opts_t8"], mod.paged_f16_prefill_opts_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_f16_prefill_opts_t8_refuses(mutation):
+    check_mutation(K["paged_f16_prefill_opts_t8"], PAGED_F16_PREFILL_OPTS_T8_CASES[0], mutation)
+
+# ---- paged_f16_prefill_opts_t4: varlen prefill over f16 pages with the engine's options, 4-key tiles
+
+PAGED_F16_PREFILL_OPTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, win_left=5, win_right=0, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, attn_sink=3, win_left=0, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, win_left=11, win_right=3, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, softcap=1.0, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_sinks', n_head=16, head_dim=64, sinks=True, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, attn_sink=2, win_left=7, softcap=2.0, sinks=True, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F16_PREFILL_OPTS_T4_CASES, ids=str)
+def test_paged_f16_prefill_opts_t4(case):
+    check_kernel(K["paged_f16_prefill_opts_t4"], mod.paged_f16_prefill_opts_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_f16_prefill_opts_t4_refuses(mutation):
+    check_mutation(K["paged_f16_prefill_opts_t4"], PAGED_F16_PREFILL_OPTS_T4_CASES[0], mutation)
+
+# ---- paged_q8_0_prefill_opts_t8: varlen prefill over q8_0 pages with the engine's options, 8-key tiles
+
+PAGED_Q8_0_PREFILL_OPTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, win_left=5, win_right=0, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, attn_sink=3, win_left=0, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, win_left=11, win_right=3, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, softcap=1.0, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_sinks', n_head=16, head_dim=128, sinks=True, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, attn_sink=2, win_left=7, softcap=2.0, sinks=True, requests=((11, 20), (1, 9)), block_size=8, kps=8, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_Q8_0_PREFILL_OPTS_T8_CASES, ids=str)
+def test_paged_q8_0_prefill_opts_t8(case):
+    check_kernel(K["paged_q8_0_prefill_opts_t8"], mod.paged_q8_0_prefill_opts_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_q8_0_prefill_opts_t8_refuses(mutation):
+    check_mutation(K["paged_q8_0_prefill_opts_t8"], PAGED_Q8_0_PREFILL_OPTS_T8_CASES[0], mutation)
+
+# ---- paged_q8_0_prefill_opts_t4: varlen prefill over q8_0 pages with the engine's options, 4-key tiles
+
+PAGED_Q8_0_PREFILL_OPTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, win_left=5, win_right=0, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, attn_sink=3, win_left=0, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, win_left=11, win_right=3, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, softcap=1.0, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_sinks', n_head=16, head_dim=64, sinks=True, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, attn_sink=2, win_left=7, softcap=2.0, sinks=True, requests=((7, 12), (1, 5)), block_size=4, kps=4, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16))),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_Q8_0_PREFILL_OPTS_T4_CASES, ids=str)
+def test_paged_q8_0_prefill_opts_t4(case):
+    check_kernel(K["paged_q8_0_prefill_opts_t4"], mod.paged_q8_0_prefill_opts_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_q8_0_prefill_opts_t4_refuses(mutation):
+    check_mutation(K["paged_q8_0_prefill_opts_t4"], PAGED_Q8_0_PREFILL_OPTS_T4_CASES[0], mutation)
+
+# ---- paged_fp8_e4m3_prefill_opts_t8: varlen prefill over fp8_e4m3 pages with the engine's options, 8-key tiles
+
+PAGED_FP8_E4M3_PREFILL_OPTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, win_left=5, win_right=0, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, attn_sink=3, win_left=0, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, win_left=11, win_right=3, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, softcap=1.0, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_sinks', n_head=16, head_dim=128, sinks=True, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, attn_sink=2, win_left=7, softcap=2.0, sinks=True, requests=((11, 20), (1, 9)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16)), k_scale=0.5, v_scale=0.25),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5, k_scale=0.5, v_scale=0.25),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33)), k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_FP8_E4M3_PREFILL_OPTS_T8_CASES, ids=str)
+def test_paged_fp8_e4m3_prefill_opts_t8(case):
+    check_kernel(K["paged_fp8_e4m3_prefill_opts_t8"], mod.paged_fp8_e4m3_prefill_opts_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_fp8_e4m3_prefill_opts_t8_refuses(mutation):
+    check_mutation(K["paged_fp8_e4m3_prefill_opts_t8"], PAGED_FP8_E4M3_PREFILL_OPTS_T8_CASES[0], mutation)
+
+# ---- paged_fp8_e4m3_prefill_opts_t4: varlen prefill over fp8_e4m3 pages with the engine's options, 4-key tiles
+
+PAGED_FP8_E4M3_PREFILL_OPTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, win_left=5, win_right=0, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, attn_sink=3, win_left=0, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, win_left=11, win_right=3, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, softcap=1.0, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_sinks', n_head=16, head_dim=64, sinks=True, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, attn_sink=2, win_left=7, softcap=2.0, sinks=True, requests=((7, 12), (1, 5)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('three_requests', requests=((5, 21), (1, 40), (16, 16)), k_scale=0.5, v_scale=0.25),
+    Case('block5_ragged', n_head=4, n_head_kv=1, requests=((7, 7), (3, 50), (2, 2)), block_size=5, k_scale=0.5, v_scale=0.25),
+    Case('long_window', n_head=6, attn_sink=4, attn_win=40, requests=((9, 300), (4, 33)), k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_FP8_E4M3_PREFILL_OPTS_T4_CASES, ids=str)
+def test_paged_fp8_e4m3_prefill_opts_t4(case):
+    check_kernel(K["paged_fp8_e4m3_prefill_opts_t4"], mod.paged_fp8_e4m3_prefill_opts_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "sinks_wrong_size",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_query_rows_mismatch",
+])
+def test_paged_fp8_e4m3_prefill_opts_t4_refuses(mutation):
+    check_mutation(K["paged_fp8_e4m3_prefill_opts_t4"], PAGED_FP8_E4M3_PREFILL_OPTS_T4_CASES[0], mutation)
+
+# ---- paged_f32_decode_opts_t8: split decode over f32 pages with exact windows and soft-cap, 8-key tiles
+
+PAGED_F32_DECODE_OPTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, win_left=5, win_right=0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, attn_sink=3, win_left=0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, win_left=11, win_right=3, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, softcap=1.0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, attn_sink=2, win_left=7, softcap=2.0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F32_DECODE_OPTS_T8_CASES, ids=str)
+def test_paged_f32_decode_opts_t8(case):
+    check_kernel(K["paged_f32_decode_opts_t8"], mod.paged_f32_decode_opts_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_f32_decode_opts_t8_refuses(mutation):
+    check_mutation(K["paged_f32_decode_opts_t8"], PAGED_F32_DECODE_OPTS_T8_CASES[0], mutation)
+
+# ---- paged_f32_decode_opts_t4: split decode over f32 pages with exact windows and soft-cap, 4-key tiles
+
+PAGED_F32_DECODE_OPTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, win_left=5, win_right=0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, attn_sink=3, win_left=0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, win_left=11, win_right=3, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, softcap=1.0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, attn_sink=2, win_left=7, softcap=2.0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F32_DECODE_OPTS_T4_CASES, ids=str)
+def test_paged_f32_decode_opts_t4(case):
+    check_kernel(K["paged_f32_decode_opts_t4"], mod.paged_f32_decode_opts_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_f32_decode_opts_t4_refuses(mutation):
+    check_mutation(K["paged_f32_decode_opts_t4"], PAGED_F32_DECODE_OPTS_T4_CASES[0], mutation)
+
+# ---- paged_f16_decode_opts_t8: split decode over f16 pages with exact windows and soft-cap, 8-key tiles
+
+PAGED_F16_DECODE_OPTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, win_left=5, win_right=0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, attn_sink=3, win_left=0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, win_left=11, win_right=3, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, softcap=1.0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, attn_sink=2, win_left=7, softcap=2.0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F16_DECODE_OPTS_T8_CASES, ids=str)
+def test_paged_f16_decode_opts_t8(case):
+    check_kernel(K["paged_f16_decode_opts_t8"], mod.paged_f16_decode_opts_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_f16_decode_opts_t8_refuses(mutation):
+    check_mutation(K["paged_f16_decode_opts_t8"], PAGED_F16_DECODE_OPTS_T8_CASES[0], mutation)
+
+# ---- paged_f16_decode_opts_t4: split decode over f16 pages with exact windows and soft-cap, 4-key tiles
+
+PAGED_F16_DECODE_OPTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, win_left=5, win_right=0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, attn_sink=3, win_left=0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, win_left=11, win_right=3, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, softcap=1.0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, attn_sink=2, win_left=7, softcap=2.0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_F16_DECODE_OPTS_T4_CASES, ids=str)
+def test_paged_f16_decode_opts_t4(case):
+    check_kernel(K["paged_f16_decode_opts_t4"], mod.paged_f16_decode_opts_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_f16_decode_opts_t4_refuses(mutation):
+    check_mutation(K["paged_f16_decode_opts_t4"], PAGED_F16_DECODE_OPTS_T4_CASES[0], mutation)
+
+# ---- paged_q8_0_decode_opts_t8: split decode over q8_0 pages with exact windows and soft-cap, 8-key tiles
+
+PAGED_Q8_0_DECODE_OPTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, win_left=5, win_right=0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, attn_sink=3, win_left=0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, win_left=11, win_right=3, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, softcap=1.0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, attn_sink=2, win_left=7, softcap=2.0, requests=((1, 27), (1, 8)), block_size=8, kps=8, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_Q8_0_DECODE_OPTS_T8_CASES, ids=str)
+def test_paged_q8_0_decode_opts_t8(case):
+    check_kernel(K["paged_q8_0_decode_opts_t8"], mod.paged_q8_0_decode_opts_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_q8_0_decode_opts_t8_refuses(mutation):
+    check_mutation(K["paged_q8_0_decode_opts_t8"], PAGED_Q8_0_DECODE_OPTS_T8_CASES[0], mutation)
+
+# ---- paged_q8_0_decode_opts_t4: split decode over q8_0 pages with exact windows and soft-cap, 4-key tiles
+
+PAGED_Q8_0_DECODE_OPTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, win_left=5, win_right=0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, attn_sink=3, win_left=0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, win_left=11, win_right=3, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, softcap=1.0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, attn_sink=2, win_left=7, softcap=2.0, requests=((1, 15), (1, 4)), block_size=4, kps=4, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700))),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_Q8_0_DECODE_OPTS_T4_CASES, ids=str)
+def test_paged_q8_0_decode_opts_t4(case):
+    check_kernel(K["paged_q8_0_decode_opts_t4"], mod.paged_q8_0_decode_opts_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_q8_0_decode_opts_t4_refuses(mutation):
+    check_mutation(K["paged_q8_0_decode_opts_t4"], PAGED_Q8_0_DECODE_OPTS_T4_CASES[0], mutation)
+
+# ---- paged_fp8_e4m3_decode_opts_t8: split decode over fp8_e4m3 pages with exact windows and soft-cap, 8-key tiles
+
+PAGED_FP8_E4M3_DECODE_OPTS_T8_CASES = [
+    Case('hd128_g1_partial_tile', n_head=2, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win5', n_head=16, head_dim=128, win_left=5, win_right=0, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win0_sink3', n_head=16, head_dim=128, attn_sink=3, win_left=0, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_win11_right3', n_head=16, head_dim=128, win_left=11, win_right=3, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_softcap1', n_head=16, head_dim=128, softcap=1.0, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('hd128_g8_partial_tile_all_options', n_head=16, head_dim=128, attn_sink=2, win_left=7, softcap=2.0, requests=((1, 27), (1, 8)), block_size=8, k_scale=0.5, v_scale=0.25, kps=8, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700)), k_scale=0.5, v_scale=0.25),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_FP8_E4M3_DECODE_OPTS_T8_CASES, ids=str)
+def test_paged_fp8_e4m3_decode_opts_t8(case):
+    check_kernel(K["paged_fp8_e4m3_decode_opts_t8"], mod.paged_fp8_e4m3_decode_opts_t8, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_fp8_e4m3_decode_opts_t8_refuses(mutation):
+    check_mutation(K["paged_fp8_e4m3_decode_opts_t8"], PAGED_FP8_E4M3_DECODE_OPTS_T8_CASES[0], mutation)
+
+# ---- paged_fp8_e4m3_decode_opts_t4: split decode over fp8_e4m3 pages with exact windows and soft-cap, 4-key tiles
+
+PAGED_FP8_E4M3_DECODE_OPTS_T4_CASES = [
+    Case('hd64_g1_partial_tile', n_head=2, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile', n_head=16, head_dim=64, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd96_g8_partial_tile', n_head=16, head_dim=96, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd128_g8_partial_tile', n_head=16, head_dim=128, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd192_g8_partial_tile', n_head=16, head_dim=192, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd256_g8_partial_tile', n_head=16, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd512_g8_partial_tile', n_head=16, head_dim=512, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win5', n_head=16, head_dim=64, win_left=5, win_right=0, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win0_sink3', n_head=16, head_dim=64, attn_sink=3, win_left=0, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_win11_right3', n_head=16, head_dim=64, win_left=11, win_right=3, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_softcap1', n_head=16, head_dim=64, softcap=1.0, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('hd64_g8_partial_tile_all_options', n_head=16, head_dim=64, attn_sink=2, win_left=7, softcap=2.0, requests=((1, 15), (1, 4)), block_size=4, k_scale=0.5, v_scale=0.25, kps=4, cap=4),
+    Case('three_requests', n_head=4, requests=((1, 1), (1, 130), (1, 700)), k_scale=0.5, v_scale=0.25),
+    Case('block5_window', n_head_kv=1, attn_sink=4, attn_win=40, requests=((1, 299), (1, 16)), block_size=5, k_scale=0.5, v_scale=0.25, kps=32, cap=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAGED_FP8_E4M3_DECODE_OPTS_T4_CASES, ids=str)
+def test_paged_fp8_e4m3_decode_opts_t4(case):
+    check_kernel(K["paged_fp8_e4m3_decode_opts_t4"], mod.paged_fp8_e4m3_decode_opts_t4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "softcap_not_finite",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_below_tile",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "shared_memory",
+    "paged_seq_len_past_table",
+    "paged_block_outside_pages",
+    "paged_max_seq_len_too_small",
+    "partials_too_small",
+])
+def test_paged_fp8_e4m3_decode_opts_t4_refuses(mutation):
+    check_mutation(K["paged_fp8_e4m3_decode_opts_t4"], PAGED_FP8_E4M3_DECODE_OPTS_T4_CASES[0], mutation)
