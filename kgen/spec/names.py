@@ -29,7 +29,7 @@ GENERATED_PY_NAMES = frozenset({
     "annotations", "Path", "TYPE_CHECKING", "launch", "kernel", "cupy", "PTX", "FATBIN",
     "KERNELS",
     # tests/generated/test_<module>.py
-    "pytest", "Case", "check_kernel", "check_mutation", "check_relation", "mod", "K", "other",
+    "pytest", "Case", "check_kernel", "check_mutation", "check_relation", "mod", "K", "related",
     # generated/__init__.py
     "MODULES",
     # builtins the generated code reads (test ids, scalar annotations)

@@ -54,9 +54,9 @@ def test_ae_f32_prefill(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_ae_f32_prefill_bit_exact_fc_attn_flash_prefill(case):
-    from kgen_kernels import attn_prefill as other
+    from kgen_kernels import attn_prefill as related
     check_relation("bit_exact", 0.0, K["ae_f32_prefill"], mod.ae_f32_prefill,
-                   other.KERNELS["fc_attn_flash_prefill"], other.fc_attn_flash_prefill, case)
+                   related.KERNELS["fc_attn_flash_prefill"], related.fc_attn_flash_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -123,9 +123,9 @@ def test_ae_q4_prefill(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
 ], ids=str)
 def test_ae_q4_prefill_bit_exact_fc_attn_flash_prefill_q4(case):
-    from kgen_kernels import attn_prefill as other
+    from kgen_kernels import attn_prefill as related
     check_relation("bit_exact", 0.0, K["ae_q4_prefill"], mod.ae_q4_prefill,
-                   other.KERNELS["fc_attn_flash_prefill_q4"], other.fc_attn_flash_prefill_q4, case)
+                   related.KERNELS["fc_attn_flash_prefill_q4"], related.fc_attn_flash_prefill_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -194,9 +194,9 @@ def test_ae_f16_prefill(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_ae_f16_prefill_bit_exact_attn_f16_prefill(case):
-    from kgen_kernels import attn_f16 as other
+    from kgen_kernels import attn_f16 as related
     check_relation("bit_exact", 0.0, K["ae_f16_prefill"], mod.ae_f16_prefill,
-                   other.KERNELS["attn_f16_prefill"], other.attn_f16_prefill, case)
+                   related.KERNELS["attn_f16_prefill"], related.attn_f16_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -263,9 +263,9 @@ def test_ae_q8_0_prefill(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_ae_q8_0_prefill_bit_exact_attn_q8_0_prefill(case):
-    from kgen_kernels import attn_q8_0 as other
+    from kgen_kernels import attn_q8_0 as related
     check_relation("bit_exact", 0.0, K["ae_q8_0_prefill"], mod.ae_q8_0_prefill,
-                   other.KERNELS["attn_q8_0_prefill"], other.attn_q8_0_prefill, case)
+                   related.KERNELS["attn_q8_0_prefill"], related.attn_q8_0_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -332,9 +332,9 @@ def test_ae_fp8_e4m3_prefill(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
 ], ids=str)
 def test_ae_fp8_e4m3_prefill_bit_exact_attn_fp8_e4m3_prefill(case):
-    from kgen_kernels import attn_fp8 as other
+    from kgen_kernels import attn_fp8 as related
     check_relation("bit_exact", 0.0, K["ae_fp8_e4m3_prefill"], mod.ae_fp8_e4m3_prefill,
-                   other.KERNELS["attn_fp8_e4m3_prefill"], other.attn_fp8_e4m3_prefill, case)
+                   related.KERNELS["attn_fp8_e4m3_prefill"], related.attn_fp8_e4m3_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -497,9 +497,9 @@ def test_ae_f32_decode(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
 ], ids=str)
 def test_ae_f32_decode_bit_exact_fc_attn_flash_decode(case):
-    from kgen_kernels import attn_decode as other
+    from kgen_kernels import attn_decode as related
     check_relation("bit_exact", 0.0, K["ae_f32_decode"], mod.ae_f32_decode,
-                   other.KERNELS["fc_attn_flash_decode"], other.fc_attn_flash_decode, case)
+                   related.KERNELS["fc_attn_flash_decode"], related.fc_attn_flash_decode, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -562,9 +562,9 @@ def test_ae_f32_decode_dev(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
 ], ids=str)
 def test_ae_f32_decode_dev_bit_exact_fc_attn_flash_decode_dev(case):
-    from kgen_kernels import attn_decode as other
+    from kgen_kernels import attn_decode as related
     check_relation("bit_exact", 0.0, K["ae_f32_decode_dev"], mod.ae_f32_decode_dev,
-                   other.KERNELS["fc_attn_flash_decode_dev"], other.fc_attn_flash_decode_dev, case)
+                   related.KERNELS["fc_attn_flash_decode_dev"], related.fc_attn_flash_decode_dev, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -620,9 +620,9 @@ def test_ae_f32_decode_slots(case):
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), kps=32, cap=16),
 ], ids=str)
 def test_ae_f32_decode_slots_bit_exact_fc_attn_flash_decode_slots(case):
-    from kgen_kernels import attn_decode as other
+    from kgen_kernels import attn_decode as related
     check_relation("bit_exact", 0.0, K["ae_f32_decode_slots"], mod.ae_f32_decode_slots,
-                   other.KERNELS["fc_attn_flash_decode_slots"], other.fc_attn_flash_decode_slots, case)
+                   related.KERNELS["fc_attn_flash_decode_slots"], related.fc_attn_flash_decode_slots, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -685,9 +685,9 @@ def test_ae_q4_decode(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, sink=8, win=256, kps=128, cap=16),
 ], ids=str)
 def test_ae_q4_decode_bit_exact_fc_attn_flash_decode_q4(case):
-    from kgen_kernels import attn_decode as other
+    from kgen_kernels import attn_decode as related
     check_relation("bit_exact", 0.0, K["ae_q4_decode"], mod.ae_q4_decode,
-                   other.KERNELS["fc_attn_flash_decode_q4"], other.fc_attn_flash_decode_q4, case)
+                   related.KERNELS["fc_attn_flash_decode_q4"], related.fc_attn_flash_decode_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -752,9 +752,9 @@ def test_ae_q4_decode_dev(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, sink=8, win=256, kps=128, cap=16),
 ], ids=str)
 def test_ae_q4_decode_dev_bit_exact_fc_attn_flash_decode_q4_dev(case):
-    from kgen_kernels import attn_decode as other
+    from kgen_kernels import attn_decode as related
     check_relation("bit_exact", 0.0, K["ae_q4_decode_dev"], mod.ae_q4_decode_dev,
-                   other.KERNELS["fc_attn_flash_decode_q4_dev"], other.fc_attn_flash_decode_q4_dev, case)
+                   related.KERNELS["fc_attn_flash_decode_q4_dev"], related.fc_attn_flash_decode_q4_dev, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -812,9 +812,9 @@ def test_ae_q4_decode_slots(case):
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), sink=4, win=40, kps=32, cap=16),
 ], ids=str)
 def test_ae_q4_decode_slots_bit_exact_fc_attn_flash_decode_slots_q4(case):
-    from kgen_kernels import attn_decode as other
+    from kgen_kernels import attn_decode as related
     check_relation("bit_exact", 0.0, K["ae_q4_decode_slots"], mod.ae_q4_decode_slots,
-                   other.KERNELS["fc_attn_flash_decode_slots_q4"], other.fc_attn_flash_decode_slots_q4, case)
+                   related.KERNELS["fc_attn_flash_decode_slots_q4"], related.fc_attn_flash_decode_slots_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -879,9 +879,9 @@ def test_ae_f16_decode_host(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
 ], ids=str)
 def test_ae_f16_decode_host_bit_exact_attn_f16_decode_host(case):
-    from kgen_kernels import attn_f16 as other
+    from kgen_kernels import attn_f16 as related
     check_relation("bit_exact", 0.0, K["ae_f16_decode_host"], mod.ae_f16_decode_host,
-                   other.KERNELS["attn_f16_decode_host"], other.attn_f16_decode_host, case)
+                   related.KERNELS["attn_f16_decode_host"], related.attn_f16_decode_host, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -944,9 +944,9 @@ def test_ae_f16_decode_device(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
 ], ids=str)
 def test_ae_f16_decode_device_bit_exact_attn_f16_decode_device(case):
-    from kgen_kernels import attn_f16 as other
+    from kgen_kernels import attn_f16 as related
     check_relation("bit_exact", 0.0, K["ae_f16_decode_device"], mod.ae_f16_decode_device,
-                   other.KERNELS["attn_f16_decode_device"], other.attn_f16_decode_device, case)
+                   related.KERNELS["attn_f16_decode_device"], related.attn_f16_decode_device, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -1002,9 +1002,9 @@ def test_ae_f16_decode_slots(case):
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), kps=32, cap=16),
 ], ids=str)
 def test_ae_f16_decode_slots_bit_exact_attn_f16_decode_slots(case):
-    from kgen_kernels import attn_f16 as other
+    from kgen_kernels import attn_f16 as related
     check_relation("bit_exact", 0.0, K["ae_f16_decode_slots"], mod.ae_f16_decode_slots,
-                   other.KERNELS["attn_f16_decode_slots"], other.attn_f16_decode_slots, case)
+                   related.KERNELS["attn_f16_decode_slots"], related.attn_f16_decode_slots, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -1067,9 +1067,9 @@ def test_ae_q8_0_decode_host(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
 ], ids=str)
 def test_ae_q8_0_decode_host_bit_exact_attn_q8_0_decode_host(case):
-    from kgen_kernels import attn_q8_0 as other
+    from kgen_kernels import attn_q8_0 as related
     check_relation("bit_exact", 0.0, K["ae_q8_0_decode_host"], mod.ae_q8_0_decode_host,
-                   other.KERNELS["attn_q8_0_decode_host"], other.attn_q8_0_decode_host, case)
+                   related.KERNELS["attn_q8_0_decode_host"], related.attn_q8_0_decode_host, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -1132,9 +1132,9 @@ def test_ae_q8_0_decode_device(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, kps=128, cap=16),
 ], ids=str)
 def test_ae_q8_0_decode_device_bit_exact_attn_q8_0_decode_device(case):
-    from kgen_kernels import attn_q8_0 as other
+    from kgen_kernels import attn_q8_0 as related
     check_relation("bit_exact", 0.0, K["ae_q8_0_decode_device"], mod.ae_q8_0_decode_device,
-                   other.KERNELS["attn_q8_0_decode_device"], other.attn_q8_0_decode_device, case)
+                   related.KERNELS["attn_q8_0_decode_device"], related.attn_q8_0_decode_device, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -1190,9 +1190,9 @@ def test_ae_q8_0_decode_slots(case):
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), kps=32, cap=16),
 ], ids=str)
 def test_ae_q8_0_decode_slots_bit_exact_attn_q8_0_decode_slots(case):
-    from kgen_kernels import attn_q8_0 as other
+    from kgen_kernels import attn_q8_0 as related
     check_relation("bit_exact", 0.0, K["ae_q8_0_decode_slots"], mod.ae_q8_0_decode_slots,
-                   other.KERNELS["attn_q8_0_decode_slots"], other.attn_q8_0_decode_slots, case)
+                   related.KERNELS["attn_q8_0_decode_slots"], related.attn_q8_0_decode_slots, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -1255,9 +1255,9 @@ def test_ae_fp8_e4m3_decode_host(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
 ], ids=str)
 def test_ae_fp8_e4m3_decode_host_bit_exact_attn_fp8_e4m3_decode_host(case):
-    from kgen_kernels import attn_fp8 as other
+    from kgen_kernels import attn_fp8 as related
     check_relation("bit_exact", 0.0, K["ae_fp8_e4m3_decode_host"], mod.ae_fp8_e4m3_decode_host,
-                   other.KERNELS["attn_fp8_e4m3_decode_host"], other.attn_fp8_e4m3_decode_host, case)
+                   related.KERNELS["attn_fp8_e4m3_decode_host"], related.attn_fp8_e4m3_decode_host, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -1321,9 +1321,9 @@ def test_ae_fp8_e4m3_decode_device(case):
     Case('g8_seq1000_long', n_head_kv=1, max_seq=1024, seq_len=1000, k_scale=0.005, v_scale=2.0, kps=128, cap=16),
 ], ids=str)
 def test_ae_fp8_e4m3_decode_device_bit_exact_attn_fp8_e4m3_decode_device(case):
-    from kgen_kernels import attn_fp8 as other
+    from kgen_kernels import attn_fp8 as related
     check_relation("bit_exact", 0.0, K["ae_fp8_e4m3_decode_device"], mod.ae_fp8_e4m3_decode_device,
-                   other.KERNELS["attn_fp8_e4m3_decode_device"], other.attn_fp8_e4m3_decode_device, case)
+                   related.KERNELS["attn_fp8_e4m3_decode_device"], related.attn_fp8_e4m3_decode_device, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -1380,9 +1380,9 @@ def test_ae_fp8_e4m3_decode_slots(case):
     Case('window_ragged', n_head_kv=1, max_seq=320, positions=(299, 16), k_scale=0.5, v_scale=0.25, kps=32, cap=16),
 ], ids=str)
 def test_ae_fp8_e4m3_decode_slots_bit_exact_attn_fp8_e4m3_decode_slots(case):
-    from kgen_kernels import attn_fp8 as other
+    from kgen_kernels import attn_fp8 as related
     check_relation("bit_exact", 0.0, K["ae_fp8_e4m3_decode_slots"], mod.ae_fp8_e4m3_decode_slots,
-                   other.KERNELS["attn_fp8_e4m3_decode_slots"], other.attn_fp8_e4m3_decode_slots, case)
+                   related.KERNELS["attn_fp8_e4m3_decode_slots"], related.attn_fp8_e4m3_decode_slots, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -1434,9 +1434,9 @@ def test_ae_combine(case):
     Case('h8_s8', head_dim=128, seq_len=1000, n_splits=8),
 ], ids=str)
 def test_ae_combine_bit_exact_fc_attn_flash_decode_combine(case):
-    from kgen_kernels import attn_decode as other
+    from kgen_kernels import attn_decode as related
     check_relation("bit_exact", 0.0, K["ae_combine"], mod.ae_combine,
-                   other.KERNELS["fc_attn_flash_decode_combine"], other.fc_attn_flash_decode_combine, case)
+                   related.KERNELS["fc_attn_flash_decode_combine"], related.fc_attn_flash_decode_combine, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -1476,9 +1476,9 @@ def test_ae_combine_dev(case):
     Case('h8_s8', head_dim=128, seq_len=1000, n_splits=8),
 ], ids=str)
 def test_ae_combine_dev_bit_exact_fc_attn_flash_decode_combine_dev(case):
-    from kgen_kernels import attn_decode as other
+    from kgen_kernels import attn_decode as related
     check_relation("bit_exact", 0.0, K["ae_combine_dev"], mod.ae_combine_dev,
-                   other.KERNELS["fc_attn_flash_decode_combine_dev"], other.fc_attn_flash_decode_combine_dev, case)
+                   related.KERNELS["fc_attn_flash_decode_combine_dev"], related.fc_attn_flash_decode_combine_dev, case)
 
 
 @pytest.mark.parametrize("mutation", [

@@ -132,9 +132,9 @@ def test_fc_attn_flash_prefill_q4_kr(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
 ], ids=str)
 def test_fc_attn_flash_prefill_q4_kr_bit_exact_fc_attn_flash_prefill_q4(case):
-    other = mod
+    related = mod
     check_relation("bit_exact", 0.0, K["fc_attn_flash_prefill_q4_kr"], mod.fc_attn_flash_prefill_q4_kr,
-                   other.KERNELS["fc_attn_flash_prefill_q4"], other.fc_attn_flash_prefill_q4, case)
+                   related.KERNELS["fc_attn_flash_prefill_q4"], related.fc_attn_flash_prefill_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -193,9 +193,9 @@ def test_fc_attn_flash_prefill_q4_kvs(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
 ], ids=str)
 def test_fc_attn_flash_prefill_q4_kvs_bit_exact_fc_attn_flash_prefill_q4(case):
-    other = mod
+    related = mod
     check_relation("bit_exact", 0.0, K["fc_attn_flash_prefill_q4_kvs"], mod.fc_attn_flash_prefill_q4_kvs,
-                   other.KERNELS["fc_attn_flash_prefill_q4"], other.fc_attn_flash_prefill_q4, case)
+                   related.KERNELS["fc_attn_flash_prefill_q4"], related.fc_attn_flash_prefill_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -255,9 +255,9 @@ def test_fc_attn_flash_prefill_q4_kh(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
 ], ids=str)
 def test_fc_attn_flash_prefill_q4_kh_close_to_fc_attn_flash_prefill_q4(case):
-    other = mod
+    related = mod
     check_relation("close_to", 0.001, K["fc_attn_flash_prefill_q4_kh"], mod.fc_attn_flash_prefill_q4_kh,
-                   other.KERNELS["fc_attn_flash_prefill_q4"], other.fc_attn_flash_prefill_q4, case)
+                   related.KERNELS["fc_attn_flash_prefill_q4"], related.fc_attn_flash_prefill_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -317,9 +317,9 @@ def test_fc_attn_flash_prefill_q4_kqh(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
 ], ids=str)
 def test_fc_attn_flash_prefill_q4_kqh_close_to_fc_attn_flash_prefill_q4(case):
-    other = mod
+    related = mod
     check_relation("close_to", 0.001, K["fc_attn_flash_prefill_q4_kqh"], mod.fc_attn_flash_prefill_q4_kqh,
-                   other.KERNELS["fc_attn_flash_prefill_q4"], other.fc_attn_flash_prefill_q4, case)
+                   related.KERNELS["fc_attn_flash_prefill_q4"], related.fc_attn_flash_prefill_q4, case)
 
 
 @pytest.mark.parametrize("mutation", [

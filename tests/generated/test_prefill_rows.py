@@ -48,9 +48,9 @@ def test_prefill_f32_r2(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_prefill_f32_r2_bit_exact_fc_attn_flash_prefill(case):
-    from kgen_kernels import attn_prefill as other
+    from kgen_kernels import attn_prefill as related
     check_relation("bit_exact", 0.0, K["prefill_f32_r2"], mod.prefill_f32_r2,
-                   other.KERNELS["fc_attn_flash_prefill"], other.fc_attn_flash_prefill, case)
+                   related.KERNELS["fc_attn_flash_prefill"], related.fc_attn_flash_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -109,9 +109,9 @@ def test_prefill_f32_r4(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_prefill_f32_r4_bit_exact_fc_attn_flash_prefill(case):
-    from kgen_kernels import attn_prefill as other
+    from kgen_kernels import attn_prefill as related
     check_relation("bit_exact", 0.0, K["prefill_f32_r4"], mod.prefill_f32_r4,
-                   other.KERNELS["fc_attn_flash_prefill"], other.fc_attn_flash_prefill, case)
+                   related.KERNELS["fc_attn_flash_prefill"], related.fc_attn_flash_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -170,9 +170,9 @@ def test_prefill_f16_r2(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_prefill_f16_r2_bit_exact_attn_f16_prefill(case):
-    from kgen_kernels import attn_f16 as other
+    from kgen_kernels import attn_f16 as related
     check_relation("bit_exact", 0.0, K["prefill_f16_r2"], mod.prefill_f16_r2,
-                   other.KERNELS["attn_f16_prefill"], other.attn_f16_prefill, case)
+                   related.KERNELS["attn_f16_prefill"], related.attn_f16_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -231,9 +231,9 @@ def test_prefill_f16_r4(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_prefill_f16_r4_bit_exact_attn_f16_prefill(case):
-    from kgen_kernels import attn_f16 as other
+    from kgen_kernels import attn_f16 as related
     check_relation("bit_exact", 0.0, K["prefill_f16_r4"], mod.prefill_f16_r4,
-                   other.KERNELS["attn_f16_prefill"], other.attn_f16_prefill, case)
+                   related.KERNELS["attn_f16_prefill"], related.attn_f16_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -292,9 +292,9 @@ def test_prefill_q8_0_r2(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_prefill_q8_0_r2_bit_exact_attn_q8_0_prefill(case):
-    from kgen_kernels import attn_q8_0 as other
+    from kgen_kernels import attn_q8_0 as related
     check_relation("bit_exact", 0.0, K["prefill_q8_0_r2"], mod.prefill_q8_0_r2,
-                   other.KERNELS["attn_q8_0_prefill"], other.attn_q8_0_prefill, case)
+                   related.KERNELS["attn_q8_0_prefill"], related.attn_q8_0_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -353,9 +353,9 @@ def test_prefill_q8_0_r4(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_prefill_q8_0_r4_bit_exact_attn_q8_0_prefill(case):
-    from kgen_kernels import attn_q8_0 as other
+    from kgen_kernels import attn_q8_0 as related
     check_relation("bit_exact", 0.0, K["prefill_q8_0_r4"], mod.prefill_q8_0_r4,
-                   other.KERNELS["attn_q8_0_prefill"], other.attn_q8_0_prefill, case)
+                   related.KERNELS["attn_q8_0_prefill"], related.attn_q8_0_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -414,9 +414,9 @@ def test_prefill_fp8_e4m3_r2(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
 ], ids=str)
 def test_prefill_fp8_e4m3_r2_bit_exact_attn_fp8_e4m3_prefill(case):
-    from kgen_kernels import attn_fp8 as other
+    from kgen_kernels import attn_fp8 as related
     check_relation("bit_exact", 0.0, K["prefill_fp8_e4m3_r2"], mod.prefill_fp8_e4m3_r2,
-                   other.KERNELS["attn_fp8_e4m3_prefill"], other.attn_fp8_e4m3_prefill, case)
+                   related.KERNELS["attn_fp8_e4m3_prefill"], related.attn_fp8_e4m3_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -476,9 +476,9 @@ def test_prefill_fp8_e4m3_r4(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
 ], ids=str)
 def test_prefill_fp8_e4m3_r4_bit_exact_attn_fp8_e4m3_prefill(case):
-    from kgen_kernels import attn_fp8 as other
+    from kgen_kernels import attn_fp8 as related
     check_relation("bit_exact", 0.0, K["prefill_fp8_e4m3_r4"], mod.prefill_fp8_e4m3_r4,
-                   other.KERNELS["attn_fp8_e4m3_prefill"], other.attn_fp8_e4m3_prefill, case)
+                   related.KERNELS["attn_fp8_e4m3_prefill"], related.attn_fp8_e4m3_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
@@ -536,9 +536,9 @@ def test_prefill_f32_r4_kr(case):
     Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
 ], ids=str)
 def test_prefill_f32_r4_kr_bit_exact_fc_attn_flash_prefill(case):
-    from kgen_kernels import attn_prefill as other
+    from kgen_kernels import attn_prefill as related
     check_relation("bit_exact", 0.0, K["prefill_f32_r4_kr"], mod.prefill_f32_r4_kr,
-                   other.KERNELS["fc_attn_flash_prefill"], other.fc_attn_flash_prefill, case)
+                   related.KERNELS["fc_attn_flash_prefill"], related.fc_attn_flash_prefill, case)
 
 
 @pytest.mark.parametrize("mutation", [
