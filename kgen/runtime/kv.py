@@ -160,6 +160,16 @@ class _Kernels:
 
 
 INT_MAX = 2**31 - 1
+_NO_SINKS: dict[tuple[int, int], object] = {}
+
+
+def _no_sinks(n_head: int):
+    """A device array of -inf sink logits (one per q head), made once per device."""
+    cp = _cp()
+    key = (n_head, cp.cuda.runtime.getDevice())
+    if key not in _NO_SINKS:
+        _NO_SINKS[key] = cp.full(n_head, -np.inf, cp.float32)
+    return _NO_SINKS[key]
 
 
 def _count(name: str, v, lo: int = 0) -> int:
@@ -231,8 +241,9 @@ class Options:
             out.append(("sinks", "learned"))
         return tuple(out)
 
-    def kwargs(self, k) -> dict:
-        """The keyword arguments a flash kernel with ``k``'s axes takes."""
+    def kwargs(self, k, n_head: int = 0) -> dict:
+        """The keyword arguments a flash kernel with ``k``'s axes takes (``n_head``: the
+        q heads, for the neutral sinks of a kernel that has them)."""
         out = {"attn_sink": self.attn_sink, "scale": self.scale}
         if k.window.value == "exact":
             left, right = self.window or (INT_MAX, INT_MAX)
@@ -242,7 +253,9 @@ class Options:
         if k.softcap.value == "tanh":
             out["softcap"] = self.softcap
         if k.sinks.value == "learned" and k.op is Op.FLASH:
-            out["sinks"] = self.sinks
+            # A kernel chosen for another option may carry sinks nobody asked for: -inf
+            # sinks change no bit.
+            out["sinks"] = self.sinks if self.sinks is not None else _no_sinks(n_head)
         return out
 
     def combine_arrays(self, k) -> tuple:
@@ -407,7 +420,7 @@ class KVCache:
             hi = min(lo + step, n)
             self.append(k_new[lo:hi], v_new[lo:hi], pos0 + lo, stream=stream)
             fn(q[lo:hi], self.k, self.v, *self.shadows, out[lo:hi], pos0=pos0 + lo,
-               **self._shadow_args, **opts.kwargs(kp), stream=stream)
+               **self._shadow_args, **opts.kwargs(kp, q.shape[1]), stream=stream)
         return out
 
     def _check_decode(self, q, k_new, v_new) -> int:

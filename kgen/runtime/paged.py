@@ -162,7 +162,7 @@ class PagedKVCache:
         out = cp.empty(q.shape, cp.float32)
         fn(q, self.k, self.v, out, block_table=cp.asarray(self.block_table(sids)),
            seq_lens=cp.asarray(lens), query_start_loc=cp.asarray(qsl), **self._scales,
-           **opts.kwargs(kp), validate_pos=False, stream=stream)
+           **opts.kwargs(kp, q.shape[1]), validate_pos=False, stream=stream)
         return out
 
     def decode(self, sids: list[int], q, k_new, v_new, kps: int = 256, splits_cap: int = 16,
