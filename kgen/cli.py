@@ -340,8 +340,10 @@ def cmd_tune(args, settings: Settings, say: Reporter) -> int:
     def ints(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x]
 
-    tune.main(args.kv.split(","), ints(args.head_dim), ints(args.groups), ints(args.contexts),
-              say=print)
+    from kgen.formats import FORMATS
+
+    kvs = [x for x in args.kv.split(",") if x] or list(FORMATS)
+    tune.main(kvs, ints(args.head_dim), ints(args.groups), ints(args.contexts), say=print)
     return 0
 
 
@@ -430,7 +432,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("list", parents=[common], help="list kernels").set_defaults(fn=cmd_list)
     t = sub.add_parser("tune", parents=[common],
                        help="on a GPU: choose decode plans and variants per shape class")
-    t.add_argument("--kv", default="f32,q4", help="formats (comma-separated)")
+    t.add_argument("--kv", default="", help="formats (comma-separated; default: every "
+                   "registered format)")
     t.add_argument("--head-dim", default="128,256", help="head dims (comma-separated)")
     t.add_argument("--groups", default="8", help="q heads per kv head (comma-separated)")
     t.add_argument("--contexts", default="4096,32768",
