@@ -235,6 +235,20 @@ def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
                   lambda: f"the shared-V tile is sized for head_dim = {tt}, not {hd}")
 
 
+def _attention_scalars(k: Kernel, c: Checker, a: dict, values: dict, hd: int) -> None:
+    """The window (tile-granular or key-exact), the scale and the soft-cap a flash
+    kernel takes, each in its range (and finite in float32)."""
+    values["attn_sink"] = c.integer("attn_sink", a.get("attn_sink", 0), 0, INT_MAX)
+    if k.window is Window.EXACT:
+        values["win_left"] = c.integer("win_left", a.get("win_left", INT_MAX), 0, INT_MAX)
+        values["win_right"] = c.integer("win_right", a.get("win_right", INT_MAX), 0, INT_MAX)
+    else:
+        values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0), 0, INT_MAX)
+    values["scale"] = _float32(c, "scale", a.get("scale"), 1.0 / math.sqrt(hd), positive=True)
+    if k.softcap is SoftCap.TANH:
+        values["softcap"] = _float32(c, "softcap", a.get("softcap", 0.0), 0.0)
+
+
 def check_flash_groups(k: Kernel, c: Checker, G: int, hd: int) -> int:
     """kv_groups within the compile-time bound, and the shared memory it needs fits;
     returns that many bytes."""
@@ -289,15 +303,7 @@ def _flash(k: Kernel, c: Checker, a: dict):
     max_seq = _cache_arrays(k, c, a, lead, hd)
     values = dict(q=q, kv_groups=G, head_dim=hd, max_seq=max_seq)
     _cache_values(k, c, a, values)
-    values["attn_sink"] = c.integer("attn_sink", a.get("attn_sink", 0), 0, INT_MAX)
-    if k.window is Window.EXACT:
-        values["win_left"] = c.integer("win_left", a.get("win_left", INT_MAX), 0, INT_MAX)
-        values["win_right"] = c.integer("win_right", a.get("win_right", INT_MAX), 0, INT_MAX)
-    else:
-        values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0), 0, INT_MAX)
-    values["scale"] = _float32(c, "scale", a.get("scale"), 1.0 / math.sqrt(hd), positive=True)
-    if k.softcap is SoftCap.TANH:
-        values["softcap"] = _float32(c, "softcap", a.get("softcap", 0.0), 0.0)
+    _attention_scalars(k, c, a, values, hd)
     if k.sinks is Sinks.LEARNED:
         values["sinks"] = _sinks(c, a, (lead_q[0] if slots and not prefill else 1) * n_head)
 
@@ -483,15 +489,7 @@ def _paged_flash(k: Kernel, c: Checker, a: dict):
     values = dict(q=q, k_cache=a["k_cache"], v_cache=a["v_cache"], kv_groups=G, head_dim=hd,
                   block_size=bs)
     _cache_values(k, c, a, values)
-    values["attn_sink"] = c.integer("attn_sink", a.get("attn_sink", 0), 0, INT_MAX)
-    if k.window is Window.EXACT:
-        values["win_left"] = c.integer("win_left", a.get("win_left", INT_MAX), 0, INT_MAX)
-        values["win_right"] = c.integer("win_right", a.get("win_right", INT_MAX), 0, INT_MAX)
-    else:
-        values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0), 0, INT_MAX)
-    values["scale"] = _float32(c, "scale", a.get("scale"), 1.0 / math.sqrt(hd), positive=True)
-    if k.softcap is SoftCap.TANH:
-        values["softcap"] = _float32(c, "softcap", a.get("softcap", 0.0), 0.0)
+    _attention_scalars(k, c, a, values, hd)
     if prefill:
         qsl = a["query_start_loc"]
         c.array("query_start_loc", qsl, np.int32, 1)
