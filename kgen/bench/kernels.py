@@ -62,10 +62,12 @@ def bench(cp, arms: dict) -> dict[str, float]:
 
 def _function(launcher, kernel: str):
     """The CuPy function behind a generated launcher (its module, loaded once)."""
-    from kgen.runtime.launch import module
+    import cupy as cp
+
+    from kgen.runtime.launch import function
 
     mod = sys.modules[launcher.__module__]
-    return module(getattr(mod, "FATBIN", None) or mod.PTX).get_function(kernel)
+    return function(mod.FATBIN, kernel, cp.cuda.runtime.getDevice())
 
 
 def replay(bound: list[tuple]) -> callable:

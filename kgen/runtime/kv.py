@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kgen.formats import FORMATS
+from kgen.runtime.bind import INT_MAX
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.plan import decode_plan
 from kgen.runtime.select import Role, find
@@ -48,29 +49,20 @@ def _cp():
     return cupy
 
 
-INT32_MAX = 2**31 - 1  # every count and position reaches the kernels as a C int
-
-
 def _is_int(v) -> bool:
     return isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_)
 
 
-def _positive(name: str, v, who: str = "KVCache") -> int:
-    if not _is_int(v) or not 1 <= v <= INT32_MAX:
-        raise ContractError(who, "range", f"{name} must be an integer in [1, {INT32_MAX}], "
+def _count(name: str, v, lo: int = 0, who: str = "KVCache") -> int:
+    """An integer the kernels receive as a C int, at least ``lo``."""
+    if not _is_int(v) or not lo <= v <= INT_MAX:
+        raise ContractError(who, "range", f"{name} must be an integer in [{lo}, {INT_MAX}], "
                             f"not {v!r}")
     return int(v)
 
 
-def _float32_scale(scale, who: str) -> None:
-    """A softmax scale the kernels receive as a finite, nonzero float32."""
-    if isinstance(scale, bool | np.bool_) or not isinstance(scale, int | float | np.number):
-        raise ContractError(who, "scale", f"scale must be a real number, not {scale!r}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        s32 = float(np.float32(scale)) if math.isfinite(float(scale)) else math.inf
-    if not (math.isfinite(s32) and s32 != 0):
-        raise ContractError(who, "scale", f"scale must be finite and nonzero in float32, "
-                            f"not {scale!r}")
+def _positive(name: str, v, who: str = "KVCache") -> int:
+    return _count(name, v, 1, who)
 
 
 class _Scratch:
@@ -159,7 +151,6 @@ class _Kernels:
         return self._chosen[key]
 
 
-INT_MAX = 2**31 - 1
 _NO_SINKS: dict[tuple[int, int], object] = {}
 
 
@@ -172,15 +163,9 @@ def _no_sinks(n_head: int):
     return _NO_SINKS[key]
 
 
-def _count(name: str, v, lo: int = 0) -> int:
-    if not isinstance(v, int | np.integer) or isinstance(v, bool) or not lo <= v <= INT_MAX:
-        raise ContractError("KVCache", "range", f"{name} must be an integer in [{lo}, "
-                            f"{INT_MAX}], not {v!r}")
-    return int(v)
-
-
 def _finite32(name: str, v, positive: bool) -> float:
-    ok = isinstance(v, int | float | np.floating) and not isinstance(v, bool)
+    """A float scalar as the kernels receive it: finite in float32, > 0 or >= 0."""
+    ok = isinstance(v, int | float | np.number) and not isinstance(v, bool | np.bool_)
     if ok:
         with np.errstate(over="ignore"):
             f = float(np.float32(v))

@@ -89,9 +89,7 @@ def check_kernel(k: Kernel, fn, case: Case) -> None:
     if k.position is Position.PAGED:
         from kgen.testing import paged
 
-        g, seed = rng()
-        return paged.check(k, fn, case, g, seed, _dev, _poisoned, _assert_close, _options,
-                           _ref_options, _shadow_args, sink_logits)
+        return paged.check(k, fn, case)
     {Op.QZ_SPLIT: _check_qz, Op.KV_APPEND: _check_append, Op.FLASH: _check_flash,
      Op.DECODE_COMBINE: _check_combine}[k.op](k, fn, case)
 

@@ -72,10 +72,19 @@ def _fill(g, k: Kernel, case: Case, lay: dict):
     return pages, dense
 
 
-def check(k: Kernel, fn, case: Case, g, seed, dev, poisoned, assert_close, options,
-          ref_options, shadow_args, sink_logits) -> None:
+def check(k: Kernel, fn, case: Case) -> None:
     """Launch a paged kernel on a random varlen batch and compare with the dense
     references of every request."""
+    from kgen.testing.case import rng
+    from kgen.testing.gpu import _assert_close as assert_close
+    from kgen.testing.gpu import _dev as dev
+    from kgen.testing.gpu import _options as options
+    from kgen.testing.gpu import _poisoned as poisoned
+    from kgen.testing.gpu import _ref_options as ref_options
+    from kgen.testing.gpu import _shadow_args as shadow_args
+    from kgen.testing.gpu import sink_logits
+
+    g, seed = rng()
     if k.op is Op.KV_APPEND:
         return _check_append(k, fn, case, g, seed, dev, shadow_args)
     lay = layout(case, g)
