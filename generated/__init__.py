@@ -14,6 +14,7 @@ from . import attn_fp8
 from . import attn_paged
 from . import attn_prefill
 from . import attn_q8_0
+from . import attn_stream
 from . import attn_util
 from . import heads_decode
 from . import heads_prefill
@@ -193,6 +194,22 @@ from .attn_q8_0 import (
     attn_q8_0_decode_device,
     attn_q8_0_decode_slots,
 )
+from .attn_stream import (
+    ds_f32_host,
+    ds_f32_device,
+    ds_f16_host,
+    ds_f16_device,
+    ds_q8_0_host,
+    ds_q8_0_device,
+    ds_fp8_e4m3_host,
+    ds_fp8_e4m3_device,
+    ds_q4_host,
+    ds_q4_device,
+    ds_f32_k1_host,
+    ds_f32_k1_device,
+    ds_f32_k2_host,
+    ds_f32_k2_device,
+)
 from .attn_util import (
     fc_attn_qz_split,
 )
@@ -295,6 +312,7 @@ MODULES = {
     "attn_paged": attn_paged,
     "attn_prefill": attn_prefill,
     "attn_q8_0": attn_q8_0,
+    "attn_stream": attn_stream,
     "attn_util": attn_util,
     "heads_decode": heads_decode,
     "heads_prefill": heads_prefill,
@@ -470,6 +488,21 @@ __all__ = [
     "attn_q8_0_decode_host",
     "attn_q8_0_decode_device",
     "attn_q8_0_decode_slots",
+    "attn_stream",
+    "ds_f32_host",
+    "ds_f32_device",
+    "ds_f16_host",
+    "ds_f16_device",
+    "ds_q8_0_host",
+    "ds_q8_0_device",
+    "ds_fp8_e4m3_host",
+    "ds_fp8_e4m3_device",
+    "ds_q4_host",
+    "ds_q4_device",
+    "ds_f32_k1_host",
+    "ds_f32_k1_device",
+    "ds_f32_k2_host",
+    "ds_f32_k2_device",
     "attn_util",
     "fc_attn_qz_split",
     "heads_decode",

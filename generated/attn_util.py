@@ -35,6 +35,8 @@ KERNELS = {
         'k_stage': 'shared_f32',
         'v_stage': 'global',
         'threads': 'head_dim',
+        'schedule': 'block_tile',
+        'keys_per_step': 2,
         'window': 'sink_recent',
         'mask': 'causal',
         'softcap': 'none',

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.spec.axes import KStage, Threads, VStage
+from kgen.spec.axes import KStage, Schedule, Threads, VStage
 from kgen.spec.ir import Kernel
 from kgen.spellings import K_TILE_ELEM, Q_ELEM
 from kgen.target import TARGET
@@ -20,9 +20,19 @@ def row_width(k: Kernel, head_dim: int) -> int:
     return k.fmt.row_width(head_dim)
 
 
+def streams(k: Kernel) -> bool:
+    return k.schedule is Schedule.WARP_STREAM
+
+
 def tile_threads(k: Kernel) -> int:
-    """Threads that score one tile: every key of a tile has its own dot lanes."""
-    return k.tile_keys * k.dot_lanes
+    """Threads that score one tile: every key of a tile has its own dot lanes. A
+    warp_stream block needs one unit of dot lanes (each unit streams its own keys)."""
+    return k.dot_lanes if streams(k) else k.tile_keys * k.dot_lanes
+
+
+def stream_units(k: Kernel, head_dim: int) -> int:
+    """warp_stream: units of dot_lanes lanes in a block, each streaming its own keys."""
+    return block_threads(k, head_dim) // k.dot_lanes
 
 
 def padded(k: Kernel) -> bool:
@@ -68,10 +78,16 @@ ELEM_BYTES = {"float": 4, "__half": 2, "unsigned int": 4}
 
 
 def flash_regions(k: Kernel) -> tuple[Region, ...]:
-    """q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] | V tile: the
-    one table the launch geometry sums and the flash template carves."""
+    """q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] | V tile (or,
+    warp_stream, q group | merge): the one table the launch geometry sums and the
+    flash templates carve."""
     T = k.tile_keys
     out = [Region("q_s", Q_ELEM[k.q_stage], "(size_t)G * head_dim", lambda G, hd: G * hd)]
+    if streams(k):  # q group | the units' merge: acc [G][hd], then m, l [units][G]
+        return tuple(out + [
+            Region("acc_s", "float", "(size_t)G * head_dim", lambda G, hd: G * hd),
+            Region("m_s", "float", "UNITS * G", lambda G, hd: stream_units(k, hd) * G),
+            Region("l_s", "float", "UNITS * G", lambda G, hd: stream_units(k, hd) * G)])
     if k.k_stage is not KStage.REGISTERS:
         out.append(Region("k_s", K_TILE_ELEM[k.k_stage], "(size_t)TILE_KEYS * kstride",
                           lambda G, hd: T * (hd + k.k_pad)))

@@ -19,6 +19,7 @@ from kgen.spec.axes import (
     Position,
     QStage,
     RingFloor,
+    Schedule,
     Sinks,
     SoftCap,
     Threads,
@@ -47,6 +48,18 @@ class KernelView:
     @property
     def prefill(self) -> bool:
         return self.k.op is Op.FLASH and self.k.mode is Mode.PREFILL
+
+    @property
+    def template(self) -> str:
+        """The kernel template: one per op, and the flash op's warp_stream schedule
+        has its own skeleton (no shared tiles to share code with)."""
+        if self.stream:
+            return "kernels/flash_stream.cu.j2"
+        return f"kernels/{self.k.op.value}.cu.j2"
+
+    @property
+    def stream(self) -> bool:
+        return self.k.op is Op.FLASH and self.k.schedule is Schedule.WARP_STREAM
 
     @property
     def slots(self) -> bool:

@@ -321,10 +321,14 @@ def bench_slow(cp, arms: dict) -> dict[str, float]:
 # ---- decode bandwidth at a long context --------------------------------------------
 
 def decode_long_table(cp, g) -> list[dict]:
-    """f32 decode at 32k keys (head_dim 256, 8 q heads per kv head) under several
+    """f32 decode at 32k keys (head_dim 256, 8 q heads per kv head): KVCache's default
+    kernel and every warp_stream decode kernel that serves the shape, under several
     plans, as GB/s of cache read against a device-to-device copy measured beside it."""
     from kgen import numpy_ref as ref
+    from kgen.runtime.bind import shape_refusal
     from kgen.runtime.plan import decode_plan
+    from kgen.runtime.select import Role, generated
+    from kgen.spec.axes import Mode, Op, Position, Schedule
 
     hd, seq = 256, 32768
     cache, host = filled_cache(cp, g, "f32", hd, seq)
@@ -332,30 +336,38 @@ def decode_long_table(cp, g) -> list[dict]:
     kr, vr = ref.read_kv_rows(host, seq - 1)
     kd, fdec = cache.kernels.get("decode", H // HK)
     _, fcomb = cache.kernels.get("combine")
+    role = Role(Op.FLASH, Position.HOST, Mode.DECODE, "f32")
+    runs = [(kd, fdec, ((256, 16), (128, 64), (64, 256), (128, 256)))]
+    runs += [(k, f, ((64, 256), (128, 256), (256, 128), (512, 64)))
+             for k, f in generated() if role.matches(k) and k.schedule is
+             Schedule.WARP_STREAM and shape_refusal(k, hd, H // HK) is None]
     arms = {}
-    for kps, cap in ((256, 16), (128, 64), (64, 256), (128, 256)):
-        plan = decode_plan(seq, kps, cap, kd.tile_keys)
-        m = cp.empty(H * plan.n_splits, cp.float32)
-        l = cp.empty(H * plan.n_splits, cp.float32)  # noqa: E741
-        acc = cp.empty(H * plan.n_splits * hd, cp.float32)
-        out = cp.full((H, hd), np.nan, cp.float32)
-        b1 = fdec(q1, cache.k, cache.v, m, l, acc, seq_len=seq, n_splits=plan.n_splits,
-                  split_len=plan.split_len)
-        b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
-        want = ref.decode_attention(q1.get(), kr, vr, H // HK, seq, kps, cap, 0, 0,
-                                    1 / math.sqrt(hd), tile=kd.tile_keys)
-        _check(f"decode kps {kps} cap {cap}", out.get(), want)
-        arms[f"kps {kps} cap {cap} ({plan.n_splits} splits)"] = replay([(fdec, b1), (fcomb, b2)])
+    for k, fn, plans in runs:
+        for kps, cap in plans:
+            plan = decode_plan(seq, kps, cap, k.tile_keys)
+            m = cp.full(H * plan.n_splits, np.nan, cp.float32)
+            l = cp.full(H * plan.n_splits, np.nan, cp.float32)  # noqa: E741
+            acc = cp.full(H * plan.n_splits * hd, np.nan, cp.float32)
+            out = cp.full((H, hd), np.nan, cp.float32)
+            b1 = fn(q1, cache.k, cache.v, m, l, acc, seq_len=seq, n_splits=plan.n_splits,
+                    split_len=plan.split_len)
+            b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
+            want = ref.decode_attention(q1.get(), kr, vr, H // HK, seq, kps, cap, 0, 0,
+                                        1 / math.sqrt(hd), tile=k.tile_keys)
+            name = f"{k.name} kps {kps} cap {cap} ({plan.n_splits} splits)"
+            _check(name, out.get(), want)
+            arms[name] = replay([(fn, b1), (fcomb, b2)])
+            arms[name + " split only"] = replay([(fn, b1)])
+    copy = "device-to-device copy (256 MiB)"
     src = cp.empty(256 * 2**20 // 4, cp.float32)
     dst = cp.empty_like(src)
-    arms["device-to-device copy (256 MiB)"] = lambda: cp.copyto(dst, src)
+    arms[copy] = lambda: cp.copyto(dst, src)
     t = bench(cp, arms)
     cache_bytes = 2 * HK * seq * hd * 4
-    copy_gbps = 2 * src.nbytes / (t["device-to-device copy (256 MiB)"] * 1e-3) / 1e9
-    rows = [{"arm": "device-to-device copy (256 MiB)", "GBps": copy_gbps, "us": t[
-        "device-to-device copy (256 MiB)"] * 1e3}]
+    copy_gbps = 2 * src.nbytes / (t[copy] * 1e-3) / 1e9
+    rows = [{"arm": copy, "GBps": copy_gbps, "us": t[copy] * 1e3}]
     for name, ms in t.items():
-        if name.startswith("kps"):
+        if name != copy:
             gbps = cache_bytes / (ms * 1e-3) / 1e9
             rows.append({"arm": name, "us": ms * 1e3, "GBps": gbps,
                          "of_copy": gbps / copy_gbps})
@@ -442,9 +454,11 @@ def charts(out: Path, record: dict) -> list[str]:
     except ImportError:
         return []
     made = []
-    heads = record["heads"]
     for metric, label in (("prefill_us", "prefill µs (128 rows, 4k context)"),
                           ("decode_GBps", "decode GB/s of KV cache read (4k context)")):
+        heads = record.get("heads")
+        if not heads:
+            break
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for kv in sorted({r["kv"] for r in heads}):
             pts = [(r["head_dim"], r[metric]) for r in heads if r["kv"] == kv]
@@ -455,6 +469,30 @@ def charts(out: Path, record: dict) -> list[str]:
         ax.legend()
         ax.grid(alpha=0.3)
         path = out / f"heads_{metric}.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        made.append(str(path))
+    bars = {  # section -> (rows to plot, value key, axis label)
+        "decode_long": ([r for r in record.get("decode_long", ())
+                         if not r["arm"].endswith("split only")], "GBps",
+                        "GB/s of K+V read, f32 decode at 32k keys, head_dim 256"),
+        "prefill_long": ([{**r, "arm": f"{r['kv']} hd{r['head_dim']} {r['kernel']}"}
+                          for r in record.get("prefill_long", ())], "ms",
+                         "ms, causal prefill"),
+        "launch": ([r for r in record.get("launch", ()) if "host_us" in r], "host_us",
+                   "host µs per call"),
+    }
+    for name, (rows, key, label) in bars.items():
+        if not rows:
+            continue
+        fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.2))
+        ax.barh([r["arm"] for r in rows], [r[key] for r in rows])
+        ax.invert_yaxis()
+        ax.set_xlabel(label)
+        ax.set_title(f"{name} on {record['device']}")
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(alpha=0.3, axis="x")
+        path = out / f"{name}.png"
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
         made.append(str(path))
@@ -509,7 +547,7 @@ def main() -> int:
         print("\ndecode_long: f32 decode at 32768 keys, head_dim 256 (GB/s of K+V read)")
         for r in record["decode_long"]:
             share = f"  {r['of_copy'] * 100:5.1f}% of the copy" if "of_copy" in r else ""
-            print(f"  {r['arm']:<40} {r['us']:9.1f} us {r['GBps']:8.1f} GB/s{share}")
+            print(f"  {r['arm']:<52} {r['us']:9.1f} us {r['GBps']:8.1f} GB/s{share}")
     if "launch" in record:
         print("\nlaunch: one f32 decode step at head_dim 256, 4k context (host and wall µs "
               "per call)")
@@ -522,7 +560,7 @@ def main() -> int:
     out = Path(os.environ.get("KGEN_BENCH_OUT", "bench-out"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps(record, indent=1) + "\n")
-    made = charts(out, record) if "heads" in record else []
+    made = charts(out, record)
     why = "" if made or "heads" not in record else " (matplotlib not importable: no charts)"
     print(f"\nwrote {out / 'kernels.json'}" + (f" and {', '.join(made)}" if made else why))
     return 0

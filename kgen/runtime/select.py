@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.geometry import padded, tile_threads
+from kgen.geometry import padded, streams, tile_threads
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
 from kgen.spec.axes import KEYS, KStage, Mode, Op, Position, QStage
@@ -66,12 +66,13 @@ def generated() -> list[tuple[Kernel, Callable]]:
 def rank(k: Kernel) -> tuple:
     """Preference among kernels that serve a shape (smaller first): exact staging
     before fp16 q or K tiles, then the fewest options nobody asked for, then the
-    widest tile (the most of the block scoring
-    keys: fewer tile steps), then a block with no idle threads."""
+    tiled schedule (the engine's default plan is sized for it; a warp_stream
+    decode is chosen by `kgen tune` or by name), then the widest tile (the most of
+    the block scoring keys: fewer tile steps), then a block with no idle threads."""
     if k.op is not Op.FLASH:
         return (options(k),)
     lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
-    return (lossy, options(k), -tile_threads(k), padded(k))
+    return (lossy, options(k), streams(k), -tile_threads(k), padded(k))
 
 
 def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,

@@ -54,6 +54,15 @@ class Threads(StrEnum):
     #                        head_dim score keys and stage tiles but own no dim
 
 
+class Schedule(StrEnum):
+    BLOCK_TILE = "block_tile"    # the block scores a tile of keys together: shared
+    #                              tiles, a softmax fold per tile, barriers between
+    WARP_STREAM = "warp_stream"  # decode: each unit of dot_lanes lanes streams its own
+    #                              keys from global memory into registers (K and V of
+    #                              keys_per_step keys in flight), with its own online
+    #                              softmax; the units merge once, at the end
+
+
 class Window(StrEnum):
     SINK_RECENT = "sink_recent"  # attention sinks + recent window, per 16-key tile
     EXACT = "exact"              # keys in [p - win_left, p + win_right] (and the sink
@@ -108,6 +117,8 @@ KEYS: dict[str, Key] = {
     "k_stage": Key(KStage, KStage.SHARED_F32, FLASH, "where a K tile lives"),
     "v_stage": Key(VStage, VStage.GLOBAL, FLASH, "where V rows are read from"),
     "threads": Key(Threads, Threads.HEAD_DIM, FLASH, "threads of a block"),
+    "schedule": Key(Schedule, Schedule.BLOCK_TILE, FLASH, "how a block walks its keys"),
+    "keys_per_step": Key(int, 2, FLASH, "keys a warp_stream unit loads before scoring them"),
     "window": Key(Window, Window.SINK_RECENT, FLASH, "which key tiles are attended"),
     "mask": Key(Mask, Mask.CAUSAL, FLASH, "which keys a query sees before any window"),
     "softcap": Key(SoftCap, SoftCap.NONE, FLASH, "logit soft-capping"),

@@ -20,6 +20,7 @@ from kgen.spec.axes import (
     Op,
     Position,
     RingFloor,
+    Schedule,
     Sinks,
     VStage,
 )
@@ -185,6 +186,30 @@ def check_rows_per_block(k: Kernel, ctx: _Ctx) -> None:
                         "thread per (row, head) inside the first warp")
 
 
+def check_schedule(k: Kernel, ctx: _Ctx) -> None:
+    """warp_stream is a single-sequence split decode (host or device position) whose
+    units read K straight into registers and V from global memory; keys_per_step
+    bounds the keys (and registers) a unit has in flight."""
+    if k.op is not Op.FLASH:
+        return
+    if k.schedule is not Schedule.WARP_STREAM:
+        if "keys_per_step" in k.explicit_keys:
+            raise ctx.error(k.where("keys_per_step"), "keys_per_step applies to schedule = "
+                            "warp_stream only")
+        return
+    where = k.where("schedule")
+    if k.mode is not Mode.DECODE or k.position not in (Position.HOST, Position.DEVICE):
+        raise ctx.error(where, "schedule = warp_stream is a split decode with a host or "
+                        "device position (mode = decode, position = host or device)")
+    if k.k_stage is not KStage.REGISTERS or k.v_stage is not VStage.GLOBAL:
+        raise ctx.error(where, "schedule = warp_stream reads K into registers and V from "
+                        "global memory (k_stage = registers, v_stage = global)")
+    if not 1 <= k.keys_per_step <= 8:
+        raise ctx.error(k.where("keys_per_step"), f"keys_per_step = {k.keys_per_step}: "
+                        "1 to 8 keys per unit in flight (each holds a K and a V chunk in "
+                        "registers)")
+
+
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:
     """The batch live floor exists only for fp16 window shadows read by a batched prefill."""
     if k.op is Op.FLASH and k.ring_floor is RingFloor.BATCH:
@@ -312,6 +337,7 @@ CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
     check_mode_position,
     check_attention_options,
     check_rows_per_block,
+    check_schedule,
     check_ring_floor,
     check_dot_shape,
     check_register_k,

@@ -19,6 +19,7 @@ from kgen.spec.axes import (
     Position,
     QStage,
     RingFloor,
+    Schedule,
     Sinks,
     SoftCap,
     Threads,
@@ -40,6 +41,7 @@ class Kernel:
     k_stage: KStage
     v_stage: VStage
     threads: Threads
+    schedule: Schedule
     window: Window
     mask: Mask
     softcap: SoftCap
@@ -55,6 +57,7 @@ class Kernel:
     ring_rows: int
     sink_rows: int
     max_head_dim: int
+    keys_per_step: int
     budgets: tuple[ExpectResource, ...] = ()
     relations: tuple[ExpectRelation, ...] = ()
     lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)

@@ -11,7 +11,7 @@ import pytest
 
 from kgen import pipeline
 from kgen.render import environment, render_modules
-from kgen.spec.axes import Op
+from kgen.spec.axes import Op, Schedule
 from kgen.spec.parser import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,8 +60,18 @@ def test_the_flash_skeleton_is_written_once(modules):
     fold = "expf(m_s[tid] - m_new);"  # the rescale of the running sum, guarded or not
     in_templates = [p for p in TEMPLATES.rglob("*.j2") if fold in p.read_text()]
     assert [p.name for p in in_templates] == ["flash.cu.j2"]
-    flash = sum(k.op is Op.FLASH for m in modules for k in m.kernels)
+    flash = sum(k.op is Op.FLASH and k.schedule is Schedule.BLOCK_TILE
+                for m in modules for k in m.kernels)
     assert flash > 0 and sum(m.source.count(fold) for m in modules) == flash
+
+
+def test_the_warp_stream_skeleton_is_written_once(modules):
+    """The warp_stream schedule's fold is one template line, once per such kernel."""
+    fold = "__expf(m_run[g] - m_new);"
+    in_templates = [p for p in TEMPLATES.rglob("*.j2") if fold in p.read_text()]
+    assert [p.name for p in in_templates] == ["flash_stream.cu.j2"]
+    stream = sum(k.schedule is Schedule.WARP_STREAM for m in modules for k in m.kernels)
+    assert sum(m.source.count(fold) for m in modules) == stream
 
 
 def test_a_missing_template_value_is_an_error_not_an_empty_string(tmp_path):
