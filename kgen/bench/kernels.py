@@ -323,7 +323,9 @@ def bench_slow(cp, arms: dict) -> dict[str, float]:
 def decode_long_table(cp, g) -> list[dict]:
     """f32 decode at 32k keys (head_dim 256, 8 q heads per kv head): KVCache's default
     kernel and every warp_stream decode kernel that serves the shape, under several
-    plans, as GB/s of cache read against a device-to-device copy measured beside it."""
+    plans, as GB/s of cache read against a device-to-device copy measured beside it.
+    The warp_stream kernels run once more with one q head per kv head (the same bytes,
+    an eighth of the arithmetic), which shows what GQA's arithmetic costs them."""
     from kgen import numpy_ref as ref
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.plan import decode_plan
@@ -332,29 +334,32 @@ def decode_long_table(cp, g) -> list[dict]:
 
     hd, seq = 256, 32768
     cache, host = filled_cache(cp, g, "f32", hd, seq)
-    q1 = cp.asarray(g.standard_normal((H, hd), dtype=np.float32))
     kr, vr = ref.read_kv_rows(host, seq - 1)
     kd, fdec = cache.kernels.get("decode", H // HK)
     _, fcomb = cache.kernels.get("combine")
     role = Role(Op.FLASH, Position.HOST, Mode.DECODE, "f32")
-    runs = [(kd, fdec, ((256, 16), (128, 64), (64, 256), (128, 256)))]
-    runs += [(k, f, ((64, 256), (128, 256), (256, 128), (512, 64)))
-             for k, f in generated() if role.matches(k) and k.schedule is
-             Schedule.WARP_STREAM and shape_refusal(k, hd, H // HK) is None]
+    stream = [(k, f) for k, f in generated() if role.matches(k)
+              and k.schedule is Schedule.WARP_STREAM and shape_refusal(k, hd, H // HK) is None]
+    runs = [(kd, fdec, H // HK, ((256, 16), (128, 64), (64, 256), (128, 256)))]
+    runs += [(k, f, H // HK, ((128, 256), (256, 128), (512, 64))) for k, f in stream]
+    runs += [(k, f, 1, ((256, 128), (512, 64))) for k, f in stream]
     arms = {}
-    for k, fn, plans in runs:
+    for k, fn, groups, plans in runs:
+        n_head = HK * groups
+        q1 = cp.asarray(g.standard_normal((n_head, hd), dtype=np.float32))
         for kps, cap in plans:
             plan = decode_plan(seq, kps, cap, k.tile_keys)
-            m = cp.full(H * plan.n_splits, np.nan, cp.float32)
-            l = cp.full(H * plan.n_splits, np.nan, cp.float32)  # noqa: E741
-            acc = cp.full(H * plan.n_splits * hd, np.nan, cp.float32)
-            out = cp.full((H, hd), np.nan, cp.float32)
+            m = cp.full(n_head * plan.n_splits, np.nan, cp.float32)
+            l = cp.full(n_head * plan.n_splits, np.nan, cp.float32)  # noqa: E741
+            acc = cp.full(n_head * plan.n_splits * hd, np.nan, cp.float32)
+            out = cp.full((n_head, hd), np.nan, cp.float32)
             b1 = fn(q1, cache.k, cache.v, m, l, acc, seq_len=seq, n_splits=plan.n_splits,
                     split_len=plan.split_len)
             b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
-            want = ref.decode_attention(q1.get(), kr, vr, H // HK, seq, kps, cap, 0, 0,
+            want = ref.decode_attention(q1.get(), kr, vr, groups, seq, kps, cap, 0, 0,
                                         1 / math.sqrt(hd), tile=k.tile_keys)
-            name = f"{k.name} kps {kps} cap {cap} ({plan.n_splits} splits)"
+            gqa = "" if groups == H // HK else f" [{groups} q head per kv head]"
+            name = f"{k.name} kps {kps} cap {cap} ({plan.n_splits} splits){gqa}"
             _check(name, out.get(), want)
             arms[name] = replay([(fn, b1), (fcomb, b2)])
             arms[name + " split only"] = replay([(fn, b1)])
@@ -547,7 +552,7 @@ def main() -> int:
         print("\ndecode_long: f32 decode at 32768 keys, head_dim 256 (GB/s of K+V read)")
         for r in record["decode_long"]:
             share = f"  {r['of_copy'] * 100:5.1f}% of the copy" if "of_copy" in r else ""
-            print(f"  {r['arm']:<52} {r['us']:9.1f} us {r['GBps']:8.1f} GB/s{share}")
+            print(f"  {r['arm']:<64} {r['us']:9.1f} us {r['GBps']:8.1f} GB/s{share}")
     if "launch" in record:
         print("\nlaunch: one f32 decode step at head_dim 256, 4k context (host and wall µs "
               "per call)")
