@@ -406,3 +406,53 @@ def test_neutral_options_are_the_plain_path_bit_for_bit(cp, kv):
     for a, b, what in ((outs[0][0], outs[1][0], "prefill"), (outs[0][1], outs[1][1], "decode")):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
             f"{kv} {what}: neutral options changed bits, seed={seed}"
+
+
+def _stream_variants(kv: str) -> dict[str, str] | None:
+    """The first generated warp_stream decode of ``kv`` with a device-position sibling."""
+    from kgen.runtime.select import sibling
+    from kgen.spec.axes import Position, Schedule
+
+    pool = generated()
+    for k, _ in pool:
+        if (k.schedule is Schedule.WARP_STREAM and k.kv.value == kv
+                and k.position is Position.HOST):
+            dev = sibling(k.name, Position.DEVICE, pool)
+            if dev is not None:
+                return {"decode": k.name, "decode_dev": dev}
+    return None
+
+
+@pytest.mark.parametrize("kv", [kv for kv in FORMATS if _stream_variants(kv)])
+def test_warp_stream_decode_through_the_cache(cp, kv):
+    """A warp_stream decode named as the cache's variants: device-position steps, with
+    and without a tile-granular window, from one split to many, match the reference."""
+    from kgen.runtime.kv import KVCache
+
+    g, seed = rng()
+    variants = _stream_variants(kv)
+    kd = next(k for k, _ in generated() if k.name == variants["decode"])
+    hk, G, ms, n = 2, min(4, kd.max_groups), 700, 600
+    hd = min(h for h in (64, 128, 256) if FORMATS[kv].accepts_head_dim(h)
+             and kd.kreg_max_chunk * kd.dot_lanes >= h)
+    H = hk * G
+    sink, win = _shadows(kv, 4, 200)
+    cache = KVCache(hk, hd, ms, kv=kv, sink=sink, win=win, variants=variants)
+    host = _host(cache)
+    kn, vn = _rand(g, n, hk, hd), _rand(g, n, hk, hd)
+    cache.append(cp.asarray(kn), cp.asarray(vn), 0)
+    ref.append(kn, vn, host, 0, sink, win)
+    scale = 1 / math.sqrt(hd)
+    for pos, (a_sink, a_win), (kps, cap) in ((n, (0, 0), (64, 16)), (n + 1, (4, 96), (128, 8)),
+                                            (n + 2, (0, 0), (1024, 1))):
+        qd, k1, v1 = _rand(g, H, hd), _rand(g, 1, hk, hd), _rand(g, 1, hk, hd)
+        got = cache.decode(cp.asarray(qd), cp.asarray(k1), cp.asarray(v1), pos=pos, kps=kps,
+                           splits_cap=cap, attn_sink=a_sink, attn_win=a_win).get()
+        ref.append(k1, v1, host, pos, sink, win)
+        kr, vr = ref.read_kv_rows(host, pos, sink, win)
+        want = ref.decode_attention(qd, kr, vr, G, pos + 1, kps, cap, a_sink, a_win, scale,
+                                    tile=kd.tile_keys)
+        assert not np.isnan(got).any(), f"{kv} stream decode left NaN at {pos}, seed={seed}"
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
+                                   err_msg=f"{kv} stream decode at {pos}, seed={seed}")
+        assert cache.kernels.get("decode_dev", G)[0].name == variants["decode_dev"]
