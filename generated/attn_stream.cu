@@ -199,13 +199,30 @@ int k_lo = split * split_len;
     const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -364,52 +381,142 @@ vb3[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                float x2 = sc[2][g] * scale;
-                if (!ok2)
-                    x2 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x2);
-                float x3 = sc[3][g] * scale;
-                if (!ok3)
-                    x3 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x3);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    const float p2 = __expf(x2 - m_new);
-                    const float p3 = __expf(x3 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1 + p2 + p3;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -519,13 +626,30 @@ int k_lo = split * split_len;
     const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -684,52 +808,142 @@ vb3[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                float x2 = sc[2][g] * scale;
-                if (!ok2)
-                    x2 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x2);
-                float x3 = sc[3][g] * scale;
-                if (!ok3)
-                    x3 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x3);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    const float p2 = __expf(x2 - m_new);
-                    const float p3 = __expf(x3 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1 + p2 + p3;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -834,13 +1048,30 @@ int k_lo = split * split_len;
     const __half *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const __half *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -995,52 +1226,142 @@ vb3[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                float x2 = sc[2][g] * scale;
-                if (!ok2)
-                    x2 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x2);
-                float x3 = sc[3][g] * scale;
-                if (!ok3)
-                    x3 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x3);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    const float p2 = __expf(x2 - m_new);
-                    const float p3 = __expf(x3 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1 + p2 + p3;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -1150,13 +1471,30 @@ int k_lo = split * split_len;
     const __half *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const __half *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -1311,52 +1649,142 @@ vb3[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                float x2 = sc[2][g] * scale;
-                if (!ok2)
-                    x2 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x2);
-                float x3 = sc[3][g] * scale;
-                if (!ok3)
-                    x3 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x3);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    const float p2 = __expf(x2 - m_new);
-                    const float p3 = __expf(x3 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1 + p2 + p3;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -1463,13 +1891,30 @@ int k_lo = split * split_len;
     const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
     const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -1608,52 +2053,142 @@ vb3[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                float x2 = sc[2][g] * scale;
-                if (!ok2)
-                    x2 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x2);
-                float x3 = sc[3][g] * scale;
-                if (!ok3)
-                    x3 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x3);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    const float p2 = __expf(x2 - m_new);
-                    const float p3 = __expf(x3 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1 + p2 + p3;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -1765,13 +2300,30 @@ int k_lo = split * split_len;
     const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
     const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -1910,52 +2462,142 @@ vb3[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                float x2 = sc[2][g] * scale;
-                if (!ok2)
-                    x2 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x2);
-                float x3 = sc[3][g] * scale;
-                if (!ok3)
-                    x3 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x3);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    const float p2 = __expf(x2 - m_new);
-                    const float p3 = __expf(x3 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1 + p2 + p3;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -2061,13 +2703,30 @@ int k_lo = split * split_len;
     const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -2226,52 +2885,142 @@ vb3[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                float x2 = sc[2][g] * scale;
-                if (!ok2)
-                    x2 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x2);
-                float x3 = sc[3][g] * scale;
-                if (!ok3)
-                    x3 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x3);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    const float p2 = __expf(x2 - m_new);
-                    const float p3 = __expf(x3 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1 + p2 + p3;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -2382,13 +3131,30 @@ int k_lo = split * split_len;
     const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -2547,52 +3313,142 @@ vb3[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                float x2 = sc[2][g] * scale;
-                if (!ok2)
-                    x2 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x2);
-                float x3 = sc[3][g] * scale;
-                if (!ok3)
-                    x3 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x3);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    const float p2 = __expf(x2 - m_new);
-                    const float p3 = __expf(x3 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1 + p2 + p3;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -2706,13 +3562,28 @@ int k_lo = split * split_len;
     const __half *k_sink_head = k_sink + (size_t)kvh * SINK_ROWS * head_dim;
     const __half *v_sink_head = v_sink + (size_t)kvh * SINK_ROWS * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 2; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 1;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -2845,42 +3716,89 @@ vb1[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_8 = (up8 ? sc[0][2] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[0][0] : sc[0][2], 8, DOT_LANES);
+        const float rs1_8 = (up8 ? sc[1][2] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[1][0] : sc[1][2], 8, DOT_LANES);
+        const float rs2_8 = (up8 ? sc[0][3] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[0][1] : sc[0][3], 8, DOT_LANES);
+        const float rs3_8 = (up8 ? sc[1][3] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[1][1] : sc[1][3], 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs2_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs2_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs3_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs3_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs1_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs1_4, 2, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_2;
+        hv[0] += __shfl_xor_sync(0xffffffffu, hv[0], 1, DOT_LANES); /* duplicate sums */
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 && ok1;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -2999,13 +3917,28 @@ int k_lo = split * split_len;
     const __half *k_sink_head = k_sink + (size_t)kvh * SINK_ROWS * head_dim;
     const __half *v_sink_head = v_sink + (size_t)kvh * SINK_ROWS * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 2; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 1;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -3138,42 +4071,89 @@ vb1[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_8 = (up8 ? sc[0][2] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[0][0] : sc[0][2], 8, DOT_LANES);
+        const float rs1_8 = (up8 ? sc[1][2] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[1][0] : sc[1][2], 8, DOT_LANES);
+        const float rs2_8 = (up8 ? sc[0][3] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[0][1] : sc[0][3], 8, DOT_LANES);
+        const float rs3_8 = (up8 ? sc[1][3] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[1][1] : sc[1][3], 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs2_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs2_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs3_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs3_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs1_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs1_4, 2, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_2;
+        hv[0] += __shfl_xor_sync(0xffffffffu, hv[0], 1, DOT_LANES); /* duplicate sums */
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 && ok1;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -3278,13 +4258,28 @@ int k_lo = split * split_len;
     const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 1; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 2;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -3347,37 +4342,86 @@ vb0[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs2_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs2_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs3_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs3_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs1_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs1_8, 4, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_4;
+        hv[0] += __shfl_xor_sync(0xffffffffu, hv[0], 2, DOT_LANES); /* duplicate sums */
+        hv[0] += __shfl_xor_sync(0xffffffffu, hv[0], 1, DOT_LANES); /* duplicate sums */
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 && ok0;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    l_run[g] = l_run[g] * corr + p0;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -3487,13 +4531,28 @@ int k_lo = split * split_len;
     const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 1; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 2;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -3556,37 +4615,86 @@ vb0[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs2_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs2_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs3_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs3_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs1_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs1_8, 4, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_4;
+        hv[0] += __shfl_xor_sync(0xffffffffu, hv[0], 2, DOT_LANES); /* duplicate sums */
+        hv[0] += __shfl_xor_sync(0xffffffffu, hv[0], 1, DOT_LANES); /* duplicate sums */
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 && ok0;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    l_run[g] = l_run[g] * corr + p0;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -3691,13 +4799,29 @@ int k_lo = split * split_len;
     const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 2; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 1;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -3792,42 +4916,105 @@ vb1[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs4_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs4_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs5_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs5_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs6_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs6_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs7_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs7_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs2_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs2_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs3_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs3_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs1_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs1_4, 2, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_2;
+        hv[0] += __shfl_xor_sync(0xffffffffu, hv[0], 1, DOT_LANES); /* duplicate sums */
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 && ok1;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
@@ -3937,13 +5124,29 @@ int k_lo = split * split_len;
     const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
     const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
 
-    /* The unit's online softmax: uniform over its lanes; lane owns dims
-     * lane + i * DOT_LANES of acc. Indices stay compile-time (unrolled, guarded). */
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 2; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 1;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
     float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
 #pragma unroll
     for (int g = 0; g < MAX_GROUPS; g++) {
-        m_run[g] = -__int_as_float(0x7f800000);
-        l_run[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < KREG_MAX_CHUNK; i++)
             acc[g][i] = 0.0f;
@@ -4038,42 +5241,105 @@ vb1[i] = vv;
                 }
             }
         }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs4_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs4_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs5_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs5_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs6_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs6_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs7_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs7_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs2_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs2_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs3_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs3_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs1_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs1_4, 2, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_2;
+        hv[0] += __shfl_xor_sync(0xffffffffu, hv[0], 1, DOT_LANES); /* duplicate sums */
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 && ok1;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
 #pragma unroll
         for (int g = 0; g < MAX_GROUPS; g++) {
             if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
 #pragma unroll
-                for (int b = 0; b < KEYS_PER_STEP; b++)
-                    for (int off = DOT_LANES / 2; off > 0; off >>= 1)
-                        sc[b][g] += __shfl_xor_sync(0xffffffffu, sc[b][g], off, DOT_LANES);
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i];
             }
         }
+    }
 
-        /* Fold the step: one rescale for all its keys; a key outside the range or
-         * the window weighs exactly 0. */
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
 #pragma unroll
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            if (g < G) {
-                float m_new = m_run[g];
-                float x0 = sc[0][g] * scale;
-                if (!ok0)
-                    x0 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x0);
-                float x1 = sc[1][g] * scale;
-                if (!ok1)
-                    x1 = -__int_as_float(0x7f800000);
-                m_new = fmaxf(m_new, x1);
-                if (m_new != -__int_as_float(0x7f800000)) {
-                    const float corr = __expf(m_run[g] - m_new);
-                    const float p0 = __expf(x0 - m_new);
-                    const float p1 = __expf(x1 - m_new);
-                    l_run[g] = l_run[g] * corr + p0 + p1;
-                    m_run[g] = m_new;
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
 #pragma unroll
-                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
-                        acc[g][i] = acc[g][i] * corr + p0 * vb0[i] + p1 * vb1[i];
-                }
-            }
-        }
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
     }
 
     /* Merge the units in unit order: weights rescale each to the block max. */
