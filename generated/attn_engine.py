@@ -1830,19 +1830,22 @@ def ae_f32_prefill(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_q4_prefill(
@@ -1872,25 +1875,28 @@ def ae_q4_prefill(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        sinks,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "sinks", "pos0",
+        "sink", "win", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f16_prefill(
@@ -1914,19 +1920,22 @@ def ae_f16_prefill(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_q8_0_prefill(
@@ -1950,19 +1959,22 @@ def ae_q8_0_prefill(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_fp8_e4m3_prefill(
@@ -1988,21 +2000,24 @@ def ae_fp8_e4m3_prefill(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "k_scale", "v_scale", "attn_sink",
+        "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_prefill_full(
@@ -2026,19 +2041,22 @@ def ae_f32_prefill_full(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_prefill_full"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_prefill_full"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f16_prefill_full(
@@ -2062,19 +2080,22 @@ def ae_f16_prefill_full(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_prefill_full"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_prefill_full"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f32_decode(
@@ -2101,22 +2122,25 @@ def ae_f32_decode(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_decode_dev(
@@ -2144,23 +2168,26 @@ def ae_f32_decode_dev(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_dev"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_dev"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f32_decode_slots(
@@ -2189,24 +2216,28 @@ def ae_f32_decode_slots(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q4_decode(
@@ -2239,28 +2270,32 @@ def ae_q4_decode(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_decode_dev(
@@ -2294,29 +2329,33 @@ def ae_q4_decode_dev(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_dev"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_dev"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q4_decode_slots(
@@ -2351,30 +2390,34 @@ def ae_q4_decode_slots(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "launch_splits", "validate_pos",
+    ))
 
 
 def ae_f16_decode_host(
@@ -2401,22 +2444,25 @@ def ae_f16_decode_host(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f16_decode_device(
@@ -2444,23 +2490,26 @@ def ae_f16_decode_device(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f16_decode_slots(
@@ -2489,24 +2538,28 @@ def ae_f16_decode_slots(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_host(
@@ -2533,22 +2586,25 @@ def ae_q8_0_decode_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q8_0_decode_device(
@@ -2576,23 +2632,26 @@ def ae_q8_0_decode_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_slots(
@@ -2621,24 +2680,28 @@ def ae_q8_0_decode_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_host(
@@ -2667,24 +2730,28 @@ def ae_fp8_e4m3_decode_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale",
+        "softcap",
+    ))
 
 
 def ae_fp8_e4m3_decode_device(
@@ -2714,25 +2781,29 @@ def ae_fp8_e4m3_decode_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_slots(
@@ -2763,26 +2834,30 @@ def ae_fp8_e4m3_decode_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def ae_combine(
@@ -2801,14 +2876,16 @@ def ae_combine(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_combine"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "sinks": sinks,
-        "n_splits": n_splits,
-    }, stream=stream)
+    return launch(KERNELS["ae_combine"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        sinks,
+        n_splits,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "sinks", "n_splits",
+    ))
 
 
 def ae_combine_dev(
@@ -2830,17 +2907,19 @@ def ae_combine_dev(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_combine_dev"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "sinks": sinks,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_combine_dev"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        sinks,
+        pos,
+        kps,
+        splits_cap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "sinks", "pos", "kps", "splits_cap", "validate_pos",
+    ))
 
 
 def ae_f32_prefill_t8(
@@ -2864,19 +2943,22 @@ def ae_f32_prefill_t8(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f32_prefill_t4(
@@ -2900,19 +2982,22 @@ def ae_f32_prefill_t4(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f16_prefill_t8(
@@ -2936,19 +3021,22 @@ def ae_f16_prefill_t8(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f16_prefill_t4(
@@ -2972,19 +3060,22 @@ def ae_f16_prefill_t4(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_q8_0_prefill_t8(
@@ -3008,19 +3099,22 @@ def ae_q8_0_prefill_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_q8_0_prefill_t4(
@@ -3044,19 +3138,22 @@ def ae_q8_0_prefill_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_fp8_e4m3_prefill_t8(
@@ -3082,21 +3179,24 @@ def ae_fp8_e4m3_prefill_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "k_scale", "v_scale", "attn_sink",
+        "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_fp8_e4m3_prefill_t4(
@@ -3122,21 +3222,24 @@ def ae_fp8_e4m3_prefill_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "k_scale", "v_scale", "attn_sink",
+        "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_prefill_t8(
@@ -3166,25 +3269,28 @@ def ae_q4_prefill_t8(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        sinks,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "sinks", "pos0",
+        "sink", "win", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_prefill_t4(
@@ -3214,25 +3320,28 @@ def ae_q4_prefill_t4(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        sinks,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "sinks", "pos0",
+        "sink", "win", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_decode_host_t8(
@@ -3259,22 +3368,25 @@ def ae_f32_decode_host_t8(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_decode_host_t4(
@@ -3301,22 +3413,25 @@ def ae_f32_decode_host_t4(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_decode_device_t8(
@@ -3344,23 +3459,26 @@ def ae_f32_decode_device_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f32_decode_device_t4(
@@ -3388,23 +3506,26 @@ def ae_f32_decode_device_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f32_decode_slots_t8(
@@ -3433,24 +3554,28 @@ def ae_f32_decode_slots_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_f32_decode_slots_t4(
@@ -3479,24 +3604,28 @@ def ae_f32_decode_slots_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q4_decode_host_t8(
@@ -3529,28 +3658,32 @@ def ae_q4_decode_host_t8(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_decode_host_t4(
@@ -3583,28 +3716,32 @@ def ae_q4_decode_host_t4(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_decode_device_t8(
@@ -3638,29 +3775,33 @@ def ae_q4_decode_device_t8(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q4_decode_device_t4(
@@ -3694,29 +3835,33 @@ def ae_q4_decode_device_t4(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q4_decode_slots_t8(
@@ -3751,30 +3896,34 @@ def ae_q4_decode_slots_t8(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "launch_splits", "validate_pos",
+    ))
 
 
 def ae_q4_decode_slots_t4(
@@ -3809,30 +3958,34 @@ def ae_q4_decode_slots_t4(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "launch_splits", "validate_pos",
+    ))
 
 
 def ae_f16_decode_host_t8(
@@ -3859,22 +4012,25 @@ def ae_f16_decode_host_t8(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f16_decode_host_t4(
@@ -3901,22 +4057,25 @@ def ae_f16_decode_host_t4(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f16_decode_device_t8(
@@ -3944,23 +4103,26 @@ def ae_f16_decode_device_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f16_decode_device_t4(
@@ -3988,23 +4150,26 @@ def ae_f16_decode_device_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f16_decode_slots_t8(
@@ -4033,24 +4198,28 @@ def ae_f16_decode_slots_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_f16_decode_slots_t4(
@@ -4079,24 +4248,28 @@ def ae_f16_decode_slots_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_host_t8(
@@ -4123,22 +4296,25 @@ def ae_q8_0_decode_host_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q8_0_decode_host_t4(
@@ -4165,22 +4341,25 @@ def ae_q8_0_decode_host_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q8_0_decode_device_t8(
@@ -4208,23 +4387,26 @@ def ae_q8_0_decode_device_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_device_t4(
@@ -4252,23 +4434,26 @@ def ae_q8_0_decode_device_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_slots_t8(
@@ -4297,24 +4482,28 @@ def ae_q8_0_decode_slots_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_slots_t4(
@@ -4343,24 +4532,28 @@ def ae_q8_0_decode_slots_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_host_t8(
@@ -4389,24 +4582,28 @@ def ae_fp8_e4m3_decode_host_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale",
+        "softcap",
+    ))
 
 
 def ae_fp8_e4m3_decode_host_t4(
@@ -4435,24 +4632,28 @@ def ae_fp8_e4m3_decode_host_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale",
+        "softcap",
+    ))
 
 
 def ae_fp8_e4m3_decode_device_t8(
@@ -4482,25 +4683,29 @@ def ae_fp8_e4m3_decode_device_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_device_t4(
@@ -4530,25 +4735,29 @@ def ae_fp8_e4m3_decode_device_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_slots_t8(
@@ -4579,26 +4788,30 @@ def ae_fp8_e4m3_decode_slots_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_slots_t4(
@@ -4629,26 +4842,30 @@ def ae_fp8_e4m3_decode_slots_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def ae_combine_dev_t8(
@@ -4670,17 +4887,19 @@ def ae_combine_dev_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_combine_dev_t8"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "sinks": sinks,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_combine_dev_t8"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        sinks,
+        pos,
+        kps,
+        splits_cap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "sinks", "pos", "kps", "splits_cap", "validate_pos",
+    ))
 
 
 def ae_combine_dev_t4(
@@ -4702,14 +4921,16 @@ def ae_combine_dev_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_combine_dev_t4"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "sinks": sinks,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_combine_dev_t4"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        sinks,
+        pos,
+        kps,
+        splits_cap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "sinks", "pos", "kps", "splits_cap", "validate_pos",
+    ))

@@ -1447,14 +1447,16 @@ def paged_f32_append(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_append"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "slot_mapping": slot_mapping,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_append"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "slot_mapping", "validate_pos",
+    ))
 
 
 def paged_f16_append(
@@ -1473,14 +1475,16 @@ def paged_f16_append(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_append"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "slot_mapping": slot_mapping,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_append"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "slot_mapping", "validate_pos",
+    ))
 
 
 def paged_q8_0_append(
@@ -1499,14 +1503,16 @@ def paged_q8_0_append(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_append"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "slot_mapping": slot_mapping,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_append"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "slot_mapping", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_append(
@@ -1527,16 +1533,19 @@ def paged_fp8_e4m3_append(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_append"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "slot_mapping": slot_mapping,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_append"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_scale,
+        v_scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "slot_mapping", "k_scale", "v_scale",
+        "validate_pos",
+    ))
 
 
 def paged_f32_prefill(
@@ -1560,19 +1569,22 @@ def paged_f32_prefill(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f16_prefill(
@@ -1596,19 +1608,22 @@ def paged_f16_prefill(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill(
@@ -1632,19 +1647,22 @@ def paged_q8_0_prefill(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill(
@@ -1670,21 +1688,24 @@ def paged_fp8_e4m3_prefill(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f32_decode(
@@ -1712,23 +1733,26 @@ def paged_f32_decode(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode(
@@ -1756,23 +1780,26 @@ def paged_f16_decode(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode(
@@ -1800,23 +1827,26 @@ def paged_q8_0_decode(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode(
@@ -1846,25 +1876,29 @@ def paged_fp8_e4m3_decode(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_opts(
@@ -1891,22 +1925,25 @@ def paged_f32_prefill_opts(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_opts(
@@ -1933,22 +1970,25 @@ def paged_f16_prefill_opts(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_opts(
@@ -1975,22 +2015,25 @@ def paged_q8_0_prefill_opts(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_opts(
@@ -2019,24 +2062,28 @@ def paged_fp8_e4m3_prefill_opts(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def paged_f32_decode_opts(
@@ -2066,25 +2113,29 @@ def paged_f32_decode_opts(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_opts(
@@ -2114,25 +2165,29 @@ def paged_f16_decode_opts(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_opts(
@@ -2162,25 +2217,29 @@ def paged_q8_0_decode_opts(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_opts(
@@ -2212,27 +2271,31 @@ def paged_fp8_e4m3_decode_opts(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "win_left", "win_right",
+        "scale", "softcap", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_t8(
@@ -2256,19 +2319,22 @@ def paged_f32_prefill_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_t4(
@@ -2292,19 +2358,22 @@ def paged_f32_prefill_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_t8(
@@ -2328,19 +2397,22 @@ def paged_f16_prefill_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_t4(
@@ -2364,19 +2436,22 @@ def paged_f16_prefill_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_t8(
@@ -2400,19 +2475,22 @@ def paged_q8_0_prefill_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_t4(
@@ -2436,19 +2514,22 @@ def paged_q8_0_prefill_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_t8(
@@ -2474,21 +2555,24 @@ def paged_fp8_e4m3_prefill_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_t4(
@@ -2514,21 +2598,24 @@ def paged_fp8_e4m3_prefill_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f32_decode_t8(
@@ -2556,23 +2643,26 @@ def paged_f32_decode_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_decode_t4(
@@ -2600,23 +2690,26 @@ def paged_f32_decode_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_t8(
@@ -2644,23 +2737,26 @@ def paged_f16_decode_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_t4(
@@ -2688,23 +2784,26 @@ def paged_f16_decode_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_t8(
@@ -2732,23 +2831,26 @@ def paged_q8_0_decode_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_t4(
@@ -2776,23 +2878,26 @@ def paged_q8_0_decode_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_t8(
@@ -2822,25 +2927,29 @@ def paged_fp8_e4m3_decode_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_t4(
@@ -2870,25 +2979,29 @@ def paged_fp8_e4m3_decode_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_opts_t8(
@@ -2915,22 +3028,25 @@ def paged_f32_prefill_opts_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_opts_t4(
@@ -2957,22 +3073,25 @@ def paged_f32_prefill_opts_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_opts_t8(
@@ -2999,22 +3118,25 @@ def paged_f16_prefill_opts_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_opts_t4(
@@ -3041,22 +3163,25 @@ def paged_f16_prefill_opts_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_opts_t8(
@@ -3083,22 +3208,25 @@ def paged_q8_0_prefill_opts_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_opts_t4(
@@ -3125,22 +3253,25 @@ def paged_q8_0_prefill_opts_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_opts_t8(
@@ -3169,24 +3300,28 @@ def paged_fp8_e4m3_prefill_opts_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_opts_t4(
@@ -3215,24 +3350,28 @@ def paged_fp8_e4m3_prefill_opts_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def paged_f32_decode_opts_t8(
@@ -3262,25 +3401,29 @@ def paged_f32_decode_opts_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_decode_opts_t4(
@@ -3310,25 +3453,29 @@ def paged_f32_decode_opts_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_opts_t8(
@@ -3358,25 +3505,29 @@ def paged_f16_decode_opts_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_opts_t4(
@@ -3406,25 +3557,29 @@ def paged_f16_decode_opts_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_opts_t8(
@@ -3454,25 +3609,29 @@ def paged_q8_0_decode_opts_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_opts_t4(
@@ -3502,25 +3661,29 @@ def paged_q8_0_decode_opts_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_opts_t8(
@@ -3552,27 +3715,31 @@ def paged_fp8_e4m3_decode_opts_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "win_left", "win_right",
+        "scale", "softcap", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_opts_t4(
@@ -3604,24 +3771,28 @@ def paged_fp8_e4m3_decode_opts_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "win_left", "win_right",
+        "scale", "softcap", "max_seq_len", "validate_pos",
+    ))

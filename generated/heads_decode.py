@@ -1561,20 +1561,23 @@ def hd_f32_t8_host(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_t8_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_t8_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_f32_t8_device(
@@ -1600,21 +1603,24 @@ def hd_f32_t8_device(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_t8_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_t8_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_f32_t8_slots(
@@ -1641,22 +1647,25 @@ def hd_f32_t8_slots(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_t8_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_t8_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_q4_t8_host(
@@ -1687,26 +1696,30 @@ def hd_q4_t8_host(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q4_t8_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_q4_t8_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def hd_q4_t8_device(
@@ -1738,27 +1751,31 @@ def hd_q4_t8_device(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q4_t8_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q4_t8_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "attn_win", "scale",
+        "validate_pos",
+    ))
 
 
 def hd_q4_t8_slots(
@@ -1791,28 +1808,32 @@ def hd_q4_t8_slots(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q4_t8_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q4_t8_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "attn_win", "scale",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def hd_f16_t8_host(
@@ -1837,20 +1858,23 @@ def hd_f16_t8_host(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_t8_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_t8_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_f16_t8_device(
@@ -1876,21 +1900,24 @@ def hd_f16_t8_device(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_t8_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_t8_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_f16_t8_slots(
@@ -1917,22 +1944,25 @@ def hd_f16_t8_slots(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_t8_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_t8_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_q8_0_t8_host(
@@ -1957,20 +1987,23 @@ def hd_q8_0_t8_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q8_0_t8_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_q8_0_t8_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_q8_0_t8_device(
@@ -1996,21 +2029,24 @@ def hd_q8_0_t8_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q8_0_t8_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q8_0_t8_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_q8_0_t8_slots(
@@ -2037,22 +2073,25 @@ def hd_q8_0_t8_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q8_0_t8_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q8_0_t8_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_fp8_e4m3_t8_host(
@@ -2079,22 +2118,25 @@ def hd_fp8_e4m3_t8_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_t8_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_t8_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_fp8_e4m3_t8_device(
@@ -2122,23 +2164,26 @@ def hd_fp8_e4m3_t8_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_t8_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_t8_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_fp8_e4m3_t8_slots(
@@ -2167,24 +2212,27 @@ def hd_fp8_e4m3_t8_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_t8_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_t8_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_f32_t4_host(
@@ -2209,20 +2257,23 @@ def hd_f32_t4_host(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_t4_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_t4_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_f32_t4_device(
@@ -2248,21 +2299,24 @@ def hd_f32_t4_device(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_t4_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_t4_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_f32_t4_slots(
@@ -2289,22 +2343,25 @@ def hd_f32_t4_slots(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_t4_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_t4_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_q4_t4_host(
@@ -2335,26 +2392,30 @@ def hd_q4_t4_host(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q4_t4_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_q4_t4_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def hd_q4_t4_device(
@@ -2386,27 +2447,31 @@ def hd_q4_t4_device(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q4_t4_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q4_t4_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "attn_win", "scale",
+        "validate_pos",
+    ))
 
 
 def hd_q4_t4_slots(
@@ -2439,28 +2504,32 @@ def hd_q4_t4_slots(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q4_t4_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q4_t4_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "attn_win", "scale",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def hd_f16_t4_host(
@@ -2485,20 +2554,23 @@ def hd_f16_t4_host(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_t4_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_t4_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_f16_t4_device(
@@ -2524,21 +2596,24 @@ def hd_f16_t4_device(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_t4_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_t4_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_f16_t4_slots(
@@ -2565,22 +2640,25 @@ def hd_f16_t4_slots(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_t4_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_t4_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_q8_0_t4_host(
@@ -2605,20 +2683,23 @@ def hd_q8_0_t4_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q8_0_t4_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_q8_0_t4_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_q8_0_t4_device(
@@ -2644,21 +2725,24 @@ def hd_q8_0_t4_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q8_0_t4_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q8_0_t4_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_q8_0_t4_slots(
@@ -2685,22 +2769,25 @@ def hd_q8_0_t4_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q8_0_t4_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q8_0_t4_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_fp8_e4m3_t4_host(
@@ -2727,22 +2814,25 @@ def hd_fp8_e4m3_t4_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_t4_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_t4_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_fp8_e4m3_t4_device(
@@ -2770,23 +2860,26 @@ def hd_fp8_e4m3_t4_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_t4_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_t4_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_fp8_e4m3_t4_slots(
@@ -2815,24 +2908,27 @@ def hd_fp8_e4m3_t4_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_t4_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_t4_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_f32_w_host(
@@ -2857,20 +2953,23 @@ def hd_f32_w_host(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_w_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_w_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_f32_w_device(
@@ -2896,21 +2995,24 @@ def hd_f32_w_device(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_w_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_w_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_f32_w_slots(
@@ -2937,22 +3039,25 @@ def hd_f32_w_slots(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_w_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_w_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_q4_w_host(
@@ -2983,26 +3088,30 @@ def hd_q4_w_host(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q4_w_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_q4_w_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def hd_q4_w_device(
@@ -3034,27 +3143,31 @@ def hd_q4_w_device(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q4_w_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q4_w_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "attn_win", "scale",
+        "validate_pos",
+    ))
 
 
 def hd_q4_w_slots(
@@ -3087,28 +3200,32 @@ def hd_q4_w_slots(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q4_w_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q4_w_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "attn_win", "scale",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def hd_f16_w_host(
@@ -3133,20 +3250,23 @@ def hd_f16_w_host(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_w_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_w_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_f16_w_device(
@@ -3172,21 +3292,24 @@ def hd_f16_w_device(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_w_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_w_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_f16_w_slots(
@@ -3213,22 +3336,25 @@ def hd_f16_w_slots(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_w_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_w_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_q8_0_w_host(
@@ -3253,20 +3379,23 @@ def hd_q8_0_w_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q8_0_w_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_q8_0_w_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_q8_0_w_device(
@@ -3292,21 +3421,24 @@ def hd_q8_0_w_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q8_0_w_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q8_0_w_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_q8_0_w_slots(
@@ -3333,22 +3465,25 @@ def hd_q8_0_w_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_q8_0_w_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_q8_0_w_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_fp8_e4m3_w_host(
@@ -3375,22 +3510,25 @@ def hd_fp8_e4m3_w_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_w_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_w_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_fp8_e4m3_w_device(
@@ -3418,23 +3556,26 @@ def hd_fp8_e4m3_w_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_w_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_w_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_fp8_e4m3_w_slots(
@@ -3463,24 +3604,27 @@ def hd_fp8_e4m3_w_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_w_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_w_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_f32_p_host(
@@ -3505,20 +3649,23 @@ def hd_f32_p_host(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_p_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_p_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_f32_p_device(
@@ -3544,21 +3691,24 @@ def hd_f32_p_device(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_p_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_p_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_f32_p_slots(
@@ -3585,22 +3735,25 @@ def hd_f32_p_slots(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f32_p_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f32_p_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_f16_p_host(
@@ -3625,20 +3778,23 @@ def hd_f16_p_host(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_p_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_p_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_f16_p_device(
@@ -3664,21 +3820,24 @@ def hd_f16_p_device(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_p_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_p_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_f16_p_slots(
@@ -3705,22 +3864,25 @@ def hd_f16_p_slots(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_f16_p_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_f16_p_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hd_fp8_e4m3_p_host(
@@ -3747,22 +3909,25 @@ def hd_fp8_e4m3_p_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_p_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_p_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hd_fp8_e4m3_p_device(
@@ -3790,23 +3955,26 @@ def hd_fp8_e4m3_p_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_p_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_p_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def hd_fp8_e4m3_p_slots(
@@ -3835,24 +4003,27 @@ def hd_fp8_e4m3_p_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hd_fp8_e4m3_p_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hd_fp8_e4m3_p_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def hc_t4_dev(
@@ -3873,16 +4044,18 @@ def hc_t4_dev(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hc_t4_dev"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hc_t4_dev"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        pos,
+        kps,
+        splits_cap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "pos", "kps", "splits_cap", "validate_pos",
+    ))
 
 
 def hc_t8_dev(
@@ -3903,13 +4076,15 @@ def hc_t8_dev(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hc_t8_dev"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["hc_t8_dev"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        pos,
+        kps,
+        splits_cap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "pos", "kps", "splits_cap", "validate_pos",
+    ))

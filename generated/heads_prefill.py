@@ -531,16 +531,18 @@ def hp_f32_t8(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_f32_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_f32_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_q4_t8(
@@ -567,22 +569,25 @@ def hp_q4_t8(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_q4_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_q4_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "pos0", "sink",
+        "win", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_f16_t8(
@@ -603,16 +608,18 @@ def hp_f16_t8(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_f16_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_f16_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_q8_0_t8(
@@ -633,16 +640,18 @@ def hp_q8_0_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_q8_0_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_q8_0_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_fp8_e4m3_t8(
@@ -665,18 +674,21 @@ def hp_fp8_e4m3_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_fp8_e4m3_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_fp8_e4m3_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "k_scale", "v_scale", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def hp_f32_t4(
@@ -697,16 +709,18 @@ def hp_f32_t4(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_f32_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_f32_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_q4_t4(
@@ -733,22 +747,25 @@ def hp_q4_t4(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_q4_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_q4_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "pos0", "sink",
+        "win", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_f16_t4(
@@ -769,16 +786,18 @@ def hp_f16_t4(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_f16_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_f16_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_q8_0_t4(
@@ -799,16 +818,18 @@ def hp_q8_0_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_q8_0_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_q8_0_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_fp8_e4m3_t4(
@@ -831,18 +852,21 @@ def hp_fp8_e4m3_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_fp8_e4m3_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_fp8_e4m3_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "k_scale", "v_scale", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def hp_f32_w(
@@ -863,16 +887,18 @@ def hp_f32_w(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_f32_w"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_f32_w"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_q4_w(
@@ -899,22 +925,25 @@ def hp_q4_w(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_q4_w"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_q4_w"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "pos0", "sink",
+        "win", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_f16_w(
@@ -935,16 +964,18 @@ def hp_f16_w(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_f16_w"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_f16_w"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_q8_0_w(
@@ -965,16 +996,18 @@ def hp_q8_0_w(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_q8_0_w"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_q8_0_w"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_fp8_e4m3_w(
@@ -997,18 +1030,21 @@ def hp_fp8_e4m3_w(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_fp8_e4m3_w"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_fp8_e4m3_w"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "k_scale", "v_scale", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def hp_f32_p(
@@ -1029,16 +1065,18 @@ def hp_f32_p(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_f32_p"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_f32_p"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_f16_p(
@@ -1059,16 +1097,18 @@ def hp_f16_p(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_f16_p"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_f16_p"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def hp_fp8_e4m3_p(
@@ -1091,15 +1131,18 @@ def hp_fp8_e4m3_p(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["hp_fp8_e4m3_p"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["hp_fp8_e4m3_p"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "k_scale", "v_scale", "attn_sink", "attn_win",
+        "scale",
+    ))

@@ -288,16 +288,18 @@ def prefill_f32_r2(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["prefill_f32_r2"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["prefill_f32_r2"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def prefill_f32_r4(
@@ -318,16 +320,18 @@ def prefill_f32_r4(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["prefill_f32_r4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["prefill_f32_r4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def prefill_f16_r2(
@@ -348,16 +352,18 @@ def prefill_f16_r2(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["prefill_f16_r2"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["prefill_f16_r2"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def prefill_f16_r4(
@@ -378,16 +384,18 @@ def prefill_f16_r4(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["prefill_f16_r4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["prefill_f16_r4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def prefill_q8_0_r2(
@@ -408,16 +416,18 @@ def prefill_q8_0_r2(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["prefill_q8_0_r2"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["prefill_q8_0_r2"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def prefill_q8_0_r4(
@@ -438,16 +448,18 @@ def prefill_q8_0_r4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["prefill_q8_0_r4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["prefill_q8_0_r4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def prefill_fp8_e4m3_r2(
@@ -470,18 +482,21 @@ def prefill_fp8_e4m3_r2(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["prefill_fp8_e4m3_r2"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["prefill_fp8_e4m3_r2"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "k_scale", "v_scale", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def prefill_fp8_e4m3_r4(
@@ -504,18 +519,21 @@ def prefill_fp8_e4m3_r4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["prefill_fp8_e4m3_r4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["prefill_fp8_e4m3_r4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "k_scale", "v_scale", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def prefill_f32_r4_kr(
@@ -536,13 +554,15 @@ def prefill_f32_r4_kr(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["prefill_f32_r4_kr"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["prefill_f32_r4_kr"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
