@@ -6,81 +6,26 @@ functions record their launches."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from kgen.runtime import ContractError, Launch, launch
-
-
-class FakeArray:
-    """What kgen reads of a cupy.ndarray; ``host`` is what ``get`` returns."""
-
-    def __init__(self, shape, dtype=np.float32, strides=None, device=0, host=None):
-        self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
-        contiguous = []
-        step = self.dtype.itemsize
-        for n in reversed(self.shape):
-            contiguous.insert(0, step)
-            step *= n
-        self.strides = tuple(strides or contiguous)
-        self.ndim = len(self.shape)
-        self.size = math.prod(self.shape)
-        self.data = type("Ptr", (), {"device_id": device})()
-        self.host = host
-
-    @property
-    def flags(self):
-        c = self.strides == FakeArray(self.shape, self.dtype).strides
-        return type("Flags", (), {"c_contiguous": c})()
-
-    @property
-    def device(self):
-        return type("Dev", (), {"id": self.data.device_id})()
-
-    def get(self):
-        return np.zeros(self.shape, self.dtype) if self.host is None else self.host
-
-
-class FakeCupy:
-    ndarray = FakeArray
-
-    def __init__(self):
-        self.device = 0
-        fake = self
-
-        class Runtime:
-            @staticmethod
-            def getDevice():
-                return fake.device
-
-        self.cuda = type("Cuda", (), {"runtime": Runtime})
+from kgen.testing.fakecupy import FakeArray, FakeCupy
 
 
 @pytest.fixture
 def gpu(monkeypatch):
     """(fake cupy, launches recorded, bindings made)."""
-    cp = FakeCupy()
-    monkeypatch.setattr(launch, "_cupy", lambda: cp)
-    monkeypatch.setattr(launch, "_rt", None)
-    monkeypatch.setattr(launch, "_memo", {})
-    monkeypatch.setattr(launch, "_held", [0])
-    launched, binds = [], []
-
-    def function(path, name, device):
-        return lambda grid, block, args, shared_mem=0, stream=None: launched.append(args)
-
+    cp = FakeCupy().install(monkeypatch)
+    binds = []
     real_bind = launch.bind
 
     def bind(k, a):
         binds.append(k.name)
         return real_bind(k, a)
 
-    monkeypatch.setattr(launch, "function", function)
     monkeypatch.setattr(launch, "bind", bind)
-    return cp, launched, binds
+    return cp, cp.launched, binds
 
 
 def _mods():
@@ -123,7 +68,7 @@ def test_a_hit_replays_the_binding_with_the_calls_arrays(gpu):
     assert again.arg("q") is arrays["q"] and again.arg("acc_out") is arrays["acc_out"]
     assert [type(v) for v in again.args] == [type(v) for v in first.args]
     assert again.args[len(arrays):] == first.args[len(arrays):]
-    assert launched[-1] is again.args
+    assert launched[-1][3] is again.args
 
 
 @pytest.mark.parametrize("over, match", [
@@ -168,7 +113,7 @@ def test_a_float_zero_launches_with_its_own_sign(gpu):
     fn = _mods().attn_engine.ae_f32_decode
     _decode(fn, softcap=0.0)
     b = _decode(fn, softcap=-0.0)
-    assert np.signbit(b.arg("softcap")) and np.signbit(launched[-1][b.names.index("softcap")])
+    assert np.signbit(b.arg("softcap")) and np.signbit(launched[-1][3][b.names.index("softcap")])
     b = _decode(fn, softcap=0.0)
     assert not np.signbit(b.arg("softcap"))
 
