@@ -12,7 +12,6 @@ ring is never lapped inside one launch. Kernels are chosen by their axes
 
 from __future__ import annotations
 
-import inspect
 import math
 import sys
 from dataclasses import dataclass
@@ -22,9 +21,9 @@ import numpy as np
 
 from kgen import tune
 from kgen.formats import FORMATS
+from kgen.runtime import launch as launching
 from kgen.runtime.bind import INT_MAX
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.launch import launch
 from kgen.runtime.plan import decode_plan
 from kgen.runtime.select import Role, find
 from kgen.spec.axes import KEYS, Mode, Op, Position
@@ -77,30 +76,18 @@ class _Plan:
     and the cache state they were derived from (the buffers, the kernel choice)."""
 
     __slots__ = ("version", "last_plan", "k", "v", "shadows", "pos", "scratch", "scalars",
-                 "append", "append_path", "append_names", "append_tail",
-                 "decode", "decode_path", "decode_names", "decode_tail",
-                 "combine", "combine_path", "combine_names", "combine_head", "combine_tail",
-                 "empty", "out_shape")
+                 "replay", "empty", "out_shape")
 
 
-_SIGNATURES: dict[object, inspect.Signature] = {}
-
-
-def _launch_args(fn, arrays: tuple, kw: dict) -> tuple | None:
-    """(kernel, path, names, values) of a generated launcher's call, as it passes
-    them to kgen.runtime.launch.launch; None for anything but a generated launcher."""
+def _function(fn, b):
+    """The CuPy function a generated launcher ``fn`` launched ``b`` with, or None
+    for anything but a generated launcher."""
     mod = sys.modules.get(getattr(fn, "__module__", None))
     k = getattr(mod, "KERNELS", {}).get(getattr(fn, "__name__", None))
-    if k is None or getattr(mod, fn.__name__, None) is not fn:
+    if k is None or k.name != b.kernel or getattr(mod, fn.__name__, None) is not fn:
         return None
-    sig = _SIGNATURES.get(fn)
-    if sig is None:
-        sig = _SIGNATURES[fn] = inspect.signature(fn)
-    ba = sig.bind(*arrays, **kw)
-    ba.apply_defaults()
-    given = dict(ba.arguments)
-    given.pop("stream", None)
-    return k, getattr(mod, "FATBIN", None) or mod.PTX, tuple(given), tuple(given.values())
+    path = getattr(mod, "FATBIN", None) or mod.PTX
+    return launching.function(path, b.kernel, _cp().cuda.runtime.getDevice())
 
 
 def _is_int(v) -> bool:
@@ -557,15 +544,14 @@ class KVCache:
                 or self.scratch.m is not p.scratch
                 or (self.sink, self.win, self.k_scale, self.v_scale) != p.scalars):
             return None
+        out = p.empty(p.out_shape, _F32)
+        arrays = p.replay.check((k_new, v_new, q, out))
+        if arrays is None:
+            return None
         self.last_plan = p.last_plan
         self._pos_host[0] = pos
         p.pos.set(self._pos_host, stream=stream)
-        launch(p.append, p.append_path, (k_new, v_new) + p.append_tail, stream,
-               p.append_names)
-        launch(p.decode, p.decode_path, (q,) + p.decode_tail, stream, p.decode_names)
-        out = p.empty(p.out_shape, _F32)
-        launch(p.combine, p.combine_path, p.combine_head + (out,) + p.combine_tail, stream,
-               p.combine_names)
+        p.replay.run(arrays, stream)
         if pos >= self.length:
             self.length = pos + 1
         return out
@@ -578,23 +564,20 @@ class KVCache:
         if not (q.__class__ is nd and k_new.__class__ is nd and v_new.__class__ is nd
                 and q.dtype is _F32 and k_new.dtype is _F32 and v_new.dtype is _F32):
             return
-        bound = [_launch_args(fn, args, kw) for fn, args, kw in calls]
-        if None in bound or version != self.kernels.version:
+        fns = [_function(fn, b) for fn, b in calls]
+        if None in fns or version != self.kernels.version:
             return
-        (ka, pa, na, va), (kd, pd, nd_, vd), (kc, pc, nc, vc) = bound
-        if (na[:2] != ("k_new", "v_new") or va[0] is not k_new or va[1] is not v_new
-                or nd_[0] != "q" or vd[0] is not q or "out" not in nc):
+        try:
+            replay = launching.Replay([(b, f) for (_, b), f in zip(calls, fns, strict=True)],
+                            ((0, "k_new"), (0, "v_new"), (1, "q"), (2, "out")),
+                            cp.cuda.runtime.getDevice())
+        except (TypeError, ValueError):  # an argument not a cupy array, or not there
             return
-        i = nc.index("out")
         p = _Plan()
-        p.version, p.last_plan = version, last_plan
+        p.version, p.last_plan, p.replay = version, last_plan, replay
         p.k, p.v, p.shadows, p.pos = self.k, self.v, self.shadows, self._pos
         p.scratch = self.scratch.m
         p.scalars = (self.sink, self.win, self.k_scale, self.v_scale)
-        p.append, p.append_path, p.append_names, p.append_tail = ka, pa, na, va[2:]
-        p.decode, p.decode_path, p.decode_names, p.decode_tail = kd, pd, nd_, vd[1:]
-        p.combine, p.combine_path, p.combine_names = kc, pc, nc
-        p.combine_head, p.combine_tail = vc[:i], vc[i + 1:]
         p.empty, p.out_shape = cp.empty, (q.shape[0], self.head_dim)
         s = self._steps.get(key)
         if s is None or s.ndarray is not nd:
@@ -646,8 +629,8 @@ class KVCache:
 
     def _device_step(self, q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
                      validate_pos, stream, calls: list | None = None):
-        """The three device-position launches; ``calls`` collects (launcher, arrays,
-        keywords) of each."""
+        """The three device-position launches; ``calls`` collects (launcher, Launch)
+        of each."""
         cp = _cp()
         G = self._groups(q)
         kdec, fdec = self.kernels.get("decode_dev", G, needs=opts.needs("decode_dev"))
@@ -656,19 +639,16 @@ class KVCache:
                                      needs=opts.needs("combine_dev"))
         n_head = q.shape[0]
         m, l, acc = self.scratch.get(n_head, splits_cap, self.head_dim)
-        calls = [] if calls is None else calls
-        calls.append((fapp, (k_new, v_new, self.k, self.v, *self.shadows, pos_dev),
-                      {**self._shadow_args, "validate_pos": validate_pos}))
-        calls.append((fdec, (q, self.k, self.v, *self.shadows, m, l, acc, pos_dev),
-                      {"kps": kps, "splits_cap": splits_cap, **self._shadow_args,
-                       **opts.kwargs(kdec), "validate_pos": validate_pos}))
-        for fn, arrays, kw in calls:
-            fn(*arrays, **kw, stream=stream)
+        b_app = fapp(k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **self._shadow_args,
+                     validate_pos=validate_pos, stream=stream)
+        b_dec = fdec(q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
+                     splits_cap=splits_cap, **self._shadow_args, **opts.kwargs(kdec),
+                     validate_pos=validate_pos, stream=stream)
         out = cp.empty((n_head, self.head_dim), cp.float32) if out is None else out
-        calls.append((fcomb, (m, l, acc, out, *opts.combine_arrays(kc), pos_dev),
-                      {"kps": kps, "splits_cap": splits_cap, "validate_pos": validate_pos}))
-        fn, arrays, kw = calls[-1]
-        fn(*arrays, **kw, stream=stream)
+        b_comb = fcomb(m, l, acc, out, *opts.combine_arrays(kc), pos_dev, kps=kps,
+                       splits_cap=splits_cap, validate_pos=validate_pos, stream=stream)
+        if calls is not None:
+            calls += [(fapp, b_app), (fdec, b_dec), (fcomb, b_comb)]
         return out
 
 

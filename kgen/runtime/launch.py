@@ -231,6 +231,54 @@ def launch(kernel: Kernel, path: Path, args, stream=None, names: tuple | None = 
     return b
 
 
+class Replay:
+    """Launches bound together (every contract checked, no device memory read),
+    replayed raw with the caller's arrays in the ``swap`` slots, (index of the
+    launch, argument name) each. ``check`` compares the current device and every
+    array's type, shape, dtype, strides and device, the swapped-in ones and the
+    ones kept alike, with those of the binding: where anything differs it returns
+    None (the caller then launches in full, and gets the contracts' errors), else
+    what ``run`` launches."""
+
+    __slots__ = ("kept", "signature", "calls")
+
+    def __init__(self, bound: list[tuple[Launch, object]], swap: tuple[tuple[int, str], ...],
+                 device: int):
+        ndarray = (_rt or _runtime())[0]
+        slots = {(i, bound[i][0].names.index(name)): s for s, (i, name) in enumerate(swap)}
+        kept: list = []
+        for i, (b, _) in enumerate(bound):
+            for j, v in enumerate(b.args):
+                if (i, j) not in slots and not isinstance(v, np.generic) and \
+                        not any(v is x for x in kept):
+                    kept.append(v)
+        self.kept = tuple(kept)
+        arrays = (*(bound[i][0].arg(name) for i, name in swap), *kept)
+        if any(type(a) is not ndarray for a in arrays):
+            raise TypeError("Replay binds cupy.ndarray arguments only")
+        self.signature = (device, *map(_PROPS, arrays))
+        calls = []
+        for i, (b, fn) in enumerate(bound):
+            pick = [slots[(i, j)] if (i, j) in slots else
+                    len(arrays) + j if isinstance(v, np.generic) else
+                    len(swap) + next(k for k, x in enumerate(kept) if x is v)
+                    for j, v in enumerate(b.args)]
+            calls.append((fn, b.grid, b.block, b.shared_bytes, b.args, itemgetter(*pick)))
+        self.calls = tuple(calls)
+
+    def check(self, swap: tuple) -> tuple | None:
+        arrays = swap + self.kept
+        try:
+            signature = ((_rt or _runtime())[1](), *map(_PROPS, arrays))
+        except AttributeError:
+            return None
+        return arrays if signature == self.signature else None
+
+    def run(self, arrays: tuple, stream=None) -> None:
+        for fn, grid, block, shared, args, pick in self.calls:
+            fn(grid, block, pick(arrays + args), shared_mem=shared, stream=stream)
+
+
 @dataclass(frozen=True)
 class Bound:
     """A launch bound once (every contract checked): ``run`` is a raw launch."""

@@ -136,3 +136,28 @@ def test_the_tuned_plan_is_asked_every_step(cp, full_steps, monkeypatch):
     monkeypatch.setattr(tune, "tuned", lambda *a: tune.Choice(kernel, "sha", 32.0, 8, 1.0))
     with pytest.raises(ContractError, match="kps"):
         cache.decode(q, k1, v1, 9)
+
+
+def test_a_replay_swaps_arrays_by_argument_not_by_object(cp, full_steps):
+    """k_new and v_new were one array when the step was derived, two after."""
+    cache = _cache("f32")
+    q, k1, _ = _step(cp)
+    cache.decode(q, k1, k1, 5, kps=16, splits_cap=4)
+    _, k2, v2 = _step(cp)
+    cache.decode(q, k2, v2, 6, kps=16, splits_cap=4)
+    args = cp.launched[-3][3]
+    assert full_steps[0] == 1 and args[0] is k2 and args[1] is v2
+
+
+def test_the_arrays_a_replay_keeps_are_checked_too(cp, full_steps):
+    """A cache buffer changed in place (here: no longer contiguous) is a new
+    signature: the step binds in full and the contract refuses it."""
+    cache = _cache("f32")
+    q, k1, v1 = _step(cp)
+    for pos in (5, 6):
+        cache.decode(q, k1, v1, pos, kps=16, splits_cap=4)
+    launched = len(cp.launched)
+    cache.k.strides = tuple(2 * s for s in cache.k.strides)
+    with pytest.raises(ContractError, match="k_cache must be C-contiguous"):
+        cache.decode(q, k1, v1, 7, kps=16, splits_cap=4)
+    assert full_steps[0] == 2 and len(cp.launched) == launched
