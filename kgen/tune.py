@@ -93,18 +93,24 @@ def tuned(kv: str, head_dim: int, groups: int, seq_len: int) -> Choice | None:
     stale entries dropped) once, until ``kgen tune`` saves or ``_loaded`` is
     cleared."""
     try:
-        device, driver = _device()
+        key = _device()
     except Exception:  # no CuPy or no GPU: nothing tuned applies
         return None
-    key = (device, driver)
     table = _loaded.get(key)
     if table is None:
-        table = _loaded[key] = {k: c for k, c in load(device, driver).items()
+        table = _loaded[key] = {k: c for k, c in load(*key).items()
                                 if c.source_sha256 == module_sha(c.kernel)}
-    return table.get(shape_key(kv, head_dim, groups, seq_len))
+    shape = (kv, head_dim, groups, bucket(seq_len))  # shape_key's parts, looked up once
+    c = table.get(shape, _UNSEEN)
+    if c is _UNSEEN:
+        c = table[shape] = table.get(shape_key(kv, head_dim, groups, seq_len))
+    return c
 
 
-_loaded: dict[tuple[str, int], dict[str, Choice]] = {}  # current entries per device/driver
+_UNSEEN = object()
+# Per device and driver: the current entries by shape_key, and the lookups made by
+# (kv, head_dim, groups, bucket).
+_loaded: dict[tuple[str, int], dict] = {}
 
 
 def _save(device: str, driver: int, choices: dict[str, Choice]) -> Path:

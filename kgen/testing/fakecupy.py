@@ -84,13 +84,15 @@ class FakeArray:
 
 class FakeCupy:
     """The module object: ``cuda.runtime.getDevice`` returns ``device``; ``function``
-    makes recorders of (kernel, grid, block, args, shared_mem, stream)."""
+    makes recorders of (kernel, grid, block, args, shared_mem, stream) into
+    ``launched`` (with ``record=False``, functions that do nothing)."""
 
     ndarray = FakeArray
     float32, float16, int32, uint8, int8 = np.float32, np.float16, np.int32, np.uint8, np.int8
 
-    def __init__(self):
+    def __init__(self, record: bool = True):
         self.device = 0
+        self.record = record
         self.launched: list[tuple] = []
         fake = self
 
@@ -98,6 +100,14 @@ class FakeCupy:
             @staticmethod
             def getDevice():
                 return fake.device
+
+            @staticmethod
+            def getDeviceProperties(index):
+                return {"name": b"kgen fake GPU", "major": 9, "minor": 0}
+
+            @staticmethod
+            def driverGetVersion():
+                return 13000
 
         self.cuda = types.SimpleNamespace(runtime=Runtime)
 
@@ -118,7 +128,10 @@ class FakeCupy:
 
         def run(grid, block, args, shared_mem=0, stream=None):
             launched.append((name, grid, block, args, shared_mem, stream))
-        return run
+
+        def idle(grid, block, args, shared_mem=0, stream=None):
+            pass
+        return run if self.record else idle
 
     def install(self, monkeypatch) -> FakeCupy:
         """Make kgen's launch path and cache objects use this (pytest monkeypatch)."""
