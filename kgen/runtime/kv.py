@@ -71,12 +71,12 @@ class _Step:
 
 
 class _Plan:
-    """One step's three launches (append, decode, combine) as launch() takes them:
-    kernel, load path, argument names and the values around the step's arrays;
-    and the cache state they were derived from (the buffers, the kernel choice)."""
+    """One step's three launches (append, decode, combine) bound together, and the
+    cache state they were derived from: the objects the cache held (buffers, shadow
+    counts and scales: a replay needs the very same ones) and the kernel choice."""
 
-    __slots__ = ("version", "last_plan", "k", "v", "shadows", "pos", "scratch", "scalars",
-                 "replay", "empty", "out_shape")
+    __slots__ = ("version", "last_plan", "k", "v", "shadows", "pos", "scratch", "sink", "win",
+                 "k_scale", "v_scale", "replay", "empty", "out_shape")
 
 
 def _function(fn, b):
@@ -541,8 +541,9 @@ class KVCache:
             p = s.plan
         if (p is None or p.version != self.kernels.version or self.k is not p.k
                 or self.v is not p.v or self.shadows is not p.shadows or self._pos is not p.pos
-                or self.scratch.m is not p.scratch
-                or (self.sink, self.win, self.k_scale, self.v_scale) != p.scalars):
+                or self.scratch.m is not p.scratch or self.sink is not p.sink
+                or self.win is not p.win or self.k_scale is not p.k_scale
+                or self.v_scale is not p.v_scale):
             return None
         out = p.empty(p.out_shape, _F32)
         arrays = p.replay.check((k_new, v_new, q, out))
@@ -567,17 +568,17 @@ class KVCache:
         fns = [_function(fn, b) for fn, b in calls]
         if None in fns or version != self.kernels.version:
             return
+        bound = [(b, f) for (_, b), f in zip(calls, fns, strict=True)]
+        swap = ((0, "k_new"), (0, "v_new"), (1, "q"), (2, "out"))  # append, decode, combine
         try:
-            replay = launching.Replay([(b, f) for (_, b), f in zip(calls, fns, strict=True)],
-                            ((0, "k_new"), (0, "v_new"), (1, "q"), (2, "out")),
-                            cp.cuda.runtime.getDevice())
+            replay = launching.Replay(bound, swap, cp.cuda.runtime.getDevice())
         except (TypeError, ValueError):  # an argument not a cupy array, or not there
             return
         p = _Plan()
         p.version, p.last_plan, p.replay = version, last_plan, replay
         p.k, p.v, p.shadows, p.pos = self.k, self.v, self.shadows, self._pos
         p.scratch = self.scratch.m
-        p.scalars = (self.sink, self.win, self.k_scale, self.v_scale)
+        p.sink, p.win, p.k_scale, p.v_scale = self.sink, self.win, self.k_scale, self.v_scale
         p.empty, p.out_shape = cp.empty, (q.shape[0], self.head_dim)
         s = self._steps.get(key)
         if s is None or s.ndarray is not nd:
