@@ -183,6 +183,8 @@ def _remember(kernel: Kernel, names: tuple, vals: tuple, b: Launch, fn, path, de
         lay = km.layouts[names] = _Layout(names, is_array)
     elif lay.is_array != is_array:
         return  # arrays where the layout has scalars (or back): binds in full
+    # Kept without the call's arrays (a hit supplies its own): the memo pins no memory.
+    b = b._replace(args=tuple(v if isinstance(v, np.generic) else None for v in b.args))
     lay.entries[lay.key(device, vals)] = (b, tail, itemgetter(*pick), fn, path, zeros)
     _held[0] += 1
 
@@ -263,7 +265,8 @@ class Replay:
                     len(arrays) + j if isinstance(v, np.generic) else
                     len(swap) + next(k for k, x in enumerate(kept) if x is v)
                     for j, v in enumerate(b.args)]
-            calls.append((fn, b.grid, b.block, b.shared_bytes, b.args, itemgetter(*pick)))
+            scalars = tuple(v if isinstance(v, np.generic) else None for v in b.args)
+            calls.append((fn, b.grid, b.block, b.shared_bytes, scalars, itemgetter(*pick)))
         self.calls = tuple(calls)
 
     def check(self, swap: tuple) -> tuple | None:

@@ -164,3 +164,12 @@ def test_the_current_device_is_part_of_the_signature(gpu):
     cp.device = 1
     with pytest.raises(ContractError, match="runs on device 1"):
         _decode(fn)
+
+
+def test_the_memo_holds_no_array_of_a_call(gpu):
+    fn = _mods().attn_decode.fc_attn_flash_decode
+    _decode(fn)
+    _decode(fn)
+    held = [v for km in launch._memo.values() for lay in km.layouts.values()
+            for b, *_ in lay.entries.values() for v in b.args]
+    assert held and not any(isinstance(v, FakeArray) for v in held)
