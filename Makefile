@@ -23,7 +23,7 @@ CUPY ?= $(shell m='$(DRIVER_CUDA)'; if [ -z "$$m" ] || [ "$$m" -lt 11 ]; then ec
 CUPY_EXTRAS := cuda11 cuda12 cuda13
 
 .PHONY: setup cuda build verify check-generated lint test test-cpu test-toolchain test-gpu \
-        bench-build bench-kernels golden clean FORCE
+        bench-build bench-kernels bench-host golden clean FORCE
 
 setup: $(STAMPS)/venv cuda
 
@@ -100,6 +100,10 @@ bench-build: setup
 # On a machine with a GPU (like test-gpu: the committed fatbins, CuPy, NumPy).
 bench-kernels:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m kgen.bench.kernels
+
+# Anywhere (CuPy replaced by a stand-in): the host-side Python of the launch paths.
+bench-host: setup
+	$(BIN)/python -m kgen.bench.host
 
 golden: setup
 	$(KGEN) golden

@@ -216,13 +216,15 @@ def fc_attn_kv_append(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_kv_append"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "pos0": pos0,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_kv_append"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pos0,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "pos0",
+    ))
 
 
 def fc_attn_kv_append_dev(
@@ -241,14 +243,16 @@ def fc_attn_kv_append_dev(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_kv_append_dev"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "pos": pos,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_kv_append_dev"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pos,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "pos", "validate_pos",
+    ))
 
 
 def fc_attn_kv_append_slots(
@@ -267,14 +271,16 @@ def fc_attn_kv_append_slots(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_kv_append_slots"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "pos": pos,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_kv_append_slots"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pos,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "pos", "validate_pos",
+    ))
 
 
 def fc_attn_kv_append_q4(
@@ -298,19 +304,22 @@ def fc_attn_kv_append_q4(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_kv_append_q4"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_kv_append_q4"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        pos0,
+        sink,
+        win,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "pos0",
+        "sink", "win",
+    ))
 
 
 def fc_attn_kv_append_q4_dev(
@@ -335,20 +344,23 @@ def fc_attn_kv_append_q4_dev(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_kv_append_q4_dev"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "pos": pos,
-        "sink": sink,
-        "win": win,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_kv_append_q4_dev"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        pos,
+        sink,
+        win,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "pos",
+        "sink", "win", "validate_pos",
+    ))
 
 
 def fc_attn_kv_append_slots_q4(
@@ -373,17 +385,20 @@ def fc_attn_kv_append_slots_q4(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_kv_append_slots_q4"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "pos": pos,
-        "sink": sink,
-        "win": win,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_kv_append_slots_q4"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        pos,
+        sink,
+        win,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "pos",
+        "sink", "win", "validate_pos",
+    ))

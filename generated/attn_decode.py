@@ -281,20 +281,23 @@ def fc_attn_flash_decode(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def fc_attn_flash_decode_dev(
@@ -320,21 +323,24 @@ def fc_attn_flash_decode_dev(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_decode_dev"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_decode_dev"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def fc_attn_flash_decode_q4(
@@ -365,26 +371,30 @@ def fc_attn_flash_decode_q4(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_decode_q4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_decode_q4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def fc_attn_flash_decode_q4_dev(
@@ -416,27 +426,31 @@ def fc_attn_flash_decode_q4_dev(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_decode_q4_dev"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_decode_q4_dev"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "attn_win", "scale",
+        "validate_pos",
+    ))
 
 
 def fc_attn_flash_decode_slots(
@@ -463,22 +477,25 @@ def fc_attn_flash_decode_slots(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))
 
 
 def fc_attn_flash_decode_slots_q4(
@@ -511,28 +528,32 @@ def fc_attn_flash_decode_slots_q4(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_decode_slots_q4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_decode_slots_q4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "attn_win", "scale",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def fc_attn_flash_decode_combine(
@@ -550,13 +571,15 @@ def fc_attn_flash_decode_combine(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_decode_combine"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "n_splits": n_splits,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_decode_combine"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        n_splits,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "n_splits",
+    ))
 
 
 def fc_attn_flash_decode_combine_dev(
@@ -577,13 +600,15 @@ def fc_attn_flash_decode_combine_dev(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_decode_combine_dev"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_decode_combine_dev"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        pos,
+        kps,
+        splits_cap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "pos", "kps", "splits_cap", "validate_pos",
+    ))

@@ -1962,19 +1962,22 @@ def ae_f32_prefill(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_q4_prefill(
@@ -2004,25 +2007,28 @@ def ae_q4_prefill(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        sinks,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "sinks", "pos0",
+        "sink", "win", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f16_prefill(
@@ -2046,19 +2052,22 @@ def ae_f16_prefill(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_q8_0_prefill(
@@ -2082,19 +2091,22 @@ def ae_q8_0_prefill(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_fp8_e4m3_prefill(
@@ -2120,21 +2132,24 @@ def ae_fp8_e4m3_prefill(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "k_scale", "v_scale", "attn_sink",
+        "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_prefill_full(
@@ -2158,19 +2173,22 @@ def ae_f32_prefill_full(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_prefill_full"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_prefill_full"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f16_prefill_full(
@@ -2194,19 +2212,22 @@ def ae_f16_prefill_full(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_prefill_full"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_prefill_full"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f32_decode(
@@ -2233,22 +2254,25 @@ def ae_f32_decode(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_decode_dev(
@@ -2276,23 +2300,26 @@ def ae_f32_decode_dev(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_dev"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_dev"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f32_decode_slots(
@@ -2321,24 +2348,28 @@ def ae_f32_decode_slots(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q4_decode(
@@ -2371,28 +2402,32 @@ def ae_q4_decode(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_decode_dev(
@@ -2426,29 +2461,33 @@ def ae_q4_decode_dev(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_dev"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_dev"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q4_decode_slots(
@@ -2483,30 +2522,34 @@ def ae_q4_decode_slots(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "launch_splits", "validate_pos",
+    ))
 
 
 def ae_f16_decode_host(
@@ -2533,22 +2576,25 @@ def ae_f16_decode_host(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f16_decode_device(
@@ -2576,23 +2622,26 @@ def ae_f16_decode_device(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f16_decode_slots(
@@ -2621,24 +2670,28 @@ def ae_f16_decode_slots(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_host(
@@ -2665,22 +2718,25 @@ def ae_q8_0_decode_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q8_0_decode_device(
@@ -2708,23 +2764,26 @@ def ae_q8_0_decode_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_slots(
@@ -2753,24 +2812,28 @@ def ae_q8_0_decode_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_host(
@@ -2799,24 +2862,28 @@ def ae_fp8_e4m3_decode_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale",
+        "softcap",
+    ))
 
 
 def ae_fp8_e4m3_decode_device(
@@ -2846,25 +2913,29 @@ def ae_fp8_e4m3_decode_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_slots(
@@ -2895,26 +2966,30 @@ def ae_fp8_e4m3_decode_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def ae_combine(
@@ -2933,14 +3008,16 @@ def ae_combine(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_combine"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "sinks": sinks,
-        "n_splits": n_splits,
-    }, stream=stream)
+    return launch(KERNELS["ae_combine"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        sinks,
+        n_splits,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "sinks", "n_splits",
+    ))
 
 
 def ae_combine_dev(
@@ -2962,17 +3039,19 @@ def ae_combine_dev(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_combine_dev"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "sinks": sinks,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_combine_dev"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        sinks,
+        pos,
+        kps,
+        splits_cap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "sinks", "pos", "kps", "splits_cap", "validate_pos",
+    ))
 
 
 def ae_f32_prefill_t8(
@@ -2996,19 +3075,22 @@ def ae_f32_prefill_t8(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f32_prefill_t4(
@@ -3032,19 +3114,22 @@ def ae_f32_prefill_t4(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f16_prefill_t8(
@@ -3068,19 +3153,22 @@ def ae_f16_prefill_t8(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_f16_prefill_t4(
@@ -3104,19 +3192,22 @@ def ae_f16_prefill_t4(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_q8_0_prefill_t8(
@@ -3140,19 +3231,22 @@ def ae_q8_0_prefill_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_q8_0_prefill_t4(
@@ -3176,19 +3270,22 @@ def ae_q8_0_prefill_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "attn_sink", "win_left", "win_right",
+        "scale", "softcap",
+    ))
 
 
 def ae_fp8_e4m3_prefill_t8(
@@ -3214,21 +3311,24 @@ def ae_fp8_e4m3_prefill_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "k_scale", "v_scale", "attn_sink",
+        "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_fp8_e4m3_prefill_t4(
@@ -3254,21 +3354,24 @@ def ae_fp8_e4m3_prefill_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "pos0", "k_scale", "v_scale", "attn_sink",
+        "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_prefill_t8(
@@ -3298,25 +3401,28 @@ def ae_q4_prefill_t8(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        sinks,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "sinks", "pos0",
+        "sink", "win", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_prefill_t4(
@@ -3346,25 +3452,28 @@ def ae_q4_prefill_t4(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "sinks": sinks,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        sinks,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "sinks", "pos0",
+        "sink", "win", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_decode_host_t8(
@@ -3391,22 +3500,25 @@ def ae_f32_decode_host_t8(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_decode_host_t4(
@@ -3433,22 +3545,25 @@ def ae_f32_decode_host_t4(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f32_decode_device_t8(
@@ -3476,23 +3591,26 @@ def ae_f32_decode_device_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f32_decode_device_t4(
@@ -3520,23 +3638,26 @@ def ae_f32_decode_device_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f32_decode_slots_t8(
@@ -3565,24 +3686,28 @@ def ae_f32_decode_slots_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_f32_decode_slots_t4(
@@ -3611,24 +3736,28 @@ def ae_f32_decode_slots_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f32_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f32_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q4_decode_host_t8(
@@ -3661,28 +3790,32 @@ def ae_q4_decode_host_t8(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_decode_host_t4(
@@ -3715,28 +3848,32 @@ def ae_q4_decode_host_t4(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q4_decode_device_t8(
@@ -3770,29 +3907,33 @@ def ae_q4_decode_device_t8(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q4_decode_device_t4(
@@ -3826,29 +3967,33 @@ def ae_q4_decode_device_t4(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q4_decode_slots_t8(
@@ -3883,30 +4028,34 @@ def ae_q4_decode_slots_t8(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "launch_splits", "validate_pos",
+    ))
 
 
 def ae_q4_decode_slots_t4(
@@ -3941,30 +4090,34 @@ def ae_q4_decode_slots_t4(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q4_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q4_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "win_left",
+        "win_right", "scale", "softcap", "launch_splits", "validate_pos",
+    ))
 
 
 def ae_f16_decode_host_t8(
@@ -3991,22 +4144,25 @@ def ae_f16_decode_host_t8(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f16_decode_host_t4(
@@ -4033,22 +4189,25 @@ def ae_f16_decode_host_t4(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_f16_decode_device_t8(
@@ -4076,23 +4235,26 @@ def ae_f16_decode_device_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f16_decode_device_t4(
@@ -4120,23 +4282,26 @@ def ae_f16_decode_device_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_f16_decode_slots_t8(
@@ -4165,24 +4330,28 @@ def ae_f16_decode_slots_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_f16_decode_slots_t4(
@@ -4211,24 +4380,28 @@ def ae_f16_decode_slots_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_f16_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_f16_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_host_t8(
@@ -4255,22 +4428,25 @@ def ae_q8_0_decode_host_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q8_0_decode_host_t4(
@@ -4297,22 +4473,25 @@ def ae_q8_0_decode_host_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "win_left", "win_right", "scale", "softcap",
+    ))
 
 
 def ae_q8_0_decode_device_t8(
@@ -4340,23 +4519,26 @@ def ae_q8_0_decode_device_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_device_t4(
@@ -4384,23 +4566,26 @@ def ae_q8_0_decode_device_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_slots_t8(
@@ -4429,24 +4614,28 @@ def ae_q8_0_decode_slots_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_q8_0_decode_slots_t4(
@@ -4475,24 +4664,28 @@ def ae_q8_0_decode_slots_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_q8_0_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_q8_0_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "launch_splits",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_host_t8(
@@ -4521,24 +4714,28 @@ def ae_fp8_e4m3_decode_host_t8(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_host_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_host_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale",
+        "softcap",
+    ))
 
 
 def ae_fp8_e4m3_decode_host_t4(
@@ -4567,24 +4764,28 @@ def ae_fp8_e4m3_decode_host_t4(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_host_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_host_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale",
+        "softcap",
+    ))
 
 
 def ae_fp8_e4m3_decode_device_t8(
@@ -4614,25 +4815,29 @@ def ae_fp8_e4m3_decode_device_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_device_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_device_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_device_t4(
@@ -4662,25 +4867,29 @@ def ae_fp8_e4m3_decode_device_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_device_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_device_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_slots_t8(
@@ -4711,26 +4920,30 @@ def ae_fp8_e4m3_decode_slots_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_slots_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_slots_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def ae_fp8_e4m3_decode_slots_t4(
@@ -4761,26 +4974,30 @@ def ae_fp8_e4m3_decode_slots_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_fp8_e4m3_decode_slots_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_fp8_e4m3_decode_slots_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "launch_splits", "validate_pos",
+    ))
 
 
 def ae_combine_dev_t8(
@@ -4802,17 +5019,19 @@ def ae_combine_dev_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_combine_dev_t8"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "sinks": sinks,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_combine_dev_t8"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        sinks,
+        pos,
+        kps,
+        splits_cap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "sinks", "pos", "kps", "splits_cap", "validate_pos",
+    ))
 
 
 def ae_combine_dev_t4(
@@ -4834,14 +5053,16 @@ def ae_combine_dev_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ae_combine_dev_t4"], FATBIN, {
-        "m_in": m_in,
-        "l_in": l_in,
-        "acc_in": acc_in,
-        "out": out,
-        "sinks": sinks,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ae_combine_dev_t4"], FATBIN, (
+        m_in,
+        l_in,
+        acc_in,
+        out,
+        sinks,
+        pos,
+        kps,
+        splits_cap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "m_in", "l_in", "acc_in", "out", "sinks", "pos", "kps", "splits_cap", "validate_pos",
+    ))

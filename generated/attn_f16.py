@@ -245,13 +245,15 @@ def attn_f16_append_host(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_append_host"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "pos0": pos0,
-    }, stream=stream)
+    return launch(KERNELS["attn_f16_append_host"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pos0,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "pos0",
+    ))
 
 
 def attn_f16_append_device(
@@ -270,14 +272,16 @@ def attn_f16_append_device(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_append_device"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "pos": pos,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["attn_f16_append_device"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pos,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "pos", "validate_pos",
+    ))
 
 
 def attn_f16_append_slots(
@@ -296,14 +300,16 @@ def attn_f16_append_slots(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_append_slots"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "pos": pos,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["attn_f16_append_slots"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pos,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "pos", "validate_pos",
+    ))
 
 
 def attn_f16_prefill(
@@ -324,16 +330,18 @@ def attn_f16_prefill(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["attn_f16_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def attn_f16_decode_host(
@@ -358,20 +366,23 @@ def attn_f16_decode_host(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_decode_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["attn_f16_decode_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def attn_f16_decode_device(
@@ -397,21 +408,24 @@ def attn_f16_decode_device(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_decode_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["attn_f16_decode_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def attn_f16_decode_slots(
@@ -438,19 +452,22 @@ def attn_f16_decode_slots(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_f16_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["attn_f16_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))

@@ -247,15 +247,17 @@ def attn_fp8_e4m3_append_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_fp8_e4m3_append_host"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-    }, stream=stream)
+    return launch(KERNELS["attn_fp8_e4m3_append_host"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pos0,
+        k_scale,
+        v_scale,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "pos0", "k_scale", "v_scale",
+    ))
 
 
 def attn_fp8_e4m3_append_device(
@@ -276,16 +278,18 @@ def attn_fp8_e4m3_append_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_fp8_e4m3_append_device"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "pos": pos,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["attn_fp8_e4m3_append_device"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pos,
+        k_scale,
+        v_scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "pos", "k_scale", "v_scale", "validate_pos",
+    ))
 
 
 def attn_fp8_e4m3_append_slots(
@@ -306,16 +310,18 @@ def attn_fp8_e4m3_append_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_fp8_e4m3_append_slots"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "pos": pos,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["attn_fp8_e4m3_append_slots"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pos,
+        k_scale,
+        v_scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "pos", "k_scale", "v_scale", "validate_pos",
+    ))
 
 
 def attn_fp8_e4m3_prefill(
@@ -338,18 +344,21 @@ def attn_fp8_e4m3_prefill(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_fp8_e4m3_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["attn_fp8_e4m3_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "k_scale", "v_scale", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def attn_fp8_e4m3_decode_host(
@@ -376,22 +385,25 @@ def attn_fp8_e4m3_decode_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_fp8_e4m3_decode_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["attn_fp8_e4m3_decode_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def attn_fp8_e4m3_decode_device(
@@ -419,23 +431,26 @@ def attn_fp8_e4m3_decode_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_fp8_e4m3_decode_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["attn_fp8_e4m3_decode_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def attn_fp8_e4m3_decode_slots(
@@ -464,21 +479,24 @@ def attn_fp8_e4m3_decode_slots(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["attn_fp8_e4m3_decode_slots"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "launch_splits": launch_splits,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["attn_fp8_e4m3_decode_slots"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        launch_splits,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "launch_splits", "validate_pos",
+    ))

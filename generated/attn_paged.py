@@ -1551,14 +1551,16 @@ def paged_f32_append(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_append"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "slot_mapping": slot_mapping,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_append"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "slot_mapping", "validate_pos",
+    ))
 
 
 def paged_f16_append(
@@ -1577,14 +1579,16 @@ def paged_f16_append(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_append"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "slot_mapping": slot_mapping,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_append"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "slot_mapping", "validate_pos",
+    ))
 
 
 def paged_q8_0_append(
@@ -1603,14 +1607,16 @@ def paged_q8_0_append(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_append"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "slot_mapping": slot_mapping,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_append"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "slot_mapping", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_append(
@@ -1631,16 +1637,19 @@ def paged_fp8_e4m3_append(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_append"], FATBIN, {
-        "k_new": k_new,
-        "v_new": v_new,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "slot_mapping": slot_mapping,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_append"], FATBIN, (
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_scale,
+        v_scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "k_new", "v_new", "k_cache", "v_cache", "slot_mapping", "k_scale", "v_scale",
+        "validate_pos",
+    ))
 
 
 def paged_f32_prefill(
@@ -1664,19 +1673,22 @@ def paged_f32_prefill(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f16_prefill(
@@ -1700,19 +1712,22 @@ def paged_f16_prefill(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill(
@@ -1736,19 +1751,22 @@ def paged_q8_0_prefill(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill(
@@ -1774,21 +1792,24 @@ def paged_fp8_e4m3_prefill(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f32_decode(
@@ -1816,23 +1837,26 @@ def paged_f32_decode(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode(
@@ -1860,23 +1884,26 @@ def paged_f16_decode(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode(
@@ -1904,23 +1931,26 @@ def paged_q8_0_decode(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode(
@@ -1950,25 +1980,29 @@ def paged_fp8_e4m3_decode(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_opts(
@@ -1995,22 +2029,25 @@ def paged_f32_prefill_opts(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_opts(
@@ -2037,22 +2074,25 @@ def paged_f16_prefill_opts(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_opts(
@@ -2079,22 +2119,25 @@ def paged_q8_0_prefill_opts(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_opts(
@@ -2123,24 +2166,28 @@ def paged_fp8_e4m3_prefill_opts(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def paged_f32_decode_opts(
@@ -2170,25 +2217,29 @@ def paged_f32_decode_opts(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_opts(
@@ -2218,25 +2269,29 @@ def paged_f16_decode_opts(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_opts(
@@ -2266,25 +2321,29 @@ def paged_q8_0_decode_opts(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_opts(
@@ -2316,27 +2375,31 @@ def paged_fp8_e4m3_decode_opts(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_opts"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_opts"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "win_left", "win_right",
+        "scale", "softcap", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_t8(
@@ -2360,19 +2423,22 @@ def paged_f32_prefill_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_t4(
@@ -2396,19 +2462,22 @@ def paged_f32_prefill_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_t8(
@@ -2432,19 +2501,22 @@ def paged_f16_prefill_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_t4(
@@ -2468,19 +2540,22 @@ def paged_f16_prefill_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_t8(
@@ -2504,19 +2579,22 @@ def paged_q8_0_prefill_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_t4(
@@ -2540,19 +2618,22 @@ def paged_q8_0_prefill_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_t8(
@@ -2578,21 +2659,24 @@ def paged_fp8_e4m3_prefill_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_t4(
@@ -2618,21 +2702,24 @@ def paged_fp8_e4m3_prefill_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def paged_f32_decode_t8(
@@ -2660,23 +2747,26 @@ def paged_f32_decode_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_decode_t4(
@@ -2704,23 +2794,26 @@ def paged_f32_decode_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_t8(
@@ -2748,23 +2841,26 @@ def paged_f16_decode_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_t4(
@@ -2792,23 +2888,26 @@ def paged_f16_decode_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_t8(
@@ -2836,23 +2935,26 @@ def paged_q8_0_decode_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_t4(
@@ -2880,23 +2982,26 @@ def paged_q8_0_decode_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "attn_win", "scale", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_t8(
@@ -2926,25 +3031,29 @@ def paged_fp8_e4m3_decode_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_t4(
@@ -2974,25 +3083,29 @@ def paged_fp8_e4m3_decode_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_opts_t8(
@@ -3019,22 +3132,25 @@ def paged_f32_prefill_opts_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_f32_prefill_opts_t4(
@@ -3061,22 +3177,25 @@ def paged_f32_prefill_opts_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_prefill_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_prefill_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_opts_t8(
@@ -3103,22 +3222,25 @@ def paged_f16_prefill_opts_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_f16_prefill_opts_t4(
@@ -3145,22 +3267,25 @@ def paged_f16_prefill_opts_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_prefill_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_prefill_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_opts_t8(
@@ -3187,22 +3312,25 @@ def paged_q8_0_prefill_opts_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_q8_0_prefill_opts_t4(
@@ -3229,22 +3357,25 @@ def paged_q8_0_prefill_opts_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_prefill_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_prefill_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "attn_sink", "win_left", "win_right", "scale", "softcap", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_opts_t8(
@@ -3273,24 +3404,28 @@ def paged_fp8_e4m3_prefill_opts_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_prefill_opts_t4(
@@ -3319,24 +3454,28 @@ def paged_fp8_e4m3_prefill_opts_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_prefill_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "sinks": sinks,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_prefill_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        sinks,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "sinks", "block_table", "seq_lens", "query_start_loc",
+        "k_scale", "v_scale", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "validate_pos",
+    ))
 
 
 def paged_f32_decode_opts_t8(
@@ -3366,25 +3505,29 @@ def paged_f32_decode_opts_t8(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f32_decode_opts_t4(
@@ -3414,25 +3557,29 @@ def paged_f32_decode_opts_t4(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f32_decode_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f32_decode_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_opts_t8(
@@ -3462,25 +3609,29 @@ def paged_f16_decode_opts_t8(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_f16_decode_opts_t4(
@@ -3510,25 +3661,29 @@ def paged_f16_decode_opts_t4(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_f16_decode_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_f16_decode_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_opts_t8(
@@ -3558,25 +3713,29 @@ def paged_q8_0_decode_opts_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_q8_0_decode_opts_t4(
@@ -3606,25 +3765,29 @@ def paged_q8_0_decode_opts_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_q8_0_decode_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_q8_0_decode_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "attn_sink", "win_left", "win_right", "scale", "softcap",
+        "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_opts_t8(
@@ -3656,27 +3819,31 @@ def paged_fp8_e4m3_decode_opts_t8(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_opts_t8"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_opts_t8"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "win_left", "win_right",
+        "scale", "softcap", "max_seq_len", "validate_pos",
+    ))
 
 
 def paged_fp8_e4m3_decode_opts_t4(
@@ -3708,24 +3875,28 @@ def paged_fp8_e4m3_decode_opts_t4(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["paged_fp8_e4m3_decode_opts_t4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "block_table": block_table,
-        "seq_lens": seq_lens,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "win_left": win_left,
-        "win_right": win_right,
-        "scale": scale,
-        "softcap": softcap,
-        "max_seq_len": max_seq_len,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["paged_fp8_e4m3_decode_opts_t4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        block_table,
+        seq_lens,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        win_left,
+        win_right,
+        scale,
+        softcap,
+        max_seq_len,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "block_table", "seq_lens",
+        "kps", "splits_cap", "k_scale", "v_scale", "attn_sink", "win_left", "win_right",
+        "scale", "softcap", "max_seq_len", "validate_pos",
+    ))

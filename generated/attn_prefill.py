@@ -219,16 +219,18 @@ def fc_attn_flash_prefill(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_prefill"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "out": out,
-        "pos0": pos0,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_prefill"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def fc_attn_flash_prefill_q4(
@@ -255,22 +257,25 @@ def fc_attn_flash_prefill_q4(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_prefill_q4"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_prefill_q4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "pos0", "sink",
+        "win", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def fc_attn_flash_prefill_q4_kr(
@@ -297,22 +302,25 @@ def fc_attn_flash_prefill_q4_kr(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_prefill_q4_kr"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_prefill_q4_kr"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "pos0", "sink",
+        "win", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def fc_attn_flash_prefill_q4_kvs(
@@ -339,22 +347,25 @@ def fc_attn_flash_prefill_q4_kvs(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_prefill_q4_kvs"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_prefill_q4_kvs"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "pos0", "sink",
+        "win", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def fc_attn_flash_prefill_q4_kh(
@@ -381,22 +392,25 @@ def fc_attn_flash_prefill_q4_kh(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_prefill_q4_kh"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_prefill_q4_kh"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "pos0", "sink",
+        "win", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def fc_attn_flash_prefill_q4_kqh(
@@ -423,19 +437,22 @@ def fc_attn_flash_prefill_q4_kqh(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_flash_prefill_q4_kqh"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "out": out,
-        "pos0": pos0,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_flash_prefill_q4_kqh"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "pos0", "sink",
+        "win", "attn_sink", "attn_win", "scale",
+    ))

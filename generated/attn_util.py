@@ -69,8 +69,10 @@ def fc_attn_qz_split(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["fc_attn_qz_split"], FATBIN, {
-        "qg": qg,
-        "q": q,
-        "z": z,
-    }, stream=stream)
+    return launch(KERNELS["fc_attn_qz_split"], FATBIN, (
+        qg,
+        q,
+        z,
+    ), stream, (  # the names of those values
+        "qg", "q", "z",
+    ))

@@ -53,10 +53,19 @@ def cache_path(device: str, driver: int) -> Path:
 
 
 def _device() -> tuple[str, int]:
+    """The current device's name and the driver's version (asked once per device:
+    neither changes while a process runs, and the properties query is slow)."""
     import cupy as cp
 
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
-    return props["name"].decode(), cp.cuda.runtime.driverGetVersion()
+    index = cp.cuda.runtime.getDevice()
+    d = _devices.get(index)
+    if d is None:
+        props = cp.cuda.runtime.getDeviceProperties(index)
+        d = _devices[index] = (props["name"].decode(), cp.cuda.runtime.driverGetVersion())
+    return d
+
+
+_devices: dict[int, tuple[str, int]] = {}
 
 
 def module_sha(kernel: str) -> str:
@@ -79,21 +88,29 @@ def load(device: str, driver: int) -> dict[str, Choice]:
 
 
 def tuned(kv: str, head_dim: int, groups: int, seq_len: int) -> Choice | None:
-    """The stored choice for this shape class on this GPU and driver, unless stale."""
+    """The stored choice for this shape class on this GPU and driver, unless stale.
+    KVCache.decode asks on every step without a plan: the store is read (and its
+    stale entries dropped) once, until ``kgen tune`` saves or ``_loaded`` is
+    cleared."""
     try:
-        device, driver = _device()
+        key = _device()
     except Exception:  # no CuPy or no GPU: nothing tuned applies
         return None
-    key = (device, driver)
-    if key not in _loaded:
-        _loaded[key] = load(device, driver)
-    c = _loaded[key].get(shape_key(kv, head_dim, groups, seq_len))
-    if c is None or c.source_sha256 != module_sha(c.kernel):
-        return None
+    table = _loaded.get(key)
+    if table is None:
+        table = _loaded[key] = {k: c for k, c in load(*key).items()
+                                if c.source_sha256 == module_sha(c.kernel)}
+    shape = (kv, head_dim, groups, bucket(seq_len))  # shape_key's parts, looked up once
+    c = table.get(shape, _UNSEEN)
+    if c is _UNSEEN:
+        c = table[shape] = table.get(shape_key(kv, head_dim, groups, seq_len))
     return c
 
 
-_loaded: dict[tuple[str, int], dict[str, Choice]] = {}
+_UNSEEN = object()
+# Per device and driver: the current entries by shape_key, and the lookups made by
+# (kv, head_dim, groups, bucket).
+_loaded: dict[tuple[str, int], dict] = {}
 
 
 def _save(device: str, driver: int, choices: dict[str, Choice]) -> Path:

@@ -9,7 +9,7 @@ n_head_kv, total) come from the array shapes; the caller passes the rest.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,8 +25,10 @@ INT_MAX = 2**31 - 1
 QZ_BLOCK = 256  # threads per block of the 1-D qz_split launch
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
+    """A bound launch. A named tuple, not a dataclass: a launch replaying a
+    remembered binding makes one per call, and this is the cheapest to make."""
+
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
@@ -36,6 +38,14 @@ class Launch:
 
     def arg(self, name: str):
         return self.args[self.names.index(name)]
+
+
+def reads_device(k: Kernel, a: dict) -> bool:
+    """Whether binding ``a`` reads device memory: the positions, block tables, seq
+    lens and slot maps every non-host-position binder copies back and checks
+    unless ``validate_pos`` is false. Such a binding holds for those contents
+    only; it is never replayed."""
+    return k.position is not Position.HOST and bool(a.get("validate_pos", True))
 
 
 def _order(k: Kernel, values: dict) -> tuple[tuple, tuple[str, ...]]:

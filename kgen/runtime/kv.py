@@ -13,11 +13,15 @@ ring is never lapped inside one launch. Kernels are chosen by their axes
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
+from math import copysign
 
 import numpy as np
 
+from kgen import tune
 from kgen.formats import FORMATS
+from kgen.runtime import launch as launching
 from kgen.runtime.bind import INT_MAX
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.plan import decode_plan
@@ -47,6 +51,43 @@ def _cp():
     import cupy
 
     return cupy
+
+
+_F32 = np.dtype(np.float32)
+STEPS_LIMIT = 64  # decode call signatures a cache remembers before it starts over
+_DEFAULT_PLAN = (256, 16, "default")  # (kps, splits_cap, source) with none given or tuned
+
+
+class _Step:
+    """What one decode call signature derived (see KVCache.decode): the plan, or
+    with none given the plan per tuned (kps, splits_cap, source)."""
+
+    __slots__ = ("ndarray", "row", "groups", "tuned", "plan", "plans")
+
+    def __init__(self, ndarray, row: tuple, groups: int, tuned: bool):
+        self.ndarray, self.row, self.groups, self.tuned = ndarray, row, groups, tuned
+        self.plan: _Plan | None = None
+        self.plans: dict[tuple, _Plan] = {}
+
+
+class _Plan:
+    """One step's three launches (append, decode, combine) bound together, and the
+    cache state they were derived from: the objects the cache held (buffers, shadow
+    counts and scales: a replay needs the very same ones) and the kernel choice."""
+
+    __slots__ = ("version", "last_plan", "k", "v", "shadows", "pos", "scratch", "sink", "win",
+                 "k_scale", "v_scale", "replay", "empty", "out_shape")
+
+
+def _function(fn, b):
+    """The CuPy function a generated launcher ``fn`` launched ``b`` with, or None
+    for anything but a generated launcher."""
+    mod = sys.modules.get(getattr(fn, "__module__", None))
+    k = getattr(mod, "KERNELS", {}).get(getattr(fn, "__name__", None))
+    if k is None or k.name != b.kernel or getattr(mod, fn.__name__, None) is not fn:
+        return None
+    path = getattr(mod, "FATBIN", None) or mod.PTX
+    return launching.function(path, b.kernel, _cp().cuda.runtime.getDevice())
 
 
 def _is_int(v) -> bool:
@@ -96,6 +137,7 @@ class _Kernels:
                                 f"roles are {sorted(ROLES)}")
         self._chosen: dict[tuple[str, int, int | None], tuple] = {}
         self._pinned: set[tuple[str, int, int | None]] = set()
+        self.version = 0  # bumped when a choice already made changes (prefer)
         self.layout = self.get(layout_role)[0]  # fixes ring_rows / sink_rows
 
     def _same_layout(self, k) -> bool:
@@ -120,6 +162,7 @@ class _Kernels:
         except ContractError:
             pass
         self._pinned.add((role, groups, None))
+        self.version += 1
 
     def _role(self, role: str, needs: tuple = ()) -> Role:
         base = ROLES[role]
@@ -281,6 +324,8 @@ class KVCache:
         self.length = 0  # positions [0, length) hold keys
         self.scratch = _Scratch()
         self._pos = None  # device copy of decode's position (the device-position path)
+        self._pos_host = np.zeros(1, np.int32)  # its host side (pageable: reusable at once)
+        self._steps: dict[tuple, _Step] = {}  # decode's call signatures seen (see decode)
         self.last_plan: tuple[int, int, str] | None = None  # (kps, cap, given/tuned/default)
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
             self.k, self.v, *shadows = buffers
@@ -427,12 +472,32 @@ class KVCache:
         one formula: the results are bit-identical).
 
         With no plan given, a plan and variant tuned for this GPU (`kgen tune`) are
-        used when one is stored for the shape class, else kps 256 and 16 splits."""
+        used when one is stored for the shape class, else kps 256 and 16 splits.
+
+        A step with the signature of an earlier one (q's shape, the options and the
+        plan, each of the same type) reuses what that one derived: the checked
+        options, the kernels, the scratch and the launch arguments; the arrays'
+        types, shapes and dtypes and the position are compared every time."""
+        key = None
+        if sinks is None:
+            try:
+                key = (q.shape, kps, splits_cap, attn_sink, attn_win, scale, window, softcap,
+                       copysign(1.0, softcap), type(kps), type(splits_cap), type(attn_sink),
+                       type(attn_win), type(scale), type(softcap), type(window),
+                       *(map(type, window) if type(window) is tuple else ()))
+                step = self._steps.get(key)
+            except (AttributeError, TypeError):
+                key = step = None
+            if step is not None and type(pos) is int:
+                out = self._replay(step, q, k_new, v_new, pos, stream)
+                if out is not None:
+                    return out
         G = self._check_decode(q, k_new, v_new)
         self._check_span(pos, 1)
         opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
         source = "given"
-        if kps is None and splits_cap is None and not opts.needs("decode"):
+        tuned = kps is None and splits_cap is None and not opts.needs("decode")
+        if tuned:
             kps, splits_cap = self._tuned_plan(G, pos + 1)
             source = "default" if kps is None else "tuned"
         kps = _positive("kps", 256 if kps is None else kps)
@@ -443,19 +508,93 @@ class KVCache:
             cp = _cp()
             if self._pos is None:
                 self._pos = cp.zeros(1, cp.int32)
-            self._pos.set(np.asarray([pos], np.int32), stream=stream)
+            self._pos_host[0] = pos
+            self._pos.set(self._pos_host, stream=stream)
+            version, calls = self.kernels.version, []
             out = self._device_step(q, k_new, v_new, self._pos, kps, splits_cap, opts, None,
-                                    False, stream)
+                                    False, stream, calls)
             self.length = max(self.length, pos + 1)
+            if key is not None:
+                self._remember_step(key, q, k_new, v_new, G, tuned, self.last_plan, version,
+                                    calls)
             return out
         return self._decode_host(q, k_new, v_new, pos, kps, splits_cap, G, opts, stream)
+
+    def _replay(self, s: _Step, q, k_new, v_new, pos: int, stream):
+        """A step like the one ``s`` remembers, or None where anything differs (the
+        caller then checks and binds in full)."""
+        nd = s.ndarray
+        if not (0 <= pos < self.max_seq and q.__class__ is nd and k_new.__class__ is nd
+                and v_new.__class__ is nd and q.dtype is _F32 and k_new.dtype is _F32
+                and v_new.dtype is _F32 and k_new.shape == s.row and v_new.shape == s.row):
+            return None
+        if s.tuned:
+            c = tune.tuned(self.kv, self.head_dim, s.groups, pos + 1)
+            if c is None:
+                p = s.plans.get(_DEFAULT_PLAN)
+            elif type(c.kps) is int and type(c.splits_cap) is int:
+                self.kernels.prefer("decode", c.kernel, s.groups)
+                p = s.plans.get((c.kps, c.splits_cap, "tuned"))
+            else:
+                return None
+        else:
+            p = s.plan
+        if (p is None or p.version != self.kernels.version or self.k is not p.k
+                or self.v is not p.v or self.shadows is not p.shadows or self._pos is not p.pos
+                or self.scratch.m is not p.scratch or self.sink is not p.sink
+                or self.win is not p.win or self.k_scale is not p.k_scale
+                or self.v_scale is not p.v_scale):
+            return None
+        out = p.empty(p.out_shape, _F32)
+        arrays = p.replay.check((k_new, v_new, q, out))
+        if arrays is None:
+            return None
+        self.last_plan = p.last_plan
+        self._pos_host[0] = pos
+        p.pos.set(self._pos_host, stream=stream)
+        p.replay.run(arrays, stream)
+        if pos >= self.length:
+            self.length = pos + 1
+        return out
+
+    def _remember_step(self, key: tuple, q, k_new, v_new, groups: int, tuned: bool,
+                       last_plan: tuple, version: int, calls: list) -> None:
+        """Keep what a device-position step derived, for the next step like it."""
+        cp = _cp()
+        nd = cp.ndarray
+        if not (q.__class__ is nd and k_new.__class__ is nd and v_new.__class__ is nd
+                and q.dtype is _F32 and k_new.dtype is _F32 and v_new.dtype is _F32):
+            return
+        fns = [_function(fn, b) for fn, b in calls]
+        if None in fns or version != self.kernels.version:
+            return
+        bound = [(b, f) for (_, b), f in zip(calls, fns, strict=True)]
+        swap = ((0, "k_new"), (0, "v_new"), (1, "q"), (2, "out"))  # append, decode, combine
+        try:
+            replay = launching.Replay(bound, swap, cp.cuda.runtime.getDevice())
+        except (TypeError, ValueError):  # an argument not a cupy array, or not there
+            return
+        p = _Plan()
+        p.version, p.last_plan, p.replay = version, last_plan, replay
+        p.k, p.v, p.shadows, p.pos = self.k, self.v, self.shadows, self._pos
+        p.scratch = self.scratch.m
+        p.sink, p.win, p.k_scale, p.v_scale = self.sink, self.win, self.k_scale, self.v_scale
+        p.empty, p.out_shape = cp.empty, (q.shape[0], self.head_dim)
+        s = self._steps.get(key)
+        if s is None or s.ndarray is not nd:
+            if len(self._steps) >= STEPS_LIMIT:
+                self._steps.clear()
+            s = self._steps[key] = _Step(nd, (1, self.n_head_kv, self.head_dim), groups,
+                                         tuned)
+        if tuned:
+            s.plans[last_plan] = p
+        else:
+            s.plan = p
 
     def _tuned_plan(self, groups: int, seq_len: int) -> tuple[int | None, int | None]:
         """(kps, splits_cap) stored by `kgen tune`, adopting its variant for decode
         (and the device-position sibling of that variant) unless variants were named."""
-        from kgen.tune import tuned
-
-        c = tuned(self.kv, self.head_dim, groups, seq_len)
+        c = tune.tuned(self.kv, self.head_dim, groups, seq_len)
         if c is None:
             return None, None
         self.kernels.prefer("decode", c.kernel, groups)
@@ -490,7 +629,9 @@ class KVCache:
                                  validate_pos, stream)
 
     def _device_step(self, q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
-                     validate_pos, stream):
+                     validate_pos, stream, calls: list | None = None):
+        """The three device-position launches; ``calls`` collects (launcher, Launch)
+        of each."""
         cp = _cp()
         G = self._groups(q)
         kdec, fdec = self.kernels.get("decode_dev", G, needs=opts.needs("decode_dev"))
@@ -499,14 +640,16 @@ class KVCache:
                                      needs=opts.needs("combine_dev"))
         n_head = q.shape[0]
         m, l, acc = self.scratch.get(n_head, splits_cap, self.head_dim)
-        fapp(k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **self._shadow_args,
-             validate_pos=validate_pos, stream=stream)
-        fdec(q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
-             splits_cap=splits_cap, **self._shadow_args, **opts.kwargs(kdec),
-             validate_pos=validate_pos, stream=stream)
+        b_app = fapp(k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **self._shadow_args,
+                     validate_pos=validate_pos, stream=stream)
+        b_dec = fdec(q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
+                     splits_cap=splits_cap, **self._shadow_args, **opts.kwargs(kdec),
+                     validate_pos=validate_pos, stream=stream)
         out = cp.empty((n_head, self.head_dim), cp.float32) if out is None else out
-        fcomb(m, l, acc, out, *opts.combine_arrays(kc), pos_dev, kps=kps,
-              splits_cap=splits_cap, validate_pos=validate_pos, stream=stream)
+        b_comb = fcomb(m, l, acc, out, *opts.combine_arrays(kc), pos_dev, kps=kps,
+                       splits_cap=splits_cap, validate_pos=validate_pos, stream=stream)
+        if calls is not None:
+            calls += [(fapp, b_app), (fdec, b_dec), (fcomb, b_comb)]
         return out
 
 

@@ -3,31 +3,33 @@ kgen.runtime.loadcheck has decided which of its images the driver will use (or
 raised UnloadableError, a ValueError, saying why none can and what to do).
 
 Launches are cheap to repeat: the contracts depend only on the arguments'
-shapes, dtypes, layouts, devices and scalar values, so a launch whose
+types, shapes, dtypes, strides, devices and scalar values, so a launch whose
 signature was bound before replays that binding with the new arrays (no
 contract is re-derived; a different signature binds in full). ``bound``
 goes further for a caller that launches the same buffers again and again (a
 decode step, a benchmark): bind once, then ``Bound.run`` is a raw launch.
-Device-resident positions that are validated (``validate_pos``) are read on
-every call, so those launches always bind in full.
+A binding that reads device memory (positions, block tables, seq lens and slot
+maps validated with ``validate_pos``) holds for that memory's contents only, so
+those launches always bind in full.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from math import copysign
+from operator import attrgetter, itemgetter
 from pathlib import Path
 
 import numpy as np
 
 from kgen.runtime import loadcheck
-from kgen.runtime.bind import Launch, bind
+from kgen.runtime.bind import Launch, bind, reads_device
 from kgen.runtime.contracts import ContractError
 from kgen.spec.ir import Kernel
 
 _modules: dict[tuple[str, int], object] = {}
 _functions: dict[tuple[str, int, str], object] = {}
-_memo: dict[tuple, tuple[Launch, tuple[bool, ...]]] = {}
 _lock = threading.Lock()
 MEMO_LIMIT = 4096  # signatures remembered before the memo starts over
 
@@ -78,50 +80,206 @@ def check_device(launch: Launch) -> None:
                                     f"runs on device {dev}")
 
 
-def _signature(kernel: Kernel, args: dict, ndarray, device: int) -> tuple | None:
-    """Everything the contracts of a launch depend on, or None when they also depend
-    on device memory (validated device positions)."""
-    if args.get("validate_pos") and "pos" in args:
-        return None
-    sig = [id(kernel), device]
-    for v in args.values():
-        if type(v) is ndarray:
-            if v.data.device_id != device:
-                return None  # let bind + check_device say what is wrong
-            sig.append((v.shape, v.dtype.char, v.strides))
-        elif v is None or type(v) in (int, float, bool):
-            sig.append(v)
-        else:
-            return None  # anything else binds in full (and is refused there if wrong)
-    return tuple(sig)
+# ---- the memo -------------------------------------------------------------------------
+# Per kernel object and argument names (in the caller's order): the bindings made,
+# keyed by everything the contracts read besides device memory: the current
+# device, each array's exact type, shape, dtype, strides and device, each
+# scalar's exact type and value. A hit replays the binding with the call's arrays;
+# the scalars it launches are the converted values of an equal call (a float
+# zero's sign is compared apart: -0.0 == 0.0). Array objects are never part of a
+# key (ids are reused after garbage collection): a new array of the same
+# signature hits. Bindings that read device memory (validated positions) are
+# never remembered.
+
+_SCALARS = frozenset({int, float, bool, type(None)})  # exact types; others bind in full
+_PROPS = attrgetter("__class__", "shape", "dtype", "strides", "data.device_id")
+_tuple_new = tuple.__new__
+_memo: dict[int, _Kernel] = {}  # id(kernel) -> its memo (which holds the kernel)
+_held = [0]  # bindings remembered, all kernels together
+_rt: tuple | None = None  # (cupy.ndarray, cupy.cuda.runtime.getDevice), once imported
 
 
-def _bind(kernel: Kernel, args: dict, device: int) -> Launch:
+def _runtime() -> tuple:
+    global _rt
     cp = _cupy()
-    sig = _signature(kernel, args, cp.ndarray, device)
-    hit = _memo.get(sig) if sig is not None else None
-    if hit is not None and hit[0].kernel == kernel.name:
-        b, is_array = hit
-        new = tuple(args[n] if a else v for n, a, v in zip(b.names, is_array, b.args,
-                                                             strict=True))
-        return Launch(b.kernel, b.grid, b.block, b.shared_bytes, new, b.names)
-    b = bind(kernel, args)
-    check_device(b)
-    if sig is not None:
-        if len(_memo) >= MEMO_LIMIT:
-            _memo.clear()
-        _memo[sig] = (b, tuple(not isinstance(v, np.generic) for v in b.args))
-    return b
+    _rt = (cp.ndarray, cp.cuda.runtime.getDevice)
+    return _rt
 
 
-def launch(kernel: Kernel, path: Path, args: dict, stream=None) -> Launch:
+def _getter(idx: list[int]):
+    """``vals`` -> the tuple of ``vals[i]`` for ``i`` in ``idx`` (any length)."""
+    if idx and idx == list(range(idx[0], idx[-1] + 1)):
+        return itemgetter(slice(idx[0], idx[-1] + 1))  # a run: one slice
+    if len(idx) >= 2:
+        return itemgetter(*idx)
+    if idx:
+        i = idx[0]
+        return lambda vals: (vals[i],)
+    return lambda vals: ()
+
+
+class _Layout:
+    """One kernel's arguments by name: which are arrays, which scalars (fixed by the
+    first binding remembered), and the bindings remembered for them: key ->
+    (Launch, tail, pick, function, path, float zeros): the launch arguments are
+    the call's arrays + tail, or else pick(arrays + Launch.args); ``last`` is the
+    latest hit."""
+
+    __slots__ = ("names", "arrays", "scalars", "is_array", "entries", "last")
+
+    def __init__(self, names: tuple, is_array: tuple):
+        self.names, self.is_array = names, is_array
+        self.arrays = _getter([i for i, a in enumerate(is_array) if a])
+        self.scalars = _getter([i for i, a in enumerate(is_array) if not a])
+        self.entries: dict[tuple, tuple] = {}
+        self.last: tuple = ((), None)
+
+    def key(self, device: int, vals: tuple) -> tuple:
+        """Types before values: comparing keys never calls an array's ``==``."""
+        scalars = self.scalars(vals)
+        return (device, *map(type, scalars), *map(_PROPS, self.arrays(vals)), *scalars)
+
+
+class _Kernel:
+    __slots__ = ("kernel", "layouts", "last")
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+        self.layouts: dict[tuple, _Layout] = {}
+        self.last: _Layout | None = None
+
+
+def _remember(kernel: Kernel, names: tuple, vals: tuple, b: Launch, fn, path, device: int,
+              ndarray) -> None:
+    """Keep ``b`` for replays, unless its arguments' types rule that out."""
+    types = tuple(map(type, vals))
+    if any(t is not ndarray and t not in _SCALARS for t in types):
+        return
+    is_array = tuple(t is ndarray for t in types)
+    at = [i for i, a in enumerate(is_array) if a]  # where the call's arrays sit
+    pick = []  # the launch arguments from (call's arrays) + b.args
+    for j, (name, v) in enumerate(zip(b.names, b.args, strict=True)):
+        if isinstance(v, np.generic):
+            pick.append(len(at) + j)
+            continue
+        i = names.index(name) if name in names else -1
+        if i < 0 or vals[i] is not v or not is_array[i]:
+            return  # not an argument passed through as given: never replayed
+        pick.append(at.index(i))
+    n = len(at)
+    # The common case, the call's arrays in order, then scalars: arrays + tail.
+    tail = b.args[n:] if pick == list(range(n)) + list(range(2 * n, n + len(b.args))) \
+        else None
+    zeros = tuple((i, copysign(1.0, v)) for i, v in enumerate(vals)
+                  if type(v) is float and v == 0.0)
+    if _held[0] >= MEMO_LIMIT:
+        _memo.clear()
+        _held[0] = 0
+    km = _memo.get(id(kernel))
+    if km is None or km.kernel is not kernel:
+        km = _memo[id(kernel)] = _Kernel(kernel)
+    lay = km.layouts.get(names)
+    if lay is None:
+        lay = km.layouts[names] = _Layout(names, is_array)
+    elif lay.is_array != is_array:
+        return  # arrays where the layout has scalars (or back): binds in full
+    # Kept without the call's arrays (a hit supplies its own): the memo pins no memory.
+    b = b._replace(args=tuple(v if isinstance(v, np.generic) else None for v in b.args))
+    lay.entries[lay.key(device, vals)] = (b, tail, itemgetter(*pick), fn, path, zeros)
+    _held[0] += 1
+
+
+def launch(kernel: Kernel, path: Path, args, stream=None, names: tuple | None = None
+           ) -> Launch:
     """Bind (all contracts, or a remembered binding of the same signature), then
-    launch on ``stream``."""
-    device = _cupy().cuda.runtime.getDevice()
-    b = _bind(kernel, args, device)
-    function(path, kernel.name, device)(b.grid, b.block, b.args, shared_mem=b.shared_bytes,
-                                        stream=stream)
+    launch on ``stream``. ``args``: argument name -> value, or (what the generated
+    launchers pass) the values alone in the order of ``names``."""
+    if names is None:
+        names, args = tuple(args), tuple(args.values())
+    ndarray, get_device = _rt or _runtime()
+    device = get_device()
+    km = _memo.get(id(kernel))
+    if km is not None and km.kernel is kernel:
+        lay = km.last
+        if lay is None or (lay.names is not names and lay.names != names):
+            lay = km.last = km.layouts.get(names)
+        if lay is not None:
+            try:  # lay.key(device, args), inline
+                scalars, arrays = lay.scalars(args), lay.arrays(args)
+                key = (device, *map(type, scalars), *map(_PROPS, arrays), *scalars)
+                last_key, hit = lay.last
+                if key != last_key:
+                    hit = lay.entries.get(key)
+                    if hit is not None:
+                        lay.last = (key, hit)
+            except (AttributeError, IndexError, TypeError):
+                hit = None  # not arrays where the layout has them, or unhashable: in full
+            if hit is not None:
+                b, tail, pick, fn, held, zeros = hit
+                if not zeros or all(copysign(1.0, args[i]) == s for i, s in zeros):
+                    new = arrays + tail if tail is not None else pick(arrays + b.args)
+                    if held is not path:
+                        fn = function(path, kernel.name, device)
+                    fn(b.grid, b.block, new, shared_mem=b.shared_bytes, stream=stream)
+                    return _tuple_new(Launch, (b.kernel, b.grid, b.block, b.shared_bytes,
+                                               new, b.names))
+    given = dict(zip(names, args, strict=True))
+    b = bind(kernel, given)
+    check_device(b)
+    fn = function(path, kernel.name, device)
+    if not reads_device(kernel, given):
+        _remember(kernel, names, args, b, fn, path, device, ndarray)
+    fn(b.grid, b.block, b.args, shared_mem=b.shared_bytes, stream=stream)
     return b
+
+
+class Replay:
+    """Launches bound together (every contract checked, no device memory read),
+    replayed raw with the caller's arrays in the ``swap`` slots, (index of the
+    launch, argument name) each. ``check`` compares the current device and every
+    array's type, shape, dtype, strides and device, the swapped-in ones and the
+    ones kept alike, with those of the binding: where anything differs it returns
+    None (the caller then launches in full, and gets the contracts' errors), else
+    what ``run`` launches."""
+
+    __slots__ = ("kept", "signature", "calls")
+
+    def __init__(self, bound: list[tuple[Launch, object]], swap: tuple[tuple[int, str], ...],
+                 device: int):
+        ndarray = (_rt or _runtime())[0]
+        slots = {(i, bound[i][0].names.index(name)): s for s, (i, name) in enumerate(swap)}
+        kept: list = []
+        for i, (b, _) in enumerate(bound):
+            for j, v in enumerate(b.args):
+                if (i, j) not in slots and not isinstance(v, np.generic) and \
+                        not any(v is x for x in kept):
+                    kept.append(v)
+        self.kept = tuple(kept)
+        arrays = (*(bound[i][0].arg(name) for i, name in swap), *kept)
+        if any(type(a) is not ndarray for a in arrays):
+            raise TypeError("Replay binds cupy.ndarray arguments only")
+        self.signature = (device, *map(_PROPS, arrays))
+        calls = []
+        for i, (b, fn) in enumerate(bound):
+            pick = [slots[(i, j)] if (i, j) in slots else
+                    len(arrays) + j if isinstance(v, np.generic) else
+                    len(swap) + next(k for k, x in enumerate(kept) if x is v)
+                    for j, v in enumerate(b.args)]
+            scalars = tuple(v if isinstance(v, np.generic) else None for v in b.args)
+            calls.append((fn, b.grid, b.block, b.shared_bytes, scalars, itemgetter(*pick)))
+        self.calls = tuple(calls)
+
+    def check(self, swap: tuple) -> tuple | None:
+        arrays = swap + self.kept
+        try:
+            signature = ((_rt or _runtime())[1](), *map(_PROPS, arrays))
+        except AttributeError:
+            return None
+        return arrays if signature == self.signature else None
+
+    def run(self, arrays: tuple, stream=None) -> None:
+        for fn, grid, block, shared, args, pick in self.calls:
+            fn(grid, block, pick(arrays + args), shared_mem=shared, stream=stream)
 
 
 @dataclass(frozen=True)

@@ -187,4 +187,4 @@ def test_generated_launchers_load_their_modules_fatbin():
     for name, mod in kgen_kernels.MODULES.items():
         assert mod.FATBIN.name == f"{name}.fatbin" and mod.FATBIN.is_file()
         src = Path(mod.__file__).read_text()
-        assert src.count(", FATBIN, {") == len(mod.KERNELS), name
+        assert src.count(", FATBIN, (") == len(mod.KERNELS), name

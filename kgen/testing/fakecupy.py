@@ -1,0 +1,146 @@
+"""A stand-in for CuPy where there is no GPU: arrays are attribute bags with what
+kgen reads of a cupy.ndarray, kernel functions record their launches. For CPU
+tests of the launch path (memo hits, the cache objects' replays) and for timing
+its host-side Python (``python -m kgen.bench.host``)."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+
+
+def _contiguous(shape: tuple, itemsize: int) -> tuple:
+    out, step = [], itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
+
+
+class _Ptr:
+    __slots__ = ("device_id", "ptr")
+
+    def __init__(self, device_id: int, ptr: int):
+        self.device_id, self.ptr = device_id, ptr
+
+
+class FakeArray:
+    """shape, dtype, strides, ndim, size, flags, data.device_id, device.id; ``host``
+    is what ``get`` returns (zeros when None) and what ``set`` writes."""
+
+    __slots__ = ("shape", "dtype", "strides", "ndim", "size", "data", "host")
+    _next = [4096]
+
+    def __init__(self, shape, dtype=np.float32, strides=None, device: int = 0, host=None,
+                 data: _Ptr | None = None):
+        self.shape = tuple(int(n) for n in (shape if isinstance(shape, tuple | list)
+                                            else (shape,)))
+        self.dtype = np.dtype(dtype)
+        self.strides = tuple(strides) if strides else _contiguous(self.shape,
+                                                                  self.dtype.itemsize)
+        self.ndim = len(self.shape)
+        self.size = math.prod(self.shape)
+        if data is None:
+            data = _Ptr(device, FakeArray._next[0])
+            FakeArray._next[0] += self.size * self.dtype.itemsize + 256
+        self.data = data
+        self.host = host
+
+    @property
+    def flags(self):
+        c = self.strides == _contiguous(self.shape, self.dtype.itemsize)
+        return types.SimpleNamespace(c_contiguous=c)
+
+    @property
+    def device(self):
+        return types.SimpleNamespace(id=self.data.device_id)
+
+    def __getitem__(self, key):
+        """Leading-axis slices and indices: views on the same memory."""
+        if isinstance(key, int):
+            return FakeArray(self.shape[1:], self.dtype, data=self.data)
+        if isinstance(key, slice):
+            n = len(range(*key.indices(self.shape[0])))
+            return FakeArray((n, *self.shape[1:]), self.dtype, data=self.data)
+        raise NotImplementedError(key)
+
+    def get(self, stream=None):
+        return np.zeros(self.shape, self.dtype) if self.host is None else self.host
+
+    def set(self, arr, stream=None):
+        if not isinstance(arr, np.ndarray) or arr.dtype != self.dtype or \
+                arr.shape != self.shape:
+            raise TypeError(f"cannot set {arr!r} to {self.dtype} {self.shape}")
+        self.host = arr.copy()
+
+    def fill(self, value):
+        pass
+
+    def reshape(self, *shape):
+        return FakeArray(shape[0] if len(shape) == 1 else shape, self.dtype, data=self.data)
+
+
+class FakeCupy:
+    """The module object: ``cuda.runtime.getDevice`` returns ``device``; ``function``
+    makes recorders of (kernel, grid, block, args, shared_mem, stream) into
+    ``launched`` (with ``record=False``, functions that do nothing)."""
+
+    ndarray = FakeArray
+    float32, float16, int32, uint8, int8 = np.float32, np.float16, np.int32, np.uint8, np.int8
+
+    def __init__(self, record: bool = True):
+        self.device = 0
+        self.record = record
+        self.launched: list[tuple] = []
+        fake = self
+
+        class Runtime:
+            @staticmethod
+            def getDevice():
+                return fake.device
+
+            @staticmethod
+            def getDeviceProperties(index):
+                return {"name": b"kgen fake GPU", "major": 9, "minor": 0}
+
+            @staticmethod
+            def driverGetVersion():
+                return 13000
+
+        self.cuda = types.SimpleNamespace(runtime=Runtime)
+
+    def empty(self, shape, dtype=np.float32):
+        return FakeArray(shape, dtype, device=self.device)
+
+    zeros = empty
+
+    def full(self, shape, value, dtype=np.float32):
+        return FakeArray(shape, dtype, device=self.device)
+
+    def asarray(self, a, dtype=None):
+        a = np.asarray(a, dtype)
+        return FakeArray(a.shape, a.dtype, device=self.device, host=a)
+
+    def function(self, path, name: str, device: int):
+        launched = self.launched
+
+        def run(grid, block, args, shared_mem=0, stream=None):
+            launched.append((name, grid, block, args, shared_mem, stream))
+
+        def idle(grid, block, args, shared_mem=0, stream=None):
+            pass
+        return run if self.record else idle
+
+    def install(self, monkeypatch) -> FakeCupy:
+        """Make kgen's launch path and cache objects use this (pytest monkeypatch)."""
+        from kgen.runtime import kv, launch
+
+        monkeypatch.setattr(launch, "_cupy", lambda: self)
+        monkeypatch.setattr(launch, "_rt", None)
+        monkeypatch.setattr(launch, "_memo", {})
+        monkeypatch.setattr(launch, "_held", [0])
+        monkeypatch.setattr(launch, "function", self.function)
+        monkeypatch.setattr(kv, "_cp", lambda: self)
+        return self
