@@ -455,20 +455,23 @@ def ds_f32_host(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_f32_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["ds_f32_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def ds_f32_device(
@@ -494,21 +497,24 @@ def ds_f32_device(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_f32_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ds_f32_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def ds_f16_host(
@@ -533,20 +539,23 @@ def ds_f16_host(
     dtype float32/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_f16_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["ds_f16_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def ds_f16_device(
@@ -572,21 +581,24 @@ def ds_f16_device(
     dtype float32/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_f16_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ds_f16_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def ds_q8_0_host(
@@ -611,20 +623,23 @@ def ds_q8_0_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_q8_0_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["ds_q8_0_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def ds_q8_0_device(
@@ -650,21 +665,24 @@ def ds_q8_0_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_q8_0_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ds_q8_0_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def ds_fp8_e4m3_host(
@@ -691,22 +709,25 @@ def ds_fp8_e4m3_host(
     dtype float32/uint8 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_fp8_e4m3_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["ds_fp8_e4m3_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "k_scale", "v_scale", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def ds_fp8_e4m3_device(
@@ -734,23 +755,26 @@ def ds_fp8_e4m3_device(
     dtype float32/uint8/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_fp8_e4m3_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "k_scale": k_scale,
-        "v_scale": v_scale,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ds_fp8_e4m3_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "k_scale", "v_scale", "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def ds_q4_host(
@@ -781,26 +805,30 @@ def ds_q4_host(
     dtype float32/uint8/float16 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_q4_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["ds_q4_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "seq_len", "n_splits", "split_len", "sink", "win", "attn_sink", "attn_win",
+        "scale",
+    ))
 
 
 def ds_q4_device(
@@ -832,27 +860,31 @@ def ds_q4_device(
     dtype float32/uint8/float16/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_q4_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "k_sink": k_sink,
-        "v_sink": v_sink,
-        "k_win": k_win,
-        "v_win": v_win,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "sink": sink,
-        "win": win,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ds_q4_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "m_out", "l_out",
+        "acc_out", "pos", "kps", "splits_cap", "sink", "win", "attn_sink", "attn_win", "scale",
+        "validate_pos",
+    ))
 
 
 def ds_f32_k1_host(
@@ -877,20 +909,23 @@ def ds_f32_k1_host(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_f32_k1_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["ds_f32_k1_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def ds_f32_k1_device(
@@ -916,21 +951,24 @@ def ds_f32_k1_device(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_f32_k1_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ds_f32_k1_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
 
 
 def ds_f32_k2_host(
@@ -955,20 +993,23 @@ def ds_f32_k2_host(
     dtype float32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_f32_k2_host"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "seq_len": seq_len,
-        "n_splits": n_splits,
-        "split_len": split_len,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-    }, stream=stream)
+    return launch(KERNELS["ds_f32_k2_host"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        seq_len,
+        n_splits,
+        split_len,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "seq_len", "n_splits",
+        "split_len", "attn_sink", "attn_win", "scale",
+    ))
 
 
 def ds_f32_k2_device(
@@ -994,18 +1035,21 @@ def ds_f32_k2_device(
     dtype float32/int32 as the kernel reads them.
     Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
     """
-    return launch(KERNELS["ds_f32_k2_device"], FATBIN, {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "m_out": m_out,
-        "l_out": l_out,
-        "acc_out": acc_out,
-        "pos": pos,
-        "kps": kps,
-        "splits_cap": splits_cap,
-        "attn_sink": attn_sink,
-        "attn_win": attn_win,
-        "scale": scale,
-        "validate_pos": validate_pos,
-    }, stream=stream)
+    return launch(KERNELS["ds_f32_k2_device"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        m_out,
+        l_out,
+        acc_out,
+        pos,
+        kps,
+        splits_cap,
+        attn_sink,
+        attn_win,
+        scale,
+        validate_pos,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
+        "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
