@@ -19,12 +19,13 @@ from kgen import pipeline
 from kgen.golden import load_golden
 
 VARIANTS = REPO / "tests" / "fixtures" / "variants"
-FILES = sorted(VARIANTS.glob("*.kspec"))  # extra (planned) and unplanned variants
+FILES = sorted(VARIANTS.glob("*.kspec"))  # extra (planned), unplanned and warp_stream variants
 
 
 @pytest.mark.toolchain
 def test_a_spec_file_of_new_variants_builds_and_tests(ws, tmp_path):
     for f in FILES:
+        assert not (ws.specs / f.name).exists(), f"{f.name} would replace a spec file"
         shutil.copy2(f, ws.specs / f.name)
     built = ws.kgen("build", str(ws.specs))
     assert built.rc == 0, built.text
