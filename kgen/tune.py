@@ -9,6 +9,13 @@ the survivors are timed in interleaved rounds. The fastest is stored in a JSON
 cache keyed by device name and driver version, each entry carrying the source
 hash of the kernel's module: an entry whose kernel source changed since is
 stale and ignored. ``KVCache.decode`` asks :func:`tuned` when no plan is given.
+
+Prefill is tuned per (KV format, head_dim, kv_groups): every exact prefill kernel
+that serves the class with no attention options (tile shapes, register K, shared
+V, rows per block; fp16 q or K tiles are left to be named, never chosen for a
+caller) is checked on a batch at the end of a context, then timed, and
+``KVCache.prefill`` uses the fastest (:func:`tuned_prefill`) when no variant is
+named and no option is asked for.
 """
 
 from __future__ import annotations
@@ -191,6 +198,70 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
     return Choice(name, module_sha(name), kps, cap, times[best] * 1e3)
 
 
+def prefill_key(kv: str, head_dim: int, groups: int) -> str:
+    return f"prefill/{kv}/hd{head_dim}/g{groups}"
+
+
+def tuned_prefill(kv: str, head_dim: int, groups: int) -> Choice | None:
+    """The stored prefill choice for this class on this GPU and driver, unless stale
+    (kps and splits_cap are 0: a prefill has no plan)."""
+    try:
+        key = _device()
+    except Exception:  # no CuPy or no GPU: nothing tuned applies
+        return None
+    if key not in _loaded:
+        tuned(kv, head_dim, groups, 1)  # loads the store, dropping stale entries
+    return _loaded[key].get(prefill_key(kv, head_dim, groups))
+
+
+def tune_prefill_class(cp, kv: str, head_dim: int, groups: int, say=print) -> Choice:
+    """Check, then time, every exact prefill kernel serving one class: the last
+    PREFILL_ROWS rows of a SEQ-key context (the bench's shape)."""
+    from kgen.bench.kernels import (
+        ATOL,
+        HK,
+        PREFILL_ROWS,
+        RTOL,
+        bench,
+        filled_cache,
+        prefill_arm,
+        prefill_reference,
+    )
+    from kgen.runtime.bind import shape_refusal
+    from kgen.runtime.select import Role, generated, options
+    from kgen.spec.axes import KStage, Mode, Op, Position, QStage
+
+    g = np.random.default_rng(0)
+    cache, host = filled_cache(cp, g, kv, head_dim)
+    q = cp.asarray(g.standard_normal((PREFILL_ROWS, HK * groups, head_dim), dtype=np.float32))
+    role = Role(Op.FLASH, Position.HOST, Mode.PREFILL, kv)
+    default = cache.kernels.get("prefill", groups)[0].name
+    arms = {}
+    for k, f in generated():
+        if (not role.matches(k) or options(k) or shape_refusal(k, head_dim, groups)
+                or k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16):
+            continue
+        if cache.fmt.shadows and (k.ring_rows, k.sink_rows) != (cache.RING_ROWS,
+                                                                cache.SINK_ROWS):
+            continue
+        arm, out, _ = prefill_arm(cp, cache, q, (k, f))
+        got = out.get()[-4:]
+        want = prefill_reference(cache, host, q.get(), k)
+        if np.isnan(got).any() or not np.allclose(got, want, rtol=RTOL, atol=ATOL):
+            say(f"  {k.name}: wrong output, not timed")
+            continue
+        arms[k.name] = arm
+    if not arms:
+        raise SystemExit(f"tune: nothing serves prefill kv={kv} head_dim={head_dim} "
+                         f"groups={groups}")
+    times = bench(cp, arms)
+    best = min(times, key=times.get)
+    base = times.get(default, float("nan")) * 1e3
+    say(f"  {prefill_key(kv, head_dim, groups)}: {len(arms)} candidates checked; best {best} "
+        f"{times[best] * 1e3:.1f} us (default {default} {base:.1f} us)")
+    return Choice(best, module_sha(best), 0, 0, times[best] * 1e3)
+
+
 def main(kvs, head_dims, groups_list, contexts, say=print) -> Path:
     import cupy as cp
 
@@ -200,12 +271,14 @@ def main(kvs, head_dims, groups_list, contexts, say=print) -> Path:
     ensure_kgen_kernels()
     device, driver = _device()
     choices = load(device, driver)
-    say(f"tuning decode on {device} (driver {driver})")
+    say(f"tuning decode and prefill on {device} (driver {driver})")
     for kv in kvs:
         for hd in head_dims:
             if not FORMATS[kv].accepts_head_dim(hd):
                 continue
             for groups in groups_list:
+                choices[prefill_key(kv, hd, groups)] = tune_prefill_class(cp, kv, hd, groups,
+                                                                          say)
                 for ctx in contexts:
                     c = tune_class(cp, kv, hd, groups, ctx, say)
                     choices[shape_key(kv, hd, groups, ctx)] = c

@@ -155,7 +155,7 @@ class _Kernels:
         try:
             self._chosen[(role, groups, None)] = find(
                 self._role(role), self.head_dim, groups, kernel, self._same_layout)
-            sib = sibling(kernel, Position.DEVICE, generated())
+            sib = sibling(kernel, Position.DEVICE, generated()) if role == "decode" else None
             if sib is not None and "decode_dev" not in self.variants:
                 self._chosen[("decode_dev", groups, None)] = find(
                     self._role("decode_dev"), self.head_dim, groups, sib, self._same_layout)
@@ -327,6 +327,7 @@ class KVCache:
         self._pos_host = np.zeros(1, np.int32)  # its host side (pageable: reusable at once)
         self._steps: dict[tuple, _Step] = {}  # decode's call signatures seen (see decode)
         self.last_plan: tuple[int, int, str] | None = None  # (kps, cap, given/tuned/default)
+        self._prefill_asked: set[int] = set()  # group counts whose tuned prefill was looked up
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
             self.k, self.v, *shadows = buffers
         else:
@@ -438,7 +439,11 @@ class KVCache:
         self._check_span(pos0, n)
         opts = self._options(q.shape[1], attn_sink, attn_win, scale, window, softcap, sinks,
                              causal)
-        kp, fn = self.kernels.get("prefill", self._groups(q), needs=opts.needs("prefill"))
+        G = self._groups(q)
+        needs = opts.needs("prefill")
+        if not needs and G not in self._prefill_asked:
+            self._tuned_prefill(G)
+        kp, fn = self.kernels.get("prefill", G, needs=needs)
         step = n if not causal else self.max_prefill_chunk()
         if not causal and n > self.max_prefill_chunk():
             raise ContractError("KVCache", "non-causal batch", f"a non-causal prefill sees "
@@ -590,6 +595,16 @@ class KVCache:
             s.plans[last_plan] = p
         else:
             s.plan = p
+
+    def _tuned_prefill(self, groups: int) -> None:
+        """Adopt the prefill kernel `kgen tune` stored for this class (once per group
+        count), unless a prefill variant was named."""
+        from kgen import tune
+
+        self._prefill_asked.add(groups)
+        c = tune.tuned_prefill(self.kv, self.head_dim, groups)
+        if c is not None:
+            self.kernels.prefer("prefill", c.kernel, groups)
 
     def _tuned_plan(self, groups: int, seq_len: int) -> tuple[int | None, int | None]:
         """(kps, splits_cap) stored by `kgen tune`, adopting its variant for decode

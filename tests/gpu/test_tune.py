@@ -53,3 +53,50 @@ def test_a_tuned_plan_is_stored_and_used(tmp_path, monkeypatch):
     fresh.append(cp.asarray(kn), cp.asarray(vn), pos0=0)
     fresh.decode(cp.asarray(q), cp.asarray(k1), cp.asarray(v1), pos=n)
     assert fresh.last_plan == (256, 16, "default")
+
+
+def test_a_tuned_prefill_is_stored_and_used(tmp_path, monkeypatch):
+    """The prefill choice per (kv, head_dim, groups) is stored, a new KVCache.prefill
+    runs it (its output checked against the reference), and a named variant still
+    wins over it."""
+    import cupy as cp
+
+    from kgen import tune
+    from kgen.runtime.kv import KVCache
+
+    monkeypatch.setenv("KGEN_TUNE_DIR", str(tmp_path))
+    tune._loaded.clear()
+    tune.main(["f32"], [128], [4], [1024], say=lambda *_: None)
+    device, driver = tune._device()
+    stored = tune.load(device, driver)[tune.prefill_key("f32", 128, 4)]
+    assert stored.source_sha256 == tune.module_sha(stored.kernel)
+
+    g, seed = rng()
+    hk, hd, n = 2, 128, 300
+    cache = KVCache(hk, hd, 512, kv="f32")
+    q = g.standard_normal((n, 4 * hk, hd), np.float32)
+    kn, vn = g.standard_normal((n, hk, hd), np.float32), g.standard_normal((n, hk, hd),
+                                                                             np.float32)
+    out = cache.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
+    kp = cache.kernels.get("prefill", 4)[0]
+    assert kp.name == stored.kernel
+    host = ref.HostCache.empty("f32", hk, 512, hd)
+    ref.append(kn, vn, host, 0)
+    want = ref.prefill_attention_cache(q, host, 4, 0, 0, 0, 0, 0, 1 / math.sqrt(hd),
+                                       tile=kp.tile_keys)
+    np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5, err_msg=f"seed={seed}")
+    others = [k for k, _ in tune_candidates(hd, 4) if k.name != stored.kernel]
+    if others:
+        named = KVCache(hk, hd, 512, kv="f32", variants={"prefill": others[0].name})
+        named.prefill(cp.asarray(q[:8]), cp.asarray(kn[:8]), cp.asarray(vn[:8]), pos0=0)
+        assert named.kernels.get("prefill", 4)[0].name == others[0].name
+
+
+def tune_candidates(hd: int, groups: int):
+    from kgen.runtime.bind import shape_refusal
+    from kgen.runtime.select import Role, generated, options
+    from kgen.spec.axes import Mode, Op, Position
+
+    role = Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32")
+    return [(k, f) for k, f in generated() if role.matches(k) and not options(k)
+            and shape_refusal(k, hd, groups) is None]
