@@ -209,6 +209,11 @@ from .attn_stream import (
     ds_f32_k1_device,
     ds_f32_k2_host,
     ds_f32_k2_device,
+    ps_f32,
+    ps_f16,
+    ps_q8_0,
+    ps_fp8_e4m3,
+    ps_q4,
 )
 from .attn_util import (
     fc_attn_qz_split,
@@ -503,6 +508,11 @@ __all__ = [
     "ds_f32_k1_device",
     "ds_f32_k2_host",
     "ds_f32_k2_device",
+    "ps_f32",
+    "ps_f16",
+    "ps_q8_0",
+    "ps_fp8_e4m3",
+    "ps_q4",
     "attn_util",
     "fc_attn_qz_split",
     "heads_decode",

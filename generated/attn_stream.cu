@@ -5,7 +5,7 @@
  * module:    attn_stream
  * specs:     specs/stream.kspec
  * templates: kernels/flash_stream.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
- * kernels:   ds_f32_host, ds_f32_device, ds_f16_host, ds_f16_device, ds_q8_0_host, ds_q8_0_device, ds_fp8_e4m3_host, ds_fp8_e4m3_device, ds_q4_host, ds_q4_device, ds_f32_k1_host, ds_f32_k1_device, ds_f32_k2_host, ds_f32_k2_device
+ * kernels:   ds_f32_host, ds_f32_device, ds_f16_host, ds_f16_device, ds_q8_0_host, ds_q8_0_device, ds_fp8_e4m3_host, ds_fp8_e4m3_device, ds_q4_host, ds_q4_device, ds_f32_k1_host, ds_f32_k1_device, ds_f32_k2_host, ds_f32_k2_device, ps_f32, ps_f16, ps_q8_0, ps_fp8_e4m3, ps_q4
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`
  * against the golden instruction stream of the hand-written original.
@@ -5397,6 +5397,2011 @@ vb1[i] = vv;
             m_out[po] = top;
             l_out[po] = sum;
         }
+    }
+}
+
+/* ps_f32: f32 prefill, warp-streamed keys per row
+ * [spec specs/stream.kspec | templates/kernels/flash_stream.cu.j2, templates/kv/f32.j2]
+ * prefill, schedule=warp_stream, position=host, kv=f32, q=f32, k=registers, v=global
+ * Grid (n, n_head_kv), block head_dim threads; row t attends keys [0, pos0 + t],
+ * its units merged and normalised; out [n][n_head][head_dim].
+ */
+__global__ void ps_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
+                       int kv_groups, int head_dim, int max_seq, int pos0, int attn_sink,
+                       int attn_win, float scale) {
+    constexpr int TILE_KEYS = 16;   /* window tiles and split rounding */
+    constexpr int DOT_LANES = 32;   /* lanes of a unit: one key per unit */
+    constexpr int KEYS_PER_STEP = 4;  /* keys a unit has in flight */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int KREG_MAX_CHUNK = 8; /* bound on head_dim / DOT_LANES */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+const int k_lo = 0; /* the row's one split: every key it sees */
+    const int k_hi = seq_len;
+
+    const int UNITS = (int)blockDim.x / DOT_LANES;
+    const int unit = tid / DOT_LANES;
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Shared: q group | merge acc [G][head_dim] | m, l [UNITS][G] */
+    extern __shared__ float shk[];
+    float *q_s = shk;
+    float *acc_s = q_s + (size_t)G * head_dim;
+    float *m_s = acc_s + (size_t)G * head_dim;
+    float *l_s = m_s + UNITS * G;
+
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    __syncthreads();
+
+    const float *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const float *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
+    float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++)
+            acc[g][i] = 0.0f;
+    }
+
+    /* Steps are warp-uniform (the loop bound and every shuffle involve whole
+     * warps); a unit's key b of a step is base + b * units_per_warp + its unit. */
+    const int upw = 32 / DOT_LANES; /* units per warp */
+    const int warp = tid / 32;
+    const int wunit = unit % upw;
+    const int stride = (int)(blockDim.x / 32) * upw * KEYS_PER_STEP;
+    for (int base = k_lo + warp * upw * KEYS_PER_STEP; base < k_hi; base += stride) {
+        const int key0 = base + 0 * upw + wunit;
+        const int t0_0 = key0 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok0 = key0 < k_hi && kgen_tile_in_window(
+            t0_0, k_hi - t0_0 < TILE_KEYS ? k_hi - t0_0 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key1 = base + 1 * upw + wunit;
+        const int t0_1 = key1 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok1 = key1 < k_hi && kgen_tile_in_window(
+            t0_1, k_hi - t0_1 < TILE_KEYS ? k_hi - t0_1 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key2 = base + 2 * upw + wunit;
+        const int t0_2 = key2 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok2 = key2 < k_hi && kgen_tile_in_window(
+            t0_2, k_hi - t0_2 < TILE_KEYS ? k_hi - t0_2 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key3 = base + 3 * upw + wunit;
+        const int t0_3 = key3 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok3 = key3 < k_hi && kgen_tile_in_window(
+            t0_3, k_hi - t0_3 < TILE_KEYS ? k_hi - t0_3 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        /* Every load of the step is issued before any is used. */
+        float kb0[KREG_MAX_CHUNK];
+        {
+            const int j0 = key0, ky = 0, tk = ok0 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const int kp = j0 + ky;
+            const float *s = k_head + (size_t)kp * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = s[lane + i * DOT_LANES];
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb0[i] = ok0 ? kreg[i] : 0.0f;
+        }
+        float kb1[KREG_MAX_CHUNK];
+        {
+            const int j0 = key1, ky = 0, tk = ok1 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const int kp = j0 + ky;
+            const float *s = k_head + (size_t)kp * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = s[lane + i * DOT_LANES];
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb1[i] = ok1 ? kreg[i] : 0.0f;
+        }
+        float kb2[KREG_MAX_CHUNK];
+        {
+            const int j0 = key2, ky = 0, tk = ok2 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const int kp = j0 + ky;
+            const float *s = k_head + (size_t)kp * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = s[lane + i * DOT_LANES];
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb2[i] = ok2 ? kreg[i] : 0.0f;
+        }
+        float kb3[KREG_MAX_CHUNK];
+        {
+            const int j0 = key3, ky = 0, tk = ok3 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const int kp = j0 + ky;
+            const float *s = k_head + (size_t)kp * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = s[lane + i * DOT_LANES];
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb3[i] = ok3 ? kreg[i] : 0.0f;
+        }
+        float vb0[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb0[i] = 0.0f;
+            if (ok0 && i < chunk) {
+                const int j0 = key0, j = 0, tid = lane + i * DOT_LANES;
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+vb0[i] = vv;
+            }
+        }
+        float vb1[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb1[i] = 0.0f;
+            if (ok1 && i < chunk) {
+                const int j0 = key1, j = 0, tid = lane + i * DOT_LANES;
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+vb1[i] = vv;
+            }
+        }
+        float vb2[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb2[i] = 0.0f;
+            if (ok2 && i < chunk) {
+                const int j0 = key2, j = 0, tid = lane + i * DOT_LANES;
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+vb2[i] = vv;
+            }
+        }
+        float vb3[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb3[i] = 0.0f;
+            if (ok3 && i < chunk) {
+                const int j0 = key3, j = 0, tid = lane + i * DOT_LANES;
+            float vv = __ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]);
+vb3[i] = vv;
+            }
+        }
+
+        /* Scores: each q element is read once per step and used for every key. */
+        float sc[KEYS_PER_STEP][MAX_GROUPS];
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+            for (int b = 0; b < KEYS_PER_STEP; b++)
+                sc[b][g] = 0.0f;
+            if (g < G) {
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+                    if (i < chunk) {
+                        const float qv = q_s[(size_t)g * head_dim + lane + i * DOT_LANES];
+                        sc[0][g] += qv * kb0[i];
+                        sc[1][g] += qv * kb1[i];
+                        sc[2][g] += qv * kb2[i];
+                        sc[3][g] += qv * kb3[i];
+                    }
+                }
+            }
+        }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
+            }
+        }
+    }
+
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+    }
+
+    /* Merge the units in unit order: weights rescale each to the block max. */
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) {
+                m_s[unit * G + g] = m_run[g];
+                l_s[unit * G + g] = l_run[g];
+            }
+        }
+    }
+    for (int e = tid; e < G * head_dim; e += blockDim.x)
+        acc_s[e] = 0.0f;
+    __syncthreads();
+    float w[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        w[g] = 0.0f;
+        if (g < G) {
+            float top = -__int_as_float(0x7f800000);
+            for (int u = 0; u < UNITS; u++)
+                top = fmaxf(top, m_s[u * G + g]);
+            if (m_run[g] != -__int_as_float(0x7f800000))
+                w[g] = expf(m_run[g] - top);
+        }
+    }
+    for (int u = 0; u < UNITS; u++) {
+        if (unit == u) {
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                if (g < G)
+#pragma unroll
+                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                        if (i < chunk)
+                            acc_s[(size_t)g * head_dim + lane + i * DOT_LANES] += w[g] * acc[g][i];
+        }
+        __syncthreads();
+    }
+
+    /* The row's output: merged acc over the merged sum. */
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++) {
+        float top = -__int_as_float(0x7f800000); /* the max acc_s is relative to */
+        for (int u = 0; u < UNITS; u++)
+            top = fmaxf(top, m_s[u * G + g]);
+        const float all = top;
+        float sum = 0.0f;
+        for (int u = 0; u < UNITS; u++) {
+            const float mu = m_s[u * G + g];
+            if (mu != -__int_as_float(0x7f800000))
+                sum += l_s[u * G + g] * expf(mu - all);
+        }
+        out_base[(size_t)g * head_dim + tid] = acc_s[(size_t)g * head_dim + tid] / sum;
+    }
+}
+
+/* ps_f16: f16 prefill, warp-streamed keys per row
+ * [spec specs/stream.kspec | templates/kernels/flash_stream.cu.j2, templates/kv/f16.j2]
+ * prefill, schedule=warp_stream, position=host, kv=f16, q=f32, k=registers, v=global
+ * Grid (n, n_head_kv), block head_dim threads; row t attends keys [0, pos0 + t],
+ * its units merged and normalised; out [n][n_head][head_dim].
+ */
+__global__ void ps_f16(const float *q, const __half *k_cache, const __half *v_cache, float *out,
+                       int kv_groups, int head_dim, int max_seq, int pos0, int attn_sink,
+                       int attn_win, float scale) {
+    constexpr int TILE_KEYS = 16;   /* window tiles and split rounding */
+    constexpr int DOT_LANES = 32;   /* lanes of a unit: one key per unit */
+    constexpr int KEYS_PER_STEP = 4;  /* keys a unit has in flight */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int KREG_MAX_CHUNK = 8; /* bound on head_dim / DOT_LANES */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+const int k_lo = 0; /* the row's one split: every key it sees */
+    const int k_hi = seq_len;
+
+    const int UNITS = (int)blockDim.x / DOT_LANES;
+    const int unit = tid / DOT_LANES;
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Shared: q group | merge acc [G][head_dim] | m, l [UNITS][G] */
+    extern __shared__ float shk[];
+    float *q_s = shk;
+    float *acc_s = q_s + (size_t)G * head_dim;
+    float *m_s = acc_s + (size_t)G * head_dim;
+    float *l_s = m_s + UNITS * G;
+
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    __syncthreads();
+
+    const __half *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const __half *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
+    float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++)
+            acc[g][i] = 0.0f;
+    }
+
+    /* Steps are warp-uniform (the loop bound and every shuffle involve whole
+     * warps); a unit's key b of a step is base + b * units_per_warp + its unit. */
+    const int upw = 32 / DOT_LANES; /* units per warp */
+    const int warp = tid / 32;
+    const int wunit = unit % upw;
+    const int stride = (int)(blockDim.x / 32) * upw * KEYS_PER_STEP;
+    for (int base = k_lo + warp * upw * KEYS_PER_STEP; base < k_hi; base += stride) {
+        const int key0 = base + 0 * upw + wunit;
+        const int t0_0 = key0 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok0 = key0 < k_hi && kgen_tile_in_window(
+            t0_0, k_hi - t0_0 < TILE_KEYS ? k_hi - t0_0 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key1 = base + 1 * upw + wunit;
+        const int t0_1 = key1 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok1 = key1 < k_hi && kgen_tile_in_window(
+            t0_1, k_hi - t0_1 < TILE_KEYS ? k_hi - t0_1 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key2 = base + 2 * upw + wunit;
+        const int t0_2 = key2 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok2 = key2 < k_hi && kgen_tile_in_window(
+            t0_2, k_hi - t0_2 < TILE_KEYS ? k_hi - t0_2 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key3 = base + 3 * upw + wunit;
+        const int t0_3 = key3 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok3 = key3 < k_hi && kgen_tile_in_window(
+            t0_3, k_hi - t0_3 < TILE_KEYS ? k_hi - t0_3 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        /* Every load of the step is issued before any is used. */
+        float kb0[KREG_MAX_CHUNK];
+        {
+            const int j0 = key0, ky = 0, tk = ok0 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const __half *s = k_head + (size_t)(j0 + ky) * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = __half2float(s[lane + i * DOT_LANES]);
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb0[i] = ok0 ? kreg[i] : 0.0f;
+        }
+        float kb1[KREG_MAX_CHUNK];
+        {
+            const int j0 = key1, ky = 0, tk = ok1 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const __half *s = k_head + (size_t)(j0 + ky) * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = __half2float(s[lane + i * DOT_LANES]);
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb1[i] = ok1 ? kreg[i] : 0.0f;
+        }
+        float kb2[KREG_MAX_CHUNK];
+        {
+            const int j0 = key2, ky = 0, tk = ok2 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const __half *s = k_head + (size_t)(j0 + ky) * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = __half2float(s[lane + i * DOT_LANES]);
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb2[i] = ok2 ? kreg[i] : 0.0f;
+        }
+        float kb3[KREG_MAX_CHUNK];
+        {
+            const int j0 = key3, ky = 0, tk = ok3 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const __half *s = k_head + (size_t)(j0 + ky) * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = __half2float(s[lane + i * DOT_LANES]);
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb3[i] = ok3 ? kreg[i] : 0.0f;
+        }
+        float vb0[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb0[i] = 0.0f;
+            if (ok0 && i < chunk) {
+                const int j0 = key0, j = 0, tid = lane + i * DOT_LANES;
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+vb0[i] = vv;
+            }
+        }
+        float vb1[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb1[i] = 0.0f;
+            if (ok1 && i < chunk) {
+                const int j0 = key1, j = 0, tid = lane + i * DOT_LANES;
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+vb1[i] = vv;
+            }
+        }
+        float vb2[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb2[i] = 0.0f;
+            if (ok2 && i < chunk) {
+                const int j0 = key2, j = 0, tid = lane + i * DOT_LANES;
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+vb2[i] = vv;
+            }
+        }
+        float vb3[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb3[i] = 0.0f;
+            if (ok3 && i < chunk) {
+                const int j0 = key3, j = 0, tid = lane + i * DOT_LANES;
+            float vv = __half2float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid]));
+vb3[i] = vv;
+            }
+        }
+
+        /* Scores: each q element is read once per step and used for every key. */
+        float sc[KEYS_PER_STEP][MAX_GROUPS];
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+            for (int b = 0; b < KEYS_PER_STEP; b++)
+                sc[b][g] = 0.0f;
+            if (g < G) {
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+                    if (i < chunk) {
+                        const float qv = q_s[(size_t)g * head_dim + lane + i * DOT_LANES];
+                        sc[0][g] += qv * kb0[i];
+                        sc[1][g] += qv * kb1[i];
+                        sc[2][g] += qv * kb2[i];
+                        sc[3][g] += qv * kb3[i];
+                    }
+                }
+            }
+        }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
+            }
+        }
+    }
+
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+    }
+
+    /* Merge the units in unit order: weights rescale each to the block max. */
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) {
+                m_s[unit * G + g] = m_run[g];
+                l_s[unit * G + g] = l_run[g];
+            }
+        }
+    }
+    for (int e = tid; e < G * head_dim; e += blockDim.x)
+        acc_s[e] = 0.0f;
+    __syncthreads();
+    float w[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        w[g] = 0.0f;
+        if (g < G) {
+            float top = -__int_as_float(0x7f800000);
+            for (int u = 0; u < UNITS; u++)
+                top = fmaxf(top, m_s[u * G + g]);
+            if (m_run[g] != -__int_as_float(0x7f800000))
+                w[g] = expf(m_run[g] - top);
+        }
+    }
+    for (int u = 0; u < UNITS; u++) {
+        if (unit == u) {
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                if (g < G)
+#pragma unroll
+                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                        if (i < chunk)
+                            acc_s[(size_t)g * head_dim + lane + i * DOT_LANES] += w[g] * acc[g][i];
+        }
+        __syncthreads();
+    }
+
+    /* The row's output: merged acc over the merged sum. */
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++) {
+        float top = -__int_as_float(0x7f800000); /* the max acc_s is relative to */
+        for (int u = 0; u < UNITS; u++)
+            top = fmaxf(top, m_s[u * G + g]);
+        const float all = top;
+        float sum = 0.0f;
+        for (int u = 0; u < UNITS; u++) {
+            const float mu = m_s[u * G + g];
+            if (mu != -__int_as_float(0x7f800000))
+                sum += l_s[u * G + g] * expf(mu - all);
+        }
+        out_base[(size_t)g * head_dim + tid] = acc_s[(size_t)g * head_dim + tid] / sum;
+    }
+}
+
+/* ps_q8_0: q8_0 prefill, warp-streamed keys per row
+ * [spec specs/stream.kspec | templates/kernels/flash_stream.cu.j2, templates/kv/q8_0.j2]
+ * prefill, schedule=warp_stream, position=host, kv=q8_0, q=f32, k=registers, v=global
+ * Grid (n, n_head_kv), block head_dim threads; row t attends keys [0, pos0 + t],
+ * its units merged and normalised; out [n][n_head][head_dim].
+ */
+__global__ void ps_q8_0(const float *q, const unsigned char *k_cache,
+                        const unsigned char *v_cache, float *out, int kv_groups, int head_dim,
+                        int max_seq, int pos0, int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 16;   /* window tiles and split rounding */
+    constexpr int DOT_LANES = 32;   /* lanes of a unit: one key per unit */
+    constexpr int KEYS_PER_STEP = 4;  /* keys a unit has in flight */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int KREG_MAX_CHUNK = 8; /* bound on head_dim / DOT_LANES */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q8_0_row_bytes(head_dim);
+const int k_lo = 0; /* the row's one split: every key it sees */
+    const int k_hi = seq_len;
+
+    const int UNITS = (int)blockDim.x / DOT_LANES;
+    const int unit = tid / DOT_LANES;
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Shared: q group | merge acc [G][head_dim] | m, l [UNITS][G] */
+    extern __shared__ float shk[];
+    float *q_s = shk;
+    float *acc_s = q_s + (size_t)G * head_dim;
+    float *m_s = acc_s + (size_t)G * head_dim;
+    float *l_s = m_s + UNITS * G;
+
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    __syncthreads();
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
+    float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++)
+            acc[g][i] = 0.0f;
+    }
+
+    /* Steps are warp-uniform (the loop bound and every shuffle involve whole
+     * warps); a unit's key b of a step is base + b * units_per_warp + its unit. */
+    const int upw = 32 / DOT_LANES; /* units per warp */
+    const int warp = tid / 32;
+    const int wunit = unit % upw;
+    const int stride = (int)(blockDim.x / 32) * upw * KEYS_PER_STEP;
+    for (int base = k_lo + warp * upw * KEYS_PER_STEP; base < k_hi; base += stride) {
+        const int key0 = base + 0 * upw + wunit;
+        const int t0_0 = key0 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok0 = key0 < k_hi && kgen_tile_in_window(
+            t0_0, k_hi - t0_0 < TILE_KEYS ? k_hi - t0_0 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key1 = base + 1 * upw + wunit;
+        const int t0_1 = key1 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok1 = key1 < k_hi && kgen_tile_in_window(
+            t0_1, k_hi - t0_1 < TILE_KEYS ? k_hi - t0_1 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key2 = base + 2 * upw + wunit;
+        const int t0_2 = key2 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok2 = key2 < k_hi && kgen_tile_in_window(
+            t0_2, k_hi - t0_2 < TILE_KEYS ? k_hi - t0_2 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key3 = base + 3 * upw + wunit;
+        const int t0_3 = key3 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok3 = key3 < k_hi && kgen_tile_in_window(
+            t0_3, k_hi - t0_3 < TILE_KEYS ? k_hi - t0_3 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        /* Every load of the step is issued before any is used. */
+        float kb0[KREG_MAX_CHUNK];
+        {
+            const int j0 = key0, ky = 0, tk = ok0 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk)
+            kgen_q8_0_dequant_lane_chunk<KREG_MAX_CHUNK, DOT_LANES>(
+                k_head + (size_t)(j0 + ky) * row_bytes, lane, chunk, kreg);
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb0[i] = ok0 ? kreg[i] : 0.0f;
+        }
+        float kb1[KREG_MAX_CHUNK];
+        {
+            const int j0 = key1, ky = 0, tk = ok1 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk)
+            kgen_q8_0_dequant_lane_chunk<KREG_MAX_CHUNK, DOT_LANES>(
+                k_head + (size_t)(j0 + ky) * row_bytes, lane, chunk, kreg);
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb1[i] = ok1 ? kreg[i] : 0.0f;
+        }
+        float kb2[KREG_MAX_CHUNK];
+        {
+            const int j0 = key2, ky = 0, tk = ok2 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk)
+            kgen_q8_0_dequant_lane_chunk<KREG_MAX_CHUNK, DOT_LANES>(
+                k_head + (size_t)(j0 + ky) * row_bytes, lane, chunk, kreg);
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb2[i] = ok2 ? kreg[i] : 0.0f;
+        }
+        float kb3[KREG_MAX_CHUNK];
+        {
+            const int j0 = key3, ky = 0, tk = ok3 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk)
+            kgen_q8_0_dequant_lane_chunk<KREG_MAX_CHUNK, DOT_LANES>(
+                k_head + (size_t)(j0 + ky) * row_bytes, lane, chunk, kreg);
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb3[i] = ok3 ? kreg[i] : 0.0f;
+        }
+        float vb0[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb0[i] = 0.0f;
+            if (ok0 && i < chunk) {
+                const int j0 = key0, j = 0, tid = lane + i * DOT_LANES;
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+vb0[i] = vv;
+            }
+        }
+        float vb1[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb1[i] = 0.0f;
+            if (ok1 && i < chunk) {
+                const int j0 = key1, j = 0, tid = lane + i * DOT_LANES;
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+vb1[i] = vv;
+            }
+        }
+        float vb2[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb2[i] = 0.0f;
+            if (ok2 && i < chunk) {
+                const int j0 = key2, j = 0, tid = lane + i * DOT_LANES;
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+vb2[i] = vv;
+            }
+        }
+        float vb3[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb3[i] = 0.0f;
+            if (ok3 && i < chunk) {
+                const int j0 = key3, j = 0, tid = lane + i * DOT_LANES;
+            float vv = kgen_q8_0_dequant_elem(v_head + (size_t)(j0 + j) * row_bytes, tid);
+vb3[i] = vv;
+            }
+        }
+
+        /* Scores: each q element is read once per step and used for every key. */
+        float sc[KEYS_PER_STEP][MAX_GROUPS];
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+            for (int b = 0; b < KEYS_PER_STEP; b++)
+                sc[b][g] = 0.0f;
+            if (g < G) {
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+                    if (i < chunk) {
+                        const float qv = q_s[(size_t)g * head_dim + lane + i * DOT_LANES];
+                        sc[0][g] += qv * kb0[i];
+                        sc[1][g] += qv * kb1[i];
+                        sc[2][g] += qv * kb2[i];
+                        sc[3][g] += qv * kb3[i];
+                    }
+                }
+            }
+        }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
+            }
+        }
+    }
+
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+    }
+
+    /* Merge the units in unit order: weights rescale each to the block max. */
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) {
+                m_s[unit * G + g] = m_run[g];
+                l_s[unit * G + g] = l_run[g];
+            }
+        }
+    }
+    for (int e = tid; e < G * head_dim; e += blockDim.x)
+        acc_s[e] = 0.0f;
+    __syncthreads();
+    float w[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        w[g] = 0.0f;
+        if (g < G) {
+            float top = -__int_as_float(0x7f800000);
+            for (int u = 0; u < UNITS; u++)
+                top = fmaxf(top, m_s[u * G + g]);
+            if (m_run[g] != -__int_as_float(0x7f800000))
+                w[g] = expf(m_run[g] - top);
+        }
+    }
+    for (int u = 0; u < UNITS; u++) {
+        if (unit == u) {
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                if (g < G)
+#pragma unroll
+                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                        if (i < chunk)
+                            acc_s[(size_t)g * head_dim + lane + i * DOT_LANES] += w[g] * acc[g][i];
+        }
+        __syncthreads();
+    }
+
+    /* The row's output: merged acc over the merged sum. */
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++) {
+        float top = -__int_as_float(0x7f800000); /* the max acc_s is relative to */
+        for (int u = 0; u < UNITS; u++)
+            top = fmaxf(top, m_s[u * G + g]);
+        const float all = top;
+        float sum = 0.0f;
+        for (int u = 0; u < UNITS; u++) {
+            const float mu = m_s[u * G + g];
+            if (mu != -__int_as_float(0x7f800000))
+                sum += l_s[u * G + g] * expf(mu - all);
+        }
+        out_base[(size_t)g * head_dim + tid] = acc_s[(size_t)g * head_dim + tid] / sum;
+    }
+}
+
+/* ps_fp8_e4m3: fp8_e4m3 prefill, warp-streamed keys per row
+ * [spec specs/stream.kspec | templates/kernels/flash_stream.cu.j2, templates/kv/fp8_e4m3.j2]
+ * prefill, schedule=warp_stream, position=host, kv=fp8_e4m3, q=f32, k=registers, v=global
+ * Grid (n, n_head_kv), block head_dim threads; row t attends keys [0, pos0 + t],
+ * its units merged and normalised; out [n][n_head][head_dim].
+ */
+__global__ void ps_fp8_e4m3(const float *q, const unsigned char *k_cache,
+                            const unsigned char *v_cache, float *out, int kv_groups,
+                            int head_dim, int max_seq, int pos0, float k_scale, float v_scale,
+                            int attn_sink, int attn_win, float scale) {
+    constexpr int TILE_KEYS = 16;   /* window tiles and split rounding */
+    constexpr int DOT_LANES = 32;   /* lanes of a unit: one key per unit */
+    constexpr int KEYS_PER_STEP = 4;  /* keys a unit has in flight */
+    constexpr int MAX_GROUPS = 8;  /* compile-time bound on kv_groups */
+    constexpr int KREG_MAX_CHUNK = 8; /* bound on head_dim / DOT_LANES */
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+const int k_lo = 0; /* the row's one split: every key it sees */
+    const int k_hi = seq_len;
+
+    const int UNITS = (int)blockDim.x / DOT_LANES;
+    const int unit = tid / DOT_LANES;
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Shared: q group | merge acc [G][head_dim] | m, l [UNITS][G] */
+    extern __shared__ float shk[];
+    float *q_s = shk;
+    float *acc_s = q_s + (size_t)G * head_dim;
+    float *m_s = acc_s + (size_t)G * head_dim;
+    float *l_s = m_s + UNITS * G;
+
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    __syncthreads();
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * head_dim;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * head_dim;
+
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 4; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 0;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up16 = (lane & 16) != 0;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    const bool up1 = (lane & 1) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
+    float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++)
+            acc[g][i] = 0.0f;
+    }
+
+    /* Steps are warp-uniform (the loop bound and every shuffle involve whole
+     * warps); a unit's key b of a step is base + b * units_per_warp + its unit. */
+    const int upw = 32 / DOT_LANES; /* units per warp */
+    const int warp = tid / 32;
+    const int wunit = unit % upw;
+    const int stride = (int)(blockDim.x / 32) * upw * KEYS_PER_STEP;
+    for (int base = k_lo + warp * upw * KEYS_PER_STEP; base < k_hi; base += stride) {
+        const int key0 = base + 0 * upw + wunit;
+        const int t0_0 = key0 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok0 = key0 < k_hi && kgen_tile_in_window(
+            t0_0, k_hi - t0_0 < TILE_KEYS ? k_hi - t0_0 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key1 = base + 1 * upw + wunit;
+        const int t0_1 = key1 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok1 = key1 < k_hi && kgen_tile_in_window(
+            t0_1, k_hi - t0_1 < TILE_KEYS ? k_hi - t0_1 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key2 = base + 2 * upw + wunit;
+        const int t0_2 = key2 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok2 = key2 < k_hi && kgen_tile_in_window(
+            t0_2, k_hi - t0_2 < TILE_KEYS ? k_hi - t0_2 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key3 = base + 3 * upw + wunit;
+        const int t0_3 = key3 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok3 = key3 < k_hi && kgen_tile_in_window(
+            t0_3, k_hi - t0_3 < TILE_KEYS ? k_hi - t0_3 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        /* Every load of the step is issued before any is used. */
+        float kb0[KREG_MAX_CHUNK];
+        {
+            const int j0 = key0, ky = 0, tk = ok0 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const unsigned char *s = k_head + (size_t)(j0 + ky) * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = kgen_fp8_e4m3_to_float(s[lane + i * DOT_LANES]) * k_scale;
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb0[i] = ok0 ? kreg[i] : 0.0f;
+        }
+        float kb1[KREG_MAX_CHUNK];
+        {
+            const int j0 = key1, ky = 0, tk = ok1 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const unsigned char *s = k_head + (size_t)(j0 + ky) * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = kgen_fp8_e4m3_to_float(s[lane + i * DOT_LANES]) * k_scale;
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb1[i] = ok1 ? kreg[i] : 0.0f;
+        }
+        float kb2[KREG_MAX_CHUNK];
+        {
+            const int j0 = key2, ky = 0, tk = ok2 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const unsigned char *s = k_head + (size_t)(j0 + ky) * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = kgen_fp8_e4m3_to_float(s[lane + i * DOT_LANES]) * k_scale;
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb2[i] = ok2 ? kreg[i] : 0.0f;
+        }
+        float kb3[KREG_MAX_CHUNK];
+        {
+            const int j0 = key3, ky = 0, tk = ok3 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const unsigned char *s = k_head + (size_t)(j0 + ky) * head_dim;
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                if (i < chunk)
+                    kreg[i] = kgen_fp8_e4m3_to_float(s[lane + i * DOT_LANES]) * k_scale;
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb3[i] = ok3 ? kreg[i] : 0.0f;
+        }
+        float vb0[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb0[i] = 0.0f;
+            if (ok0 && i < chunk) {
+                const int j0 = key0, j = 0, tid = lane + i * DOT_LANES;
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+vb0[i] = vv;
+            }
+        }
+        float vb1[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb1[i] = 0.0f;
+            if (ok1 && i < chunk) {
+                const int j0 = key1, j = 0, tid = lane + i * DOT_LANES;
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+vb1[i] = vv;
+            }
+        }
+        float vb2[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb2[i] = 0.0f;
+            if (ok2 && i < chunk) {
+                const int j0 = key2, j = 0, tid = lane + i * DOT_LANES;
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+vb2[i] = vv;
+            }
+        }
+        float vb3[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb3[i] = 0.0f;
+            if (ok3 && i < chunk) {
+                const int j0 = key3, j = 0, tid = lane + i * DOT_LANES;
+            float vv = kgen_fp8_e4m3_to_float(__ldg(&v_head[(size_t)(j0 + j) * head_dim + tid])) *
+                       v_scale;
+vb3[i] = vv;
+            }
+        }
+
+        /* Scores: each q element is read once per step and used for every key. */
+        float sc[KEYS_PER_STEP][MAX_GROUPS];
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+            for (int b = 0; b < KEYS_PER_STEP; b++)
+                sc[b][g] = 0.0f;
+            if (g < G) {
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+                    if (i < chunk) {
+                        const float qv = q_s[(size_t)g * head_dim + lane + i * DOT_LANES];
+                        sc[0][g] += qv * kb0[i];
+                        sc[1][g] += qv * kb1[i];
+                        sc[2][g] += qv * kb2[i];
+                        sc[3][g] += qv * kb3[i];
+                    }
+                }
+            }
+        }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_16 = (up16 ? sc[0][4] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][0] : sc[0][4], 16, DOT_LANES);
+        const float rs1_16 = (up16 ? sc[1][4] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][0] : sc[1][4], 16, DOT_LANES);
+        const float rs2_16 = (up16 ? sc[2][4] : sc[2][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][0] : sc[2][4], 16, DOT_LANES);
+        const float rs3_16 = (up16 ? sc[3][4] : sc[3][0]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][0] : sc[3][4], 16, DOT_LANES);
+        const float rs4_16 = (up16 ? sc[0][5] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][1] : sc[0][5], 16, DOT_LANES);
+        const float rs5_16 = (up16 ? sc[1][5] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][1] : sc[1][5], 16, DOT_LANES);
+        const float rs6_16 = (up16 ? sc[2][5] : sc[2][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][1] : sc[2][5], 16, DOT_LANES);
+        const float rs7_16 = (up16 ? sc[3][5] : sc[3][1]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][1] : sc[3][5], 16, DOT_LANES);
+        const float rs8_16 = (up16 ? sc[0][6] : sc[0][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][2] : sc[0][6], 16, DOT_LANES);
+        const float rs9_16 = (up16 ? sc[1][6] : sc[1][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][2] : sc[1][6], 16, DOT_LANES);
+        const float rs10_16 = (up16 ? sc[2][6] : sc[2][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][2] : sc[2][6], 16, DOT_LANES);
+        const float rs11_16 = (up16 ? sc[3][6] : sc[3][2]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][2] : sc[3][6], 16, DOT_LANES);
+        const float rs12_16 = (up16 ? sc[0][7] : sc[0][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[0][3] : sc[0][7], 16, DOT_LANES);
+        const float rs13_16 = (up16 ? sc[1][7] : sc[1][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[1][3] : sc[1][7], 16, DOT_LANES);
+        const float rs14_16 = (up16 ? sc[2][7] : sc[2][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[2][3] : sc[2][7], 16, DOT_LANES);
+        const float rs15_16 = (up16 ? sc[3][7] : sc[3][3]) +
+            __shfl_xor_sync(0xffffffffu, up16 ? sc[3][3] : sc[3][7], 16, DOT_LANES);
+        const float rs0_8 = (up8 ? rs8_16 : rs0_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs0_16 : rs8_16, 8, DOT_LANES);
+        const float rs1_8 = (up8 ? rs9_16 : rs1_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs1_16 : rs9_16, 8, DOT_LANES);
+        const float rs2_8 = (up8 ? rs10_16 : rs2_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs2_16 : rs10_16, 8, DOT_LANES);
+        const float rs3_8 = (up8 ? rs11_16 : rs3_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs3_16 : rs11_16, 8, DOT_LANES);
+        const float rs4_8 = (up8 ? rs12_16 : rs4_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs4_16 : rs12_16, 8, DOT_LANES);
+        const float rs5_8 = (up8 ? rs13_16 : rs5_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs5_16 : rs13_16, 8, DOT_LANES);
+        const float rs6_8 = (up8 ? rs14_16 : rs6_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs6_16 : rs14_16, 8, DOT_LANES);
+        const float rs7_8 = (up8 ? rs15_16 : rs7_16) +
+            __shfl_xor_sync(0xffffffffu, up8 ? rs7_16 : rs15_16, 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs4_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs4_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs5_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs5_8, 4, DOT_LANES);
+        const float rs2_4 = (up4 ? rs6_8 : rs2_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs2_8 : rs6_8, 4, DOT_LANES);
+        const float rs3_4 = (up4 ? rs7_8 : rs3_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs3_8 : rs7_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs2_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs2_4, 2, DOT_LANES);
+        const float rs1_2 = (up2 ? rs3_4 : rs1_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs1_4 : rs3_4, 2, DOT_LANES);
+        const float rs0_1 = (up1 ? rs1_2 : rs0_2) +
+            __shfl_xor_sync(0xffffffffu, up1 ? rs0_2 : rs1_2, 1, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_1;
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 ? ok1 : hb == 2 ? ok2 : hb == 3 && ok3;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, DOT_LANES));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+                const float p2 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 2) % RS_R) / RS_BL][((g * RS_BP + 2) % RS_R) % RS_BL], (((g * RS_BP + 2) / RS_R) << RS_S), DOT_LANES);
+                const float p3 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 3) % RS_R) / RS_BL][((g * RS_BP + 3) % RS_R) % RS_BL], (((g * RS_BP + 3) / RS_R) << RS_S), DOT_LANES);
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i] + p2 * vb2[i] + p3 * vb3[i];
+            }
+        }
+    }
+
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 1, DOT_LANES);
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+    }
+
+    /* Merge the units in unit order: weights rescale each to the block max. */
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) {
+                m_s[unit * G + g] = m_run[g];
+                l_s[unit * G + g] = l_run[g];
+            }
+        }
+    }
+    for (int e = tid; e < G * head_dim; e += blockDim.x)
+        acc_s[e] = 0.0f;
+    __syncthreads();
+    float w[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        w[g] = 0.0f;
+        if (g < G) {
+            float top = -__int_as_float(0x7f800000);
+            for (int u = 0; u < UNITS; u++)
+                top = fmaxf(top, m_s[u * G + g]);
+            if (m_run[g] != -__int_as_float(0x7f800000))
+                w[g] = expf(m_run[g] - top);
+        }
+    }
+    for (int u = 0; u < UNITS; u++) {
+        if (unit == u) {
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                if (g < G)
+#pragma unroll
+                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                        if (i < chunk)
+                            acc_s[(size_t)g * head_dim + lane + i * DOT_LANES] += w[g] * acc[g][i];
+        }
+        __syncthreads();
+    }
+
+    /* The row's output: merged acc over the merged sum. */
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++) {
+        float top = -__int_as_float(0x7f800000); /* the max acc_s is relative to */
+        for (int u = 0; u < UNITS; u++)
+            top = fmaxf(top, m_s[u * G + g]);
+        const float all = top;
+        float sum = 0.0f;
+        for (int u = 0; u < UNITS; u++) {
+            const float mu = m_s[u * G + g];
+            if (mu != -__int_as_float(0x7f800000))
+                sum += l_s[u * G + g] * expf(mu - all);
+        }
+        out_base[(size_t)g * head_dim + tid] = acc_s[(size_t)g * head_dim + tid] / sum;
+    }
+}
+
+/* ps_q4: q4 prefill, warp-streamed keys per row
+ * [spec specs/stream.kspec | templates/kernels/flash_stream.cu.j2, templates/kv/q4.j2]
+ * prefill, schedule=warp_stream, position=host, kv=q4, q=f32, k=registers, v=global
+ * Grid (n, n_head_kv), block head_dim threads; row t attends keys [0, pos0 + t],
+ * its units merged and normalised; out [n][n_head][head_dim].
+ */
+__global__ void ps_q4(const float *q, const unsigned char *k_cache,
+                      const unsigned char *v_cache, const __half *k_sink, const __half *v_sink,
+                      const __half *k_win, const __half *v_win, float *out, int kv_groups,
+                      int head_dim, int max_seq, int pos0, int sink, int win, int attn_sink,
+                      int attn_win, float scale) {
+    constexpr int TILE_KEYS = 16;   /* window tiles and split rounding */
+    constexpr int DOT_LANES = 16;   /* lanes of a unit: one key per unit */
+    constexpr int KEYS_PER_STEP = 2;  /* keys a unit has in flight */
+    constexpr int MAX_GROUPS = 4;  /* compile-time bound on kv_groups */
+    constexpr int KREG_MAX_CHUNK = 16; /* bound on head_dim / DOT_LANES */
+    constexpr int RING_ROWS = 256;  /* the fp16 window ring laps here */
+    constexpr int SINK_ROWS = 8;
+    const int t = blockIdx.x;     /* query row in the batch */
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int G = kv_groups;
+    const int seq_len = pos0 + t + 1;
+    const int cur_pos = seq_len - 1;
+    const int row_bytes = kgen_q4_row_bytes(head_dim);
+    /* Every row of the batch was appended before any row reads, so ring slot
+     * p % RING_ROWS still holds p only while p > (last appended) - RING_ROWS.
+     * Lapped keys fall back to the q4 body instead of a future token. */
+    const int win_live_lo = (cur_pos - t + (int)gridDim.x - 1) - RING_ROWS;
+const int k_lo = 0; /* the row's one split: every key it sees */
+    const int k_hi = seq_len;
+
+    const int UNITS = (int)blockDim.x / DOT_LANES;
+    const int unit = tid / DOT_LANES;
+    const int lane = tid % DOT_LANES;
+    const int chunk = head_dim / DOT_LANES;
+
+    /* Shared: q group | merge acc [G][head_dim] | m, l [UNITS][G] */
+    extern __shared__ float shk[];
+    float *q_s = shk;
+    float *acc_s = q_s + (size_t)G * head_dim;
+    float *m_s = acc_s + (size_t)G * head_dim;
+    float *l_s = m_s + UNITS * G;
+
+    const size_t n_head = (size_t)gridDim.y * G;
+    const float *q_base = q + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++)
+        q_s[(size_t)g * head_dim + tid] = q_base[(size_t)g * head_dim + tid];
+    __syncthreads();
+
+    const unsigned char *k_head = k_cache + (size_t)kvh * max_seq * row_bytes;
+    const unsigned char *v_head = v_cache + (size_t)kvh * max_seq * row_bytes;
+    const __half *k_win_head = k_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *v_win_head = v_win + (size_t)kvh * RING_ROWS * head_dim;
+    const __half *k_sink_head = k_sink + (size_t)kvh * SINK_ROWS * head_dim;
+    const __half *v_sink_head = v_sink + (size_t)kvh * SINK_ROWS * head_dim;
+
+    /* The unit's online softmax: lane owns dims lane + i * DOT_LANES of acc; the
+     * m and l of a head live on the lanes that hold its scores after the
+     * reduce-scatter (m_own, l_own: RS_GL heads a lane), and reach every lane as
+     * m_run, l_run after the key loop. Indices stay compile-time (unrolled, guarded). */
+    constexpr int RS_BP = 2; /* KEYS_PER_STEP padded to a power of two */
+    constexpr int RS_R = 1;   /* values a lane holds after the reduce-scatter */
+    constexpr int RS_S = 1;   /* 2^RS_S lanes hold each one */
+    constexpr int RS_BL = 1; /* keys of one head among them */
+    constexpr int RS_GL = 1; /* heads among them */
+    const int hbase = (lane >> RS_S) * RS_R;
+    const bool up8 = (lane & 8) != 0;
+    const bool up4 = (lane & 4) != 0;
+    const bool up2 = (lane & 2) != 0;
+    float m_own[RS_GL], l_own[RS_GL];
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        m_own[q] = -__int_as_float(0x7f800000);
+        l_own[q] = 0.0f;
+    }
+    float m_run[MAX_GROUPS], l_run[MAX_GROUPS], acc[MAX_GROUPS][KREG_MAX_CHUNK];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++)
+            acc[g][i] = 0.0f;
+    }
+
+    /* Steps are warp-uniform (the loop bound and every shuffle involve whole
+     * warps); a unit's key b of a step is base + b * units_per_warp + its unit. */
+    const int upw = 32 / DOT_LANES; /* units per warp */
+    const int warp = tid / 32;
+    const int wunit = unit % upw;
+    const int stride = (int)(blockDim.x / 32) * upw * KEYS_PER_STEP;
+    for (int base = k_lo + warp * upw * KEYS_PER_STEP; base < k_hi; base += stride) {
+        const int key0 = base + 0 * upw + wunit;
+        const int t0_0 = key0 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok0 = key0 < k_hi && kgen_tile_in_window(
+            t0_0, k_hi - t0_0 < TILE_KEYS ? k_hi - t0_0 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        const int key1 = base + 1 * upw + wunit;
+        const int t0_1 = key1 & ~(TILE_KEYS - 1); /* its tile (splits are whole tiles) */
+        const bool ok1 = key1 < k_hi && kgen_tile_in_window(
+            t0_1, k_hi - t0_1 < TILE_KEYS ? k_hi - t0_1 : TILE_KEYS, cur_pos,
+            attn_sink, attn_win);
+        /* Every load of the step is issued before any is used. */
+        float kb0[KREG_MAX_CHUNK];
+        {
+            const int j0 = key0, ky = 0, tk = ok0 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const int kp = j0 + ky;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    if (i < chunk)
+                        kreg[i] = __half2float(s[lane + i * DOT_LANES]);
+            } else if (win > 0 && kp > cur_pos - win && kp > win_live_lo) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    if (i < chunk)
+                        kreg[i] = __half2float(s[lane + i * DOT_LANES]);
+            } else {
+                kgen_q4_dequant_lane_chunk<KREG_MAX_CHUNK>(k_head + (size_t)kp * row_bytes,
+                                                           lane, chunk, kreg);
+            }
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb0[i] = ok0 ? kreg[i] : 0.0f;
+        }
+        float kb1[KREG_MAX_CHUNK];
+        {
+            const int j0 = key1, ky = 0, tk = ok1 ? 1 : 0;
+        float kreg[KREG_MAX_CHUNK];
+        if (ky < tk) {
+            const int kp = j0 + ky;
+            if (kp < sink) {
+                const __half *s = k_sink_head + (size_t)kp * head_dim;
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    if (i < chunk)
+                        kreg[i] = __half2float(s[lane + i * DOT_LANES]);
+            } else if (win > 0 && kp > cur_pos - win && kp > win_live_lo) {
+                const __half *s = k_win_head + (size_t)(kp % RING_ROWS) * head_dim;
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    if (i < chunk)
+                        kreg[i] = __half2float(s[lane + i * DOT_LANES]);
+            } else {
+                kgen_q4_dequant_lane_chunk<KREG_MAX_CHUNK>(k_head + (size_t)kp * row_bytes,
+                                                           lane, chunk, kreg);
+            }
+        }
+#pragma unroll
+            for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                kb1[i] = ok1 ? kreg[i] : 0.0f;
+        }
+        float vb0[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb0[i] = 0.0f;
+            if (ok0 && i < chunk) {
+                const int j0 = key0, j = 0, tid = lane + i * DOT_LANES;
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win && vp > win_live_lo) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+vb0[i] = vv;
+            }
+        }
+        float vb1[KREG_MAX_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+            vb1[i] = 0.0f;
+            if (ok1 && i < chunk) {
+                const int j0 = key1, j = 0, tid = lane + i * DOT_LANES;
+            int vp = j0 + j;
+            float vv;
+            if (vp < sink) {
+                vv = __half2float(v_sink_head[(size_t)vp * head_dim + tid]);
+            } else if (win > 0 && vp > cur_pos - win && vp > win_live_lo) {
+                vv = __half2float(v_win_head[(size_t)(vp % RING_ROWS) * head_dim + tid]);
+            } else {
+                vv = kgen_q4_dequant_elem(v_head + (size_t)vp * row_bytes, tid);
+            }
+vb1[i] = vv;
+            }
+        }
+
+        /* Scores: each q element is read once per step and used for every key. */
+        float sc[KEYS_PER_STEP][MAX_GROUPS];
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+#pragma unroll
+            for (int b = 0; b < KEYS_PER_STEP; b++)
+                sc[b][g] = 0.0f;
+            if (g < G) {
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++) {
+                    if (i < chunk) {
+                        const float qv = q_s[(size_t)g * head_dim + lane + i * DOT_LANES];
+                        sc[0][g] += qv * kb0[i];
+                        sc[1][g] += qv * kb1[i];
+                    }
+                }
+            }
+        }
+        /* Reduce-scatter the MAX_GROUPS x KEYS_PER_STEP partial dots over the unit:
+         * at each offset a lane keeps the half of its values its lane bit selects,
+         * sends the other half to its partner and adds what it receives, so the
+         * unit spends about one shuffle per value, not log2(DOT_LANES). Afterwards
+         * lane l holds the complete sums n = g * RS_BP + b = (l >> RS_S) * RS_R + r. */
+        const float rs0_8 = (up8 ? sc[0][2] : sc[0][0]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[0][0] : sc[0][2], 8, DOT_LANES);
+        const float rs1_8 = (up8 ? sc[1][2] : sc[1][0]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[1][0] : sc[1][2], 8, DOT_LANES);
+        const float rs2_8 = (up8 ? sc[0][3] : sc[0][1]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[0][1] : sc[0][3], 8, DOT_LANES);
+        const float rs3_8 = (up8 ? sc[1][3] : sc[1][1]) +
+            __shfl_xor_sync(0xffffffffu, up8 ? sc[1][1] : sc[1][3], 8, DOT_LANES);
+        const float rs0_4 = (up4 ? rs2_8 : rs0_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs0_8 : rs2_8, 4, DOT_LANES);
+        const float rs1_4 = (up4 ? rs3_8 : rs1_8) +
+            __shfl_xor_sync(0xffffffffu, up4 ? rs1_8 : rs3_8, 4, DOT_LANES);
+        const float rs0_2 = (up2 ? rs1_4 : rs0_4) +
+            __shfl_xor_sync(0xffffffffu, up2 ? rs0_4 : rs1_4, 2, DOT_LANES);
+        float hv[RS_R];
+        hv[0] = rs0_2;
+        hv[0] += __shfl_xor_sync(0xffffffffu, hv[0], 1, DOT_LANES); /* duplicate sums */
+
+        /* Fold the step, distributed: each lane folds the scores it holds into the
+         * state of their head (max over the head's lanes by shuffles, one __expf
+         * per score). A key outside the range or the window, and a head >= G,
+         * weighs exactly 0; a head whose keys are all masked keeps its state. */
+        float corr[RS_GL], p[RS_GL][RS_BL];
+#pragma unroll
+        for (int q = 0; q < RS_GL; q++) {
+            const int hg = (hbase + q * RS_BL) / RS_BP;
+            float x[RS_BL];
+            float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                const int hb = (hbase + q * RS_BL + t) % RS_BP;
+                x[t] = hv[q * RS_BL + t] * scale;
+                const bool okb = hb == 0 ? ok0 : hb == 1 && ok1;
+                if (!(hg < G && hg < MAX_GROUPS && okb))
+                    x[t] = -__int_as_float(0x7f800000);
+                mx = fmaxf(mx, x[t]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, DOT_LANES));
+            const float m_new = fmaxf(m_own[q], mx);
+            const bool live = m_new != -__int_as_float(0x7f800000);
+            corr[q] = live ? __expf(m_own[q] - m_new) : 1.0f;
+            float psum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RS_BL; t++) {
+                p[q][t] = live ? __expf(x[t] - m_new) : 0.0f;
+                psum += p[q][t];
+            }
+            l_own[q] = l_own[q] * corr[q] + psum; /* this lane's keys: summed after the loop */
+            m_own[q] = m_new;
+        }
+
+        /* Every lane takes each head's corr and p from a lane that holds them. */
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) { /* block-uniform: every lane joins each shuffle */
+                const float cg = __shfl_sync(0xffffffffu, corr[((g * RS_BP) % RS_R) / RS_BL],
+                                             (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+                const float p0 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 0) % RS_R) / RS_BL][((g * RS_BP + 0) % RS_R) % RS_BL], (((g * RS_BP + 0) / RS_R) << RS_S), DOT_LANES);
+                const float p1 = __shfl_sync(0xffffffffu,
+                    p[((g * RS_BP + 1) % RS_R) / RS_BL][((g * RS_BP + 1) % RS_R) % RS_BL], (((g * RS_BP + 1) / RS_R) << RS_S), DOT_LANES);
+#pragma unroll
+                for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                    acc[g][i] = acc[g][i] * cg + p0 * vb0[i] + p1 * vb1[i];
+            }
+        }
+    }
+
+    /* A head's l is the sum over its lanes; every lane takes each head's m and l,
+     * so all lanes of a unit hold the state the merge reads. */
+#pragma unroll
+    for (int q = 0; q < RS_GL; q++) {
+        l_own[q] += __shfl_xor_sync(0xffffffffu, l_own[q], 2, DOT_LANES);
+    }
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        m_run[g] = __shfl_sync(0xffffffffu, m_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+        l_run[g] = __shfl_sync(0xffffffffu, l_own[((g * RS_BP) % RS_R) / RS_BL], (((g * RS_BP) / RS_R) << RS_S), DOT_LANES);
+    }
+
+    /* Merge the units in unit order: weights rescale each to the block max. */
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            if (g < G) {
+                m_s[unit * G + g] = m_run[g];
+                l_s[unit * G + g] = l_run[g];
+            }
+        }
+    }
+    for (int e = tid; e < G * head_dim; e += blockDim.x)
+        acc_s[e] = 0.0f;
+    __syncthreads();
+    float w[MAX_GROUPS];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        w[g] = 0.0f;
+        if (g < G) {
+            float top = -__int_as_float(0x7f800000);
+            for (int u = 0; u < UNITS; u++)
+                top = fmaxf(top, m_s[u * G + g]);
+            if (m_run[g] != -__int_as_float(0x7f800000))
+                w[g] = expf(m_run[g] - top);
+        }
+    }
+    for (int u = 0; u < UNITS; u++) {
+        if (unit == u) {
+#pragma unroll
+            for (int g = 0; g < MAX_GROUPS; g++)
+                if (g < G)
+#pragma unroll
+                    for (int i = 0; i < KREG_MAX_CHUNK; i++)
+                        if (i < chunk)
+                            acc_s[(size_t)g * head_dim + lane + i * DOT_LANES] += w[g] * acc[g][i];
+        }
+        __syncthreads();
+    }
+
+    /* The row's output: merged acc over the merged sum. */
+    float *out_base = out + ((size_t)t * n_head + (size_t)kvh * G) * head_dim;
+    for (int g = 0; g < G; g++) {
+        float top = -__int_as_float(0x7f800000); /* the max acc_s is relative to */
+        for (int u = 0; u < UNITS; u++)
+            top = fmaxf(top, m_s[u * G + g]);
+        const float all = top;
+        float sum = 0.0f;
+        for (int u = 0; u < UNITS; u++) {
+            const float mu = m_s[u * G + g];
+            if (mu != -__int_as_float(0x7f800000))
+                sum += l_s[u * G + g] * expf(mu - all);
+        }
+        out_base[(size_t)g * head_dim + tid] = acc_s[(size_t)g * head_dim + tid] / sum;
     }
 }
 

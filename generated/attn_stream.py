@@ -430,6 +430,151 @@ KERNELS = {
         'sink_rows': 8,
         'max_head_dim': 1024,
     }),
+    "ps_f32": kernel("ps_f32", {
+        'module': 'attn_stream',
+        'doc': 'f32 prefill, warp-streamed keys per row',
+        'op': 'flash',
+        'mode': 'prefill',
+        'position': 'host',
+        'kv': 'f32',
+        'q_stage': 'f32',
+        'k_stage': 'registers',
+        'v_stage': 'global',
+        'threads': 'head_dim',
+        'schedule': 'warp_stream',
+        'keys_per_step': 4,
+        'window': 'sink_recent',
+        'mask': 'causal',
+        'softcap': 'none',
+        'sinks': 'none',
+        'ring_floor': 'none',
+        'tile_keys': 16,
+        'dot_lanes': 32,
+        'max_groups': 8,
+        'rows_per_block': 1,
+        'k_pad': 16,
+        'kreg_max_chunk': 8,
+        'v_rounds': 3,
+        'ring_rows': 256,
+        'sink_rows': 8,
+        'max_head_dim': 1024,
+    }),
+    "ps_f16": kernel("ps_f16", {
+        'module': 'attn_stream',
+        'doc': 'f16 prefill, warp-streamed keys per row',
+        'op': 'flash',
+        'mode': 'prefill',
+        'position': 'host',
+        'kv': 'f16',
+        'q_stage': 'f32',
+        'k_stage': 'registers',
+        'v_stage': 'global',
+        'threads': 'head_dim',
+        'schedule': 'warp_stream',
+        'keys_per_step': 4,
+        'window': 'sink_recent',
+        'mask': 'causal',
+        'softcap': 'none',
+        'sinks': 'none',
+        'ring_floor': 'none',
+        'tile_keys': 16,
+        'dot_lanes': 32,
+        'max_groups': 8,
+        'rows_per_block': 1,
+        'k_pad': 16,
+        'kreg_max_chunk': 8,
+        'v_rounds': 3,
+        'ring_rows': 256,
+        'sink_rows': 8,
+        'max_head_dim': 1024,
+    }),
+    "ps_q8_0": kernel("ps_q8_0", {
+        'module': 'attn_stream',
+        'doc': 'q8_0 prefill, warp-streamed keys per row',
+        'op': 'flash',
+        'mode': 'prefill',
+        'position': 'host',
+        'kv': 'q8_0',
+        'q_stage': 'f32',
+        'k_stage': 'registers',
+        'v_stage': 'global',
+        'threads': 'head_dim',
+        'schedule': 'warp_stream',
+        'keys_per_step': 4,
+        'window': 'sink_recent',
+        'mask': 'causal',
+        'softcap': 'none',
+        'sinks': 'none',
+        'ring_floor': 'none',
+        'tile_keys': 16,
+        'dot_lanes': 32,
+        'max_groups': 8,
+        'rows_per_block': 1,
+        'k_pad': 16,
+        'kreg_max_chunk': 8,
+        'v_rounds': 3,
+        'ring_rows': 256,
+        'sink_rows': 8,
+        'max_head_dim': 1024,
+    }),
+    "ps_fp8_e4m3": kernel("ps_fp8_e4m3", {
+        'module': 'attn_stream',
+        'doc': 'fp8_e4m3 prefill, warp-streamed keys per row',
+        'op': 'flash',
+        'mode': 'prefill',
+        'position': 'host',
+        'kv': 'fp8_e4m3',
+        'q_stage': 'f32',
+        'k_stage': 'registers',
+        'v_stage': 'global',
+        'threads': 'head_dim',
+        'schedule': 'warp_stream',
+        'keys_per_step': 4,
+        'window': 'sink_recent',
+        'mask': 'causal',
+        'softcap': 'none',
+        'sinks': 'none',
+        'ring_floor': 'none',
+        'tile_keys': 16,
+        'dot_lanes': 32,
+        'max_groups': 8,
+        'rows_per_block': 1,
+        'k_pad': 16,
+        'kreg_max_chunk': 8,
+        'v_rounds': 3,
+        'ring_rows': 256,
+        'sink_rows': 8,
+        'max_head_dim': 1024,
+    }),
+    "ps_q4": kernel("ps_q4", {
+        'module': 'attn_stream',
+        'doc': 'q4 prefill, warp-streamed keys per row',
+        'op': 'flash',
+        'mode': 'prefill',
+        'position': 'host',
+        'kv': 'q4',
+        'q_stage': 'f32',
+        'k_stage': 'registers',
+        'v_stage': 'global',
+        'threads': 'head_dim',
+        'schedule': 'warp_stream',
+        'keys_per_step': 2,
+        'window': 'sink_recent',
+        'mask': 'causal',
+        'softcap': 'none',
+        'sinks': 'none',
+        'ring_floor': 'batch',
+        'tile_keys': 16,
+        'dot_lanes': 16,
+        'max_groups': 4,
+        'rows_per_block': 1,
+        'k_pad': 16,
+        'kreg_max_chunk': 16,
+        'v_rounds': 3,
+        'ring_rows': 256,
+        'sink_rows': 8,
+        'max_head_dim': 1024,
+    }),
 }
 
 
@@ -1052,4 +1197,182 @@ def ds_f32_k2_device(
     ), stream, (  # the names of those values
         "q", "k_cache", "v_cache", "m_out", "l_out", "acc_out", "pos", "kps", "splits_cap",
         "attn_sink", "attn_win", "scale", "validate_pos",
+    ))
+
+
+def ps_f32(
+    q: cupy.ndarray,
+    k_cache: cupy.ndarray,
+    v_cache: cupy.ndarray,
+    out: cupy.ndarray,
+    *,
+    pos0: int,
+    attn_sink: int = 0,
+    attn_win: int = 0,
+    scale: float | None = None,
+    stream=None,
+):
+    """F32 prefill, warp-streamed keys per row.
+
+    Arrays (q, k_cache, v_cache, out): C-contiguous CuPy arrays of
+    dtype float32 as the kernel reads them.
+    Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
+    """
+    return launch(KERNELS["ps_f32"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
+
+
+def ps_f16(
+    q: cupy.ndarray,
+    k_cache: cupy.ndarray,
+    v_cache: cupy.ndarray,
+    out: cupy.ndarray,
+    *,
+    pos0: int,
+    attn_sink: int = 0,
+    attn_win: int = 0,
+    scale: float | None = None,
+    stream=None,
+):
+    """F16 prefill, warp-streamed keys per row.
+
+    Arrays (q, k_cache, v_cache, out): C-contiguous CuPy arrays of
+    dtype float32/float16 as the kernel reads them.
+    Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
+    """
+    return launch(KERNELS["ps_f16"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
+
+
+def ps_q8_0(
+    q: cupy.ndarray,
+    k_cache: cupy.ndarray,
+    v_cache: cupy.ndarray,
+    out: cupy.ndarray,
+    *,
+    pos0: int,
+    attn_sink: int = 0,
+    attn_win: int = 0,
+    scale: float | None = None,
+    stream=None,
+):
+    """Q8_0 prefill, warp-streamed keys per row.
+
+    Arrays (q, k_cache, v_cache, out): C-contiguous CuPy arrays of
+    dtype float32/uint8 as the kernel reads them.
+    Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
+    """
+    return launch(KERNELS["ps_q8_0"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "attn_sink", "attn_win", "scale",
+    ))
+
+
+def ps_fp8_e4m3(
+    q: cupy.ndarray,
+    k_cache: cupy.ndarray,
+    v_cache: cupy.ndarray,
+    out: cupy.ndarray,
+    *,
+    pos0: int,
+    k_scale: float | None = 1.0,
+    v_scale: float | None = 1.0,
+    attn_sink: int = 0,
+    attn_win: int = 0,
+    scale: float | None = None,
+    stream=None,
+):
+    """Fp8_e4m3 prefill, warp-streamed keys per row.
+
+    Arrays (q, k_cache, v_cache, out): C-contiguous CuPy arrays of
+    dtype float32/uint8 as the kernel reads them.
+    Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
+    """
+    return launch(KERNELS["ps_fp8_e4m3"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pos0,
+        k_scale,
+        v_scale,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "out", "pos0", "k_scale", "v_scale", "attn_sink", "attn_win",
+        "scale",
+    ))
+
+
+def ps_q4(
+    q: cupy.ndarray,
+    k_cache: cupy.ndarray,
+    v_cache: cupy.ndarray,
+    k_sink: cupy.ndarray,
+    v_sink: cupy.ndarray,
+    k_win: cupy.ndarray,
+    v_win: cupy.ndarray,
+    out: cupy.ndarray,
+    *,
+    pos0: int,
+    sink: int,
+    win: int,
+    attn_sink: int = 0,
+    attn_win: int = 0,
+    scale: float | None = None,
+    stream=None,
+):
+    """Q4 prefill, warp-streamed keys per row.
+
+    Arrays (q, k_cache, v_cache, k_sink, v_sink, k_win, v_win, out): C-contiguous CuPy arrays of
+    dtype float32/uint8/float16 as the kernel reads them.
+    Returns the bound kgen.runtime.Launch (grid, block, shared memory, arguments).
+    """
+    return launch(KERNELS["ps_q4"], FATBIN, (
+        q,
+        k_cache,
+        v_cache,
+        k_sink,
+        v_sink,
+        k_win,
+        v_win,
+        out,
+        pos0,
+        sink,
+        win,
+        attn_sink,
+        attn_win,
+        scale,
+    ), stream, (  # the names of those values
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "pos0", "sink",
+        "win", "attn_sink", "attn_win", "scale",
     ))

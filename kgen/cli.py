@@ -334,7 +334,8 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
 
 
 def cmd_tune(args, settings: Settings, say: Reporter) -> int:
-    """Needs a GPU: search decode plans and variants, check each, store the fastest."""
+    """Needs a GPU: search decode plans and variants and prefill variants, check each,
+    store the fastest."""
     from kgen import tune
 
     def ints(text: str) -> list[int]:
@@ -343,7 +344,8 @@ def cmd_tune(args, settings: Settings, say: Reporter) -> int:
     from kgen.formats import FORMATS
 
     kvs = [x for x in args.kv.split(",") if x] or list(FORMATS)
-    tune.main(kvs, ints(args.head_dim), ints(args.groups), ints(args.contexts), say=print)
+    tune.main(kvs, ints(args.head_dim), ints(args.groups), ints(args.contexts), say=print,
+              prefill_rows=ints(args.prefill_rows))
     return 0
 
 
@@ -438,6 +440,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--groups", default="8", help="q heads per kv head (comma-separated)")
     t.add_argument("--contexts", default="4096,32768",
                    help="context lengths, one shape class each (comma-separated)")
+    t.add_argument("--prefill-rows", default="128,2048",
+                   help="prefill batch rows, one shape class each (comma-separated)")
     t.set_defaults(fn=cmd_tune)
     s = sub.add_parser("show", parents=[common], help="one kernel's resolved axes")
     s.add_argument("kernel")

@@ -10,7 +10,7 @@ cache keyed by device name and driver version, each entry carrying the source
 hash of the kernel's module: an entry whose kernel source changed since is
 stale and ignored. ``KVCache.decode`` asks :func:`tuned` when no plan is given.
 
-Prefill is tuned per (KV format, head_dim, kv_groups): every exact prefill kernel
+Prefill is tuned per (KV format, head_dim, kv_groups, batch rows bucket): every exact prefill kernel
 that serves the class with no attention options (tile shapes, register K, shared
 V, rows per block; fp16 q or K tiles are left to be named, never chosen for a
 caller) is checked on a batch at the end of a context, then timed, and
@@ -198,11 +198,16 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
     return Choice(name, module_sha(name), kps, cap, times[best] * 1e3)
 
 
-def prefill_key(kv: str, head_dim: int, groups: int) -> str:
-    return f"prefill/{kv}/hd{head_dim}/g{groups}"
+def rows_bucket(rows: int) -> int:
+    """The prefill batch bucket a row count falls in: the next power of two (at least 128)."""
+    return max(128, 1 << max(rows - 1, 1).bit_length())
 
 
-def tuned_prefill(kv: str, head_dim: int, groups: int) -> Choice | None:
+def prefill_key(kv: str, head_dim: int, groups: int, rows: int) -> str:
+    return f"prefill/{kv}/hd{head_dim}/g{groups}/rows{rows_bucket(rows)}"
+
+
+def tuned_prefill(kv: str, head_dim: int, groups: int, rows: int) -> Choice | None:
     """The stored prefill choice for this class on this GPU and driver, unless stale
     (kps and splits_cap are 0: a prefill has no plan)."""
     try:
@@ -211,29 +216,27 @@ def tuned_prefill(kv: str, head_dim: int, groups: int) -> Choice | None:
         return None
     if key not in _loaded:
         tuned(kv, head_dim, groups, 1)  # loads the store, dropping stale entries
-    return _loaded[key].get(prefill_key(kv, head_dim, groups))
+    return _loaded[key].get(prefill_key(kv, head_dim, groups, rows))
 
 
-def tune_prefill_class(cp, kv: str, head_dim: int, groups: int, say=print) -> Choice:
-    """Check, then time, every exact prefill kernel serving one class: the last
-    PREFILL_ROWS rows of a SEQ-key context (the bench's shape)."""
-    from kgen.bench.kernels import (
-        ATOL,
-        HK,
-        PREFILL_ROWS,
-        RTOL,
-        bench,
-        filled_cache,
-        prefill_arm,
-        prefill_reference,
-    )
+def tune_prefill_class(cp, kv: str, head_dim: int, groups: int, rows: int,
+                       say=print) -> Choice:
+    """Check, then time, every exact prefill kernel serving one class: a batch of
+    ``rows`` rows (at most what one KVCache launch takes) at the end of a context of
+    at least 4096 keys."""
+    from kgen import numpy_ref as ref
+    from kgen.bench.kernels import ATOL, HK, RTOL, bench, filled_cache, replay
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.select import Role, generated, options
     from kgen.spec.axes import KStage, Mode, Op, Position, QStage
 
     g = np.random.default_rng(0)
-    cache, host = filled_cache(cp, g, kv, head_dim)
-    q = cp.asarray(g.standard_normal((PREFILL_ROWS, HK * groups, head_dim), dtype=np.float32))
+    seq = max(4096, rows)
+    cache, host = filled_cache(cp, g, kv, head_dim, seq)
+    n = min(rows, cache.max_prefill_chunk())
+    pos0 = seq - n
+    qh = g.standard_normal((n, HK * groups, head_dim), dtype=np.float32)
+    q = cp.asarray(qh)
     role = Role(Op.FLASH, Position.HOST, Mode.PREFILL, kv)
     default = cache.kernels.get("prefill", groups)[0].name
     arms = {}
@@ -244,25 +247,30 @@ def tune_prefill_class(cp, kv: str, head_dim: int, groups: int, say=print) -> Ch
         if cache.fmt.shadows and (k.ring_rows, k.sink_rows) != (cache.RING_ROWS,
                                                                 cache.SINK_ROWS):
             continue
-        arm, out, _ = prefill_arm(cp, cache, q, (k, f))
+        out = cp.full(q.shape, np.nan, cp.float32)
+        b = f(q, cache.k, cache.v, *cache.shadows, out, pos0=pos0, **cache._shadow_args)
+        floor = (ref.prefill_live_floor(pos0, n, cache.RING_ROWS)
+                 if k.ring_floor.value == "batch" else None)
+        want = ref.prefill_attention_cache(qh[-4:], host, groups, seq - 4, cache.sink,
+                                           cache.win, 0, 0, 1 / math.sqrt(head_dim), floor,
+                                           tile=k.tile_keys)
         got = out.get()[-4:]
-        want = prefill_reference(cache, host, q.get(), k)
         if np.isnan(got).any() or not np.allclose(got, want, rtol=RTOL, atol=ATOL):
             say(f"  {k.name}: wrong output, not timed")
             continue
-        arms[k.name] = arm
+        arms[k.name] = replay([(f, b)])
     if not arms:
         raise SystemExit(f"tune: nothing serves prefill kv={kv} head_dim={head_dim} "
                          f"groups={groups}")
     times = bench(cp, arms)
     best = min(times, key=times.get)
     base = times.get(default, float("nan")) * 1e3
-    say(f"  {prefill_key(kv, head_dim, groups)}: {len(arms)} candidates checked; best {best} "
-        f"{times[best] * 1e3:.1f} us (default {default} {base:.1f} us)")
+    say(f"  {prefill_key(kv, head_dim, groups, rows)}: {len(arms)} candidates checked; best "
+        f"{best} {times[best] * 1e3:.1f} us (default {default} {base:.1f} us)")
     return Choice(best, module_sha(best), 0, 0, times[best] * 1e3)
 
 
-def main(kvs, head_dims, groups_list, contexts, say=print) -> Path:
+def main(kvs, head_dims, groups_list, contexts, say=print, prefill_rows=(128, 2048)) -> Path:
     import cupy as cp
 
     from kgen.formats import FORMATS
@@ -277,8 +285,9 @@ def main(kvs, head_dims, groups_list, contexts, say=print) -> Path:
             if not FORMATS[kv].accepts_head_dim(hd):
                 continue
             for groups in groups_list:
-                choices[prefill_key(kv, hd, groups)] = tune_prefill_class(cp, kv, hd, groups,
-                                                                          say)
+                for rows in prefill_rows:
+                    choices[prefill_key(kv, hd, groups, rows)] = tune_prefill_class(
+                        cp, kv, hd, groups, rows, say)
                 for ctx in contexts:
                     c = tune_class(cp, kv, hd, groups, ctx, say)
                     choices[shape_key(kv, hd, groups, ctx)] = c

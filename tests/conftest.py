@@ -48,3 +48,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"GPU test skipped: {why}"))
         if "toolchain" in item.keywords and (why := toolchain_unavailable()):
             item.add_marker(pytest.mark.skip(reason=f"toolchain test skipped: {why}"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_tuned_choices(tmp_path_factory):
+    """Tests see no choices a user's `kgen tune` stored (the cache objects would run
+    those kernels instead of the ones the tests read their references from): an
+    empty tune store of their own; tests/gpu/test_tune.py points at its own."""
+    import os
+
+    from kgen import tune
+
+    old = os.environ.get("KGEN_TUNE_DIR")
+    os.environ["KGEN_TUNE_DIR"] = str(tmp_path_factory.mktemp("tune"))
+    tune._loaded.clear()
+    yield
+    tune._loaded.clear()
+    if old is None:
+        os.environ.pop("KGEN_TUNE_DIR", None)
+    else:
+        os.environ["KGEN_TUNE_DIR"] = old

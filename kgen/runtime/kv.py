@@ -155,7 +155,7 @@ class _Kernels:
         try:
             self._chosen[(role, groups, None)] = find(
                 self._role(role), self.head_dim, groups, kernel, self._same_layout)
-            sib = sibling(kernel, Position.DEVICE, generated()) if role == "decode" else None
+            sib = sibling(kernel, Position.DEVICE, generated())
             if sib is not None and "decode_dev" not in self.variants:
                 self._chosen[("decode_dev", groups, None)] = find(
                     self._role("decode_dev"), self.head_dim, groups, sib, self._same_layout)
@@ -181,6 +181,17 @@ class _Kernels:
         except ContractError:
             return False
         return True
+
+    def named(self, role: str, groups: int, kernel: str):
+        """``kernel`` for ``role`` if it serves this cache (a tuned choice), else None."""
+        key = ("named", role, groups, kernel)
+        if key not in self._chosen:
+            try:
+                self._chosen[key] = find(self._role(role), self.head_dim, groups, kernel,
+                                         self._same_layout)
+            except ContractError:
+                self._chosen[key] = None
+        return self._chosen[key]
 
     def get(self, role: str, groups: int = 1, tile: int | None = None, needs: tuple = ()):
         """The kernel for ``role``; ``needs``: option axes it must have (e.g. an exact
@@ -327,7 +338,7 @@ class KVCache:
         self._pos_host = np.zeros(1, np.int32)  # its host side (pageable: reusable at once)
         self._steps: dict[tuple, _Step] = {}  # decode's call signatures seen (see decode)
         self.last_plan: tuple[int, int, str] | None = None  # (kps, cap, given/tuned/default)
-        self._prefill_asked: set[int] = set()  # group counts whose tuned prefill was looked up
+        self.last_prefill: str | None = None  # the kernel the last prefill ran
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
             self.k, self.v, *shadows = buffers
         else:
@@ -441,10 +452,8 @@ class KVCache:
                              causal)
         G = self._groups(q)
         needs = opts.needs("prefill")
-        if not needs and G not in self._prefill_asked:
-            self._tuned_prefill(G)
-        kp, fn = self.kernels.get("prefill", G, needs=needs)
         step = n if not causal else self.max_prefill_chunk()
+        kp, fn = self._prefill_kernel(G, min(n, step), needs)
         if not causal and n > self.max_prefill_chunk():
             raise ContractError("KVCache", "non-causal batch", f"a non-causal prefill sees "
                                 "every row of its batch, so it runs in one launch: at most "
@@ -456,6 +465,7 @@ class KVCache:
             self.append(k_new[lo:hi], v_new[lo:hi], pos0 + lo, stream=stream)
             fn(q[lo:hi], self.k, self.v, *self.shadows, out[lo:hi], pos0=pos0 + lo,
                **self._shadow_args, **opts.kwargs(kp, q.shape[1]), stream=stream)
+        self.last_prefill = kp.name
         return out
 
     def _check_decode(self, q, k_new, v_new) -> int:
@@ -596,15 +606,19 @@ class KVCache:
         else:
             s.plan = p
 
-    def _tuned_prefill(self, groups: int) -> None:
-        """Adopt the prefill kernel `kgen tune` stored for this class (once per group
-        count), unless a prefill variant was named."""
-        from kgen import tune
+    def _prefill_kernel(self, groups: int, rows: int, needs: tuple):
+        """The prefill kernel for batches of ``rows``: a named variant, else the one
+        `kgen tune` stored for the class (when no option is asked for), else the
+        kernel ranked first."""
+        if not needs and "prefill" not in self.kernels.variants:
+            from kgen import tune
 
-        self._prefill_asked.add(groups)
-        c = tune.tuned_prefill(self.kv, self.head_dim, groups)
-        if c is not None:
-            self.kernels.prefer("prefill", c.kernel, groups)
+            c = tune.tuned_prefill(self.kv, self.head_dim, groups, rows)
+            if c is not None:
+                hit = self.kernels.named("prefill", groups, c.kernel)
+                if hit is not None:
+                    return hit
+        return self.kernels.get("prefill", groups, needs=needs)
 
     def _tuned_plan(self, groups: int, seq_len: int) -> tuple[int | None, int | None]:
         """(kps, splits_cap) stored by `kgen tune`, adopting its variant for decode

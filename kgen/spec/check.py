@@ -187,9 +187,10 @@ def check_rows_per_block(k: Kernel, ctx: _Ctx) -> None:
 
 
 def check_schedule(k: Kernel, ctx: _Ctx) -> None:
-    """warp_stream is a single-sequence split decode (host or device position) whose
-    units read K straight into registers and V from global memory; keys_per_step
-    bounds the keys (and registers) a unit has in flight."""
+    """warp_stream runs over one contiguous sequence (a split decode at a host or
+    device position, or a prefill row per block), its units reading K straight into
+    registers and V from global memory; keys_per_step bounds the keys (and
+    registers) a unit has in flight."""
     if k.op is not Op.FLASH:
         return
     if k.schedule is not Schedule.WARP_STREAM:
@@ -198,9 +199,12 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
                             "warp_stream only")
         return
     where = k.where("schedule")
-    if k.mode is not Mode.DECODE or k.position not in (Position.HOST, Position.DEVICE):
-        raise ctx.error(where, "schedule = warp_stream is a split decode with a host or "
-                        "device position (mode = decode, position = host or device)")
+    if k.position not in (Position.HOST, Position.DEVICE):
+        raise ctx.error(where, "schedule = warp_stream reads one contiguous sequence from "
+                        "a host or device position (position = host or device)")
+    if k.rows_per_block != 1:
+        raise ctx.error(k.where("rows_per_block"), "schedule = warp_stream serves one query "
+                        "row per block (rows_per_block = 1)")
     if k.k_stage is not KStage.REGISTERS or k.v_stage is not VStage.GLOBAL:
         raise ctx.error(where, "schedule = warp_stream reads K into registers and V from "
                         "global memory (k_stage = registers, v_stage = global)")

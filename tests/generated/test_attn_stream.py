@@ -642,3 +642,232 @@ def test_ds_f32_k2_device(case):
 ])
 def test_ds_f32_k2_device_refuses(mutation):
     check_mutation(K["ds_f32_k2_device"], DS_F32_K2_DEVICE_CASES[0], mutation)
+
+# ---- ps_f32: f32 prefill, warp-streamed keys per row
+
+PS_F32_CASES = [
+    Case('hd32_g1_partial_tile', n=19, n_head=2, head_dim=32, max_seq=72, pos0=17),
+    Case('hd32_g8_partial_tile', n=19, n_head=16, head_dim=32, max_seq=72, pos0=17),
+    Case('hd64_g8_partial_tile', n=19, n_head=16, head_dim=64, max_seq=72, pos0=17),
+    Case('hd96_g8_partial_tile', n=19, n_head=16, head_dim=96, max_seq=72, pos0=17),
+    Case('hd128_g8_partial_tile', n=19, n_head=16, head_dim=128, max_seq=72, pos0=17),
+    Case('hd192_g8_partial_tile', n=19, n_head=16, head_dim=192, max_seq=72, pos0=17),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window_hd32', n=20, head_dim=32, max_seq=160, pos0=100, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PS_F32_CASES, ids=str)
+def test_ps_f32(case):
+    check_kernel(K["ps_f32"], mod.ps_f32, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "register_k_chunk",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ps_f32_refuses(mutation):
+    check_mutation(K["ps_f32"], PS_F32_CASES[0], mutation)
+
+# ---- ps_f16: f16 prefill, warp-streamed keys per row
+
+PS_F16_CASES = [
+    Case('hd32_g1_partial_tile', n=19, n_head=2, head_dim=32, max_seq=72, pos0=17),
+    Case('hd32_g8_partial_tile', n=19, n_head=16, head_dim=32, max_seq=72, pos0=17),
+    Case('hd64_g8_partial_tile', n=19, n_head=16, head_dim=64, max_seq=72, pos0=17),
+    Case('hd96_g8_partial_tile', n=19, n_head=16, head_dim=96, max_seq=72, pos0=17),
+    Case('hd128_g8_partial_tile', n=19, n_head=16, head_dim=128, max_seq=72, pos0=17),
+    Case('hd192_g8_partial_tile', n=19, n_head=16, head_dim=192, max_seq=72, pos0=17),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window_hd32', n=20, head_dim=32, max_seq=160, pos0=100, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PS_F16_CASES, ids=str)
+def test_ps_f16(case):
+    check_kernel(K["ps_f16"], mod.ps_f16, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "register_k_chunk",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ps_f16_refuses(mutation):
+    check_mutation(K["ps_f16"], PS_F16_CASES[0], mutation)
+
+# ---- ps_q8_0: q8_0 prefill, warp-streamed keys per row
+
+PS_Q8_0_CASES = [
+    Case('hd32_g1_partial_tile', n=19, n_head=2, head_dim=32, max_seq=72, pos0=17),
+    Case('hd32_g8_partial_tile', n=19, n_head=16, head_dim=32, max_seq=72, pos0=17),
+    Case('hd64_g8_partial_tile', n=19, n_head=16, head_dim=64, max_seq=72, pos0=17),
+    Case('hd96_g8_partial_tile', n=19, n_head=16, head_dim=96, max_seq=72, pos0=17),
+    Case('hd128_g8_partial_tile', n=19, n_head=16, head_dim=128, max_seq=72, pos0=17),
+    Case('hd192_g8_partial_tile', n=19, n_head=16, head_dim=192, max_seq=72, pos0=17),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window_hd32', n=20, head_dim=32, max_seq=160, pos0=100, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PS_Q8_0_CASES, ids=str)
+def test_ps_q8_0(case):
+    check_kernel(K["ps_q8_0"], mod.ps_q8_0, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "register_k_chunk",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ps_q8_0_refuses(mutation):
+    check_mutation(K["ps_q8_0"], PS_Q8_0_CASES[0], mutation)
+
+# ---- ps_fp8_e4m3: fp8_e4m3 prefill, warp-streamed keys per row
+
+PS_FP8_E4M3_CASES = [
+    Case('hd32_g1_partial_tile', n=19, n_head=2, head_dim=32, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd32_g8_partial_tile', n=19, n_head=16, head_dim=32, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd64_g8_partial_tile', n=19, n_head=16, head_dim=64, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd96_g8_partial_tile', n=19, n_head=16, head_dim=96, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd128_g8_partial_tile', n=19, n_head=16, head_dim=128, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd192_g8_partial_tile', n=19, n_head=16, head_dim=192, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('hd256_g8_partial_tile', n=19, n_head=16, max_seq=72, pos0=17, k_scale=0.5, v_scale=0.25),
+    Case('g1_n5', n=5, n_head=2, max_seq=32, k_scale=0.5, v_scale=0.25),
+    Case('g8_n37_pos21_partial_tile', n=37, n_head=16, max_seq=96, pos0=21, k_scale=0.5, v_scale=0.25),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, attn_sink=8, attn_win=64, k_scale=0.5, v_scale=0.25),
+    Case('g4_hd512_n20_window_hd32', n=20, head_dim=32, max_seq=160, pos0=100, attn_sink=4, attn_win=40, k_scale=0.5, v_scale=0.25),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, k_scale=0.005, v_scale=2.0),
+    Case('g5_n1_pos0', n_head=5, n_head_kv=1, max_seq=16, k_scale=0.5, v_scale=0.25),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, k_scale=0.5, v_scale=0.25),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PS_FP8_E4M3_CASES, ids=str)
+def test_ps_fp8_e4m3(case):
+    check_kernel(K["ps_fp8_e4m3"], mod.ps_fp8_e4m3, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "tensor_scale_not_positive",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "head_dim_partial_warp",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "register_k_chunk",
+    "prefill_ring_wrap",
+    "negative_pos0",
+])
+def test_ps_fp8_e4m3_refuses(mutation):
+    check_mutation(K["ps_fp8_e4m3"], PS_FP8_E4M3_CASES[0], mutation)
+
+# ---- ps_q4: q4 prefill, warp-streamed keys per row
+
+PS_Q4_CASES = [
+    Case('hd32_g1_partial_tile', n=19, n_head=2, head_dim=32, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd32_g4_partial_tile', n=19, head_dim=32, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd64_g4_partial_tile', n=19, head_dim=64, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd96_g4_partial_tile', n=19, head_dim=96, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd128_g4_partial_tile', n=19, head_dim=128, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd192_g4_partial_tile', n=19, head_dim=192, max_seq=72, pos0=17, sink=2, win=21),
+    Case('hd256_g4_partial_tile', n=19, max_seq=72, pos0=17, sink=2, win=21),
+    Case('g1_n5', n=5, n_head=2, max_seq=32),
+    Case('g3_n16_pos300_window', n=16, n_head=6, max_seq=320, pos0=300, sink=8, win=64, attn_sink=8, attn_win=64),
+    Case('g4_hd512_n20_window_hd32', n=20, head_dim=32, max_seq=160, pos0=100, sink=4, win=40, attn_sink=4, attn_win=40),
+    Case('g2_n9_pos700_long', n=9, n_head=4, max_seq=720, pos0=700, sink=2, win=128),
+    Case('g2_n200_ring_floor', n=200, n_head=2, n_head_kv=1, max_seq=272, pos0=60, sink=2, win=100),
+]
+# Candidate shapes this kernel refuses (not run):
+#   g8_n37_pos21_partial_tile: ps_q4: kv_groups = 8 exceeds the compile-time bound max_groups = 4 [contract: kv_groups]
+#   g5_n1_pos0: ps_q4: kv_groups = 5 exceeds the compile-time bound max_groups = 4 [contract: kv_groups]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PS_Q4_CASES, ids=str)
+def test_ps_q4(case):
+    check_kernel(K["ps_q4"], mod.ps_q4, case)
+
+
+@pytest.mark.parametrize("mutation", [
+    "not_an_array",
+    "not_an_integer",
+    "scale_not_finite",
+    "scale_overflows_float32",
+    "negative_window",
+    "head_dim_over_block",
+    "wrong_dtype",
+    "non_contiguous",
+    "row_format_head_dim",
+    "kv_groups_over_max",
+    "gqa_mismatch",
+    "register_k_chunk",
+    "prefill_ring_wrap",
+    "negative_pos0",
+    "sink_rows",
+    "window_ring",
+])
+def test_ps_q4_refuses(mutation):
+    check_mutation(K["ps_q4"], PS_Q4_CASES[0], mutation)

@@ -14,6 +14,16 @@ from kgen.testing import rng
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def _fresh_store():
+    """Each test reads its own store: nothing loaded before it, or kept after."""
+    from kgen import tune
+
+    tune._loaded.clear()
+    yield
+    tune._loaded.clear()
+
+
 def test_a_tuned_plan_is_stored_and_used(tmp_path, monkeypatch):
     import cupy as cp
 
@@ -21,7 +31,7 @@ def test_a_tuned_plan_is_stored_and_used(tmp_path, monkeypatch):
     from kgen.runtime.kv import KVCache
 
     monkeypatch.setenv("KGEN_TUNE_DIR", str(tmp_path))
-    path = tune.main(["f32"], [128], [2], [2048], say=lambda *_: None)
+    path = tune.main(["f32"], [128], [2], [2048], say=lambda *_: None, prefill_rows=())
     device, driver = tune._device()
     stored = tune.load(device, driver)[tune.shape_key("f32", 128, 2, 2048)]
     assert stored.source_sha256 == tune.module_sha(stored.kernel) and path.is_file()
@@ -65,21 +75,20 @@ def test_a_tuned_prefill_is_stored_and_used(tmp_path, monkeypatch):
     from kgen.runtime.kv import KVCache
 
     monkeypatch.setenv("KGEN_TUNE_DIR", str(tmp_path))
-    tune._loaded.clear()
-    tune.main(["f32"], [128], [4], [1024], say=lambda *_: None)
+    tune.main(["f32"], [128], [4], [1024], say=lambda *_: None, prefill_rows=[256])
     device, driver = tune._device()
-    stored = tune.load(device, driver)[tune.prefill_key("f32", 128, 4)]
+    stored = tune.load(device, driver)[tune.prefill_key("f32", 128, 4, 256)]
     assert stored.source_sha256 == tune.module_sha(stored.kernel)
 
     g, seed = rng()
-    hk, hd, n = 2, 128, 300
+    hk, hd, n = 2, 128, 200  # a batch in the tuned bucket (129..256 rows)
     cache = KVCache(hk, hd, 512, kv="f32")
     q = g.standard_normal((n, 4 * hk, hd), np.float32)
     kn, vn = g.standard_normal((n, hk, hd), np.float32), g.standard_normal((n, hk, hd),
                                                                              np.float32)
     out = cache.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
-    kp = cache.kernels.get("prefill", 4)[0]
-    assert kp.name == stored.kernel
+    assert cache.last_prefill == stored.kernel
+    kp = next(k for k, _ in tune_candidates(hd, 4) if k.name == stored.kernel)
     host = ref.HostCache.empty("f32", hk, 512, hd)
     ref.append(kn, vn, host, 0)
     want = ref.prefill_attention_cache(q, host, 4, 0, 0, 0, 0, 0, 1 / math.sqrt(hd),
@@ -89,7 +98,7 @@ def test_a_tuned_prefill_is_stored_and_used(tmp_path, monkeypatch):
     if others:
         named = KVCache(hk, hd, 512, kv="f32", variants={"prefill": others[0].name})
         named.prefill(cp.asarray(q[:8]), cp.asarray(kn[:8]), cp.asarray(vn[:8]), pos0=0)
-        assert named.kernels.get("prefill", 4)[0].name == others[0].name
+        assert named.last_prefill == others[0].name
 
 
 def tune_candidates(hd: int, groups: int):
