@@ -208,6 +208,17 @@ class _Kernels:
 _NO_SINKS: dict[tuple[int, int], object] = {}
 
 
+def _stage(pos_dev, pos: int, stream) -> None:
+    """Write the decode position into device memory in stream order. A fill kernel,
+    not a copy: a copy from pageable host memory waits for the stream to drain first,
+    which would stall the host on the previous step's kernels every step."""
+    if stream is None:
+        pos_dev.fill(pos)
+    else:
+        with stream:
+            pos_dev.fill(pos)
+
+
 def _no_sinks(n_head: int):
     """A device array of -inf sink logits (one per q head), made once per device."""
     cp = _cp()
@@ -335,7 +346,6 @@ class KVCache:
         self.length = 0  # positions [0, length) hold keys
         self.scratch = _Scratch()
         self._pos = None  # device copy of decode's position (the device-position path)
-        self._pos_host = np.zeros(1, np.int32)  # its host side (pageable: reusable at once)
         self._steps: dict[tuple, _Step] = {}  # decode's call signatures seen (see decode)
         self.last_plan: tuple[int, int, str] | None = None  # (kps, cap, given/tuned/default)
         self.last_prefill: str | None = None  # the kernel the last prefill ran
@@ -523,8 +533,7 @@ class KVCache:
             cp = _cp()
             if self._pos is None:
                 self._pos = cp.zeros(1, cp.int32)
-            self._pos_host[0] = pos
-            self._pos.set(self._pos_host, stream=stream)
+            _stage(self._pos, pos, stream)
             version, calls = self.kernels.version, []
             out = self._device_step(q, k_new, v_new, self._pos, kps, splits_cap, opts, None,
                                     False, stream, calls)
@@ -565,8 +574,7 @@ class KVCache:
         if arrays is None:
             return None
         self.last_plan = p.last_plan
-        self._pos_host[0] = pos
-        p.pos.set(self._pos_host, stream=stream)
+        _stage(p.pos, pos, stream)
         p.replay.run(arrays, stream)
         if pos >= self.length:
             self.length = pos + 1

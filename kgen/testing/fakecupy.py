@@ -76,7 +76,7 @@ class FakeArray:
         self.host = arr.copy()
 
     def fill(self, value):
-        pass
+        self.host = np.full(self.shape, value, self.dtype)
 
     def reshape(self, *shape):
         return FakeArray(shape[0] if len(shape) == 1 else shape, self.dtype, data=self.data)
