@@ -4,7 +4,7 @@
  *
  * module:    attn_decode
  * specs:     specs/decode.kspec
- * templates: kernels/decode_combine.cu.j2, kernels/flash.cu.j2, kv/f32.j2, kv/q4.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/decode_combine.cu.j2, kernels/flash.cu.j2, kernels/flash_parts.j2, kv/f32.j2, kv/q4.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   fc_attn_flash_decode, fc_attn_flash_decode_dev, fc_attn_flash_decode_q4, fc_attn_flash_decode_q4_dev, fc_attn_flash_decode_slots, fc_attn_flash_decode_slots_q4, fc_attn_flash_decode_combine, fc_attn_flash_decode_combine_dev
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

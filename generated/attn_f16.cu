@@ -4,7 +4,7 @@
  *
  * module:    attn_f16
  * specs:     specs/f16.kspec
- * templates: kernels/flash.cu.j2, kernels/kv_append.cu.j2, kv/f16.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/flash.cu.j2, kernels/flash_parts.j2, kernels/kv_append.cu.j2, kv/f16.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   attn_f16_append_host, attn_f16_append_device, attn_f16_append_slots, attn_f16_prefill, attn_f16_decode_host, attn_f16_decode_device, attn_f16_decode_slots
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

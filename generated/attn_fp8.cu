@@ -4,7 +4,7 @@
  *
  * module:    attn_fp8
  * specs:     specs/fp8_e4m3.kspec
- * templates: kernels/flash.cu.j2, kernels/kv_append.cu.j2, kv/fp8_e4m3.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/flash.cu.j2, kernels/flash_parts.j2, kernels/kv_append.cu.j2, kv/fp8_e4m3.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   attn_fp8_e4m3_append_host, attn_fp8_e4m3_append_device, attn_fp8_e4m3_append_slots, attn_fp8_e4m3_prefill, attn_fp8_e4m3_decode_host, attn_fp8_e4m3_decode_device, attn_fp8_e4m3_decode_slots
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

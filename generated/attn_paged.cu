@@ -4,7 +4,7 @@
  *
  * module:    attn_paged
  * specs:     specs/paged.kspec
- * templates: kernels/flash.cu.j2, kernels/kv_append.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/flash.cu.j2, kernels/flash_parts.j2, kernels/kv_append.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   paged_f32_append, paged_f16_append, paged_q8_0_append, paged_fp8_e4m3_append, paged_f32_prefill, paged_f16_prefill, paged_q8_0_prefill, paged_fp8_e4m3_prefill, paged_f32_decode, paged_f16_decode, paged_q8_0_decode, paged_fp8_e4m3_decode, paged_f32_prefill_opts, paged_f16_prefill_opts, paged_q8_0_prefill_opts, paged_fp8_e4m3_prefill_opts, paged_f32_decode_opts, paged_f16_decode_opts, paged_q8_0_decode_opts, paged_fp8_e4m3_decode_opts, paged_f32_prefill_t8, paged_f32_prefill_t4, paged_f16_prefill_t8, paged_f16_prefill_t4, paged_q8_0_prefill_t8, paged_q8_0_prefill_t4, paged_fp8_e4m3_prefill_t8, paged_fp8_e4m3_prefill_t4, paged_f32_decode_t8, paged_f32_decode_t4, paged_f16_decode_t8, paged_f16_decode_t4, paged_q8_0_decode_t8, paged_q8_0_decode_t4, paged_fp8_e4m3_decode_t8, paged_fp8_e4m3_decode_t4, paged_f32_prefill_opts_t8, paged_f32_prefill_opts_t4, paged_f16_prefill_opts_t8, paged_f16_prefill_opts_t4, paged_q8_0_prefill_opts_t8, paged_q8_0_prefill_opts_t4, paged_fp8_e4m3_prefill_opts_t8, paged_fp8_e4m3_prefill_opts_t4, paged_f32_decode_opts_t8, paged_f32_decode_opts_t4, paged_f16_decode_opts_t8, paged_f16_decode_opts_t4, paged_q8_0_decode_opts_t8, paged_q8_0_decode_opts_t4, paged_fp8_e4m3_decode_opts_t8, paged_fp8_e4m3_decode_opts_t4
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

@@ -4,7 +4,7 @@
  *
  * module:    attn_prefill
  * specs:     specs/prefill.kspec
- * templates: kernels/flash.cu.j2, kv/f32.j2, kv/q4.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/flash.cu.j2, kernels/flash_parts.j2, kv/f32.j2, kv/q4.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   fc_attn_flash_prefill, fc_attn_flash_prefill_q4, fc_attn_flash_prefill_q4_kr, fc_attn_flash_prefill_q4_kvs, fc_attn_flash_prefill_q4_kh, fc_attn_flash_prefill_q4_kqh
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

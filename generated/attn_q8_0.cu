@@ -4,7 +4,7 @@
  *
  * module:    attn_q8_0
  * specs:     specs/q8_0.kspec
- * templates: kernels/flash.cu.j2, kernels/kv_append.cu.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/flash.cu.j2, kernels/flash_parts.j2, kernels/kv_append.cu.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   attn_q8_0_append_host, attn_q8_0_append_device, attn_q8_0_append_slots, attn_q8_0_prefill, attn_q8_0_decode_host, attn_q8_0_decode_device, attn_q8_0_decode_slots
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

@@ -4,7 +4,7 @@
  *
  * module:    attn_stream
  * specs:     specs/stream.kspec
- * templates: kernels/flash_stream.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/flash_parts.j2, kernels/flash_stream.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   ds_f32_host, ds_f32_device, ds_f16_host, ds_f16_device, ds_q8_0_host, ds_q8_0_device, ds_fp8_e4m3_host, ds_fp8_e4m3_device, ds_q4_host, ds_q4_device, ds_f32_k1_host, ds_f32_k1_device, ds_f32_k2_host, ds_f32_k2_device, ps_f32, ps_f16, ps_q8_0, ps_fp8_e4m3, ps_q4
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

@@ -4,7 +4,7 @@
  *
  * module:    heads_decode
  * specs:     specs/heads.kspec
- * templates: kernels/decode_combine.cu.j2, kernels/flash.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/decode_combine.cu.j2, kernels/flash.cu.j2, kernels/flash_parts.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   hd_f32_t8_host, hd_f32_t8_device, hd_f32_t8_slots, hd_q4_t8_host, hd_q4_t8_device, hd_q4_t8_slots, hd_f16_t8_host, hd_f16_t8_device, hd_f16_t8_slots, hd_q8_0_t8_host, hd_q8_0_t8_device, hd_q8_0_t8_slots, hd_fp8_e4m3_t8_host, hd_fp8_e4m3_t8_device, hd_fp8_e4m3_t8_slots, hd_f32_t4_host, hd_f32_t4_device, hd_f32_t4_slots, hd_q4_t4_host, hd_q4_t4_device, hd_q4_t4_slots, hd_f16_t4_host, hd_f16_t4_device, hd_f16_t4_slots, hd_q8_0_t4_host, hd_q8_0_t4_device, hd_q8_0_t4_slots, hd_fp8_e4m3_t4_host, hd_fp8_e4m3_t4_device, hd_fp8_e4m3_t4_slots, hd_f32_w_host, hd_f32_w_device, hd_f32_w_slots, hd_q4_w_host, hd_q4_w_device, hd_q4_w_slots, hd_f16_w_host, hd_f16_w_device, hd_f16_w_slots, hd_q8_0_w_host, hd_q8_0_w_device, hd_q8_0_w_slots, hd_fp8_e4m3_w_host, hd_fp8_e4m3_w_device, hd_fp8_e4m3_w_slots, hd_f32_p_host, hd_f32_p_device, hd_f32_p_slots, hd_f16_p_host, hd_f16_p_device, hd_f16_p_slots, hd_fp8_e4m3_p_host, hd_fp8_e4m3_p_device, hd_fp8_e4m3_p_slots, hc_t4_dev, hc_t8_dev
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

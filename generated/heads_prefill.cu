@@ -4,7 +4,7 @@
  *
  * module:    heads_prefill
  * specs:     specs/heads.kspec
- * templates: kernels/flash.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/flash.cu.j2, kernels/flash_parts.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q4.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   hp_f32_t8, hp_q4_t8, hp_f16_t8, hp_q8_0_t8, hp_fp8_e4m3_t8, hp_f32_t4, hp_q4_t4, hp_f16_t4, hp_q8_0_t4, hp_fp8_e4m3_t4, hp_f32_w, hp_q4_w, hp_f16_w, hp_q8_0_w, hp_fp8_e4m3_w, hp_f32_p, hp_f16_p, hp_fp8_e4m3_p
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

@@ -4,7 +4,7 @@
  *
  * module:    prefill_rows
  * specs:     specs/prefill.kspec
- * templates: kernels/flash.cu.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
+ * templates: kernels/flash.cu.j2, kernels/flash_parts.j2, kv/f16.j2, kv/f32.j2, kv/fp8_e4m3.j2, kv/q8_0.j2, lib/*.cuh.j2, module.cu.j2
  * kernels:   prefill_f32_r2, prefill_f32_r4, prefill_f16_r2, prefill_f16_r4, prefill_q8_0_r2, prefill_q8_0_r4, prefill_fp8_e4m3_r2, prefill_fp8_e4m3_r4, prefill_f32_r4_kr
  *
  * Target: sm_37 (CUDA 11.8). Every kernel here is checked by `kgen verify`

@@ -128,7 +128,8 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
 def render_module(env: jinja2.Environment, name: str, kernels: list[Kernel],
                   root: Path) -> Module:
     views = [KernelView(k) for k in kernels]
-    used = sorted({"module.cu.j2", "lib/*.cuh.j2", *(v.template for v in views),
+    parts = ["kernels/flash_parts.j2"] if any(k.op is Op.FLASH for k in kernels) else []
+    used = sorted({"module.cu.j2", "lib/*.cuh.j2", *(v.template for v in views), *parts,
                    *(k.fmt.template for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND))})
     spec_paths = sorted({_rel(k.spec_path, root) for k in kernels})
     needs = _needs(views, Path(env.loader.searchpath[0]))
