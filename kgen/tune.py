@@ -99,19 +99,28 @@ def tuned(kv: str, head_dim: int, groups: int, seq_len: int) -> Choice | None:
     KVCache.decode asks on every step without a plan: the store is read (and its
     stale entries dropped) once, until ``kgen tune`` saves or ``_loaded`` is
     cleared."""
-    try:
-        key = _device()
-    except Exception:  # no CuPy or no GPU: nothing tuned applies
-        return None
-    table = _loaded.get(key)
+    table = _table()
     if table is None:
-        table = _loaded[key] = {k: c for k, c in load(*key).items()
-                                if c.source_sha256 == module_sha(c.kernel)}
+        return None
     shape = (kv, head_dim, groups, bucket(seq_len))  # shape_key's parts, looked up once
     c = table.get(shape, _UNSEEN)
     if c is _UNSEEN:
         c = table[shape] = table.get(shape_key(kv, head_dim, groups, seq_len))
     return c
+
+
+def _table() -> dict | None:
+    """This GPU and driver's current entries (stale ones dropped), read once; None
+    without CuPy or a GPU (nothing tuned applies)."""
+    try:
+        key = _device()
+    except Exception:
+        return None
+    table = _loaded.get(key)
+    if table is None:
+        table = _loaded[key] = {k: c for k, c in load(*key).items()
+                                if c.source_sha256 == module_sha(c.kernel)}
+    return table
 
 
 _UNSEEN = object()
@@ -210,13 +219,8 @@ def prefill_key(kv: str, head_dim: int, groups: int, rows: int) -> str:
 def tuned_prefill(kv: str, head_dim: int, groups: int, rows: int) -> Choice | None:
     """The stored prefill choice for this class on this GPU and driver, unless stale
     (kps and splits_cap are 0: a prefill has no plan)."""
-    try:
-        key = _device()
-    except Exception:  # no CuPy or no GPU: nothing tuned applies
-        return None
-    if key not in _loaded:
-        tuned(kv, head_dim, groups, 1)  # loads the store, dropping stale entries
-    return _loaded[key].get(prefill_key(kv, head_dim, groups, rows))
+    table = _table()
+    return None if table is None else table.get(prefill_key(kv, head_dim, groups, rows))
 
 
 def tune_prefill_class(cp, kv: str, head_dim: int, groups: int, rows: int,
