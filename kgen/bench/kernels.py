@@ -389,7 +389,9 @@ def launch_table(cp, g) -> list[dict]:
     interleaved rounds every arm is called n times back to back, host and wall time
     divided by n; medians over the rounds (the GPU time of the same step measured
     with events beside it)."""
+    from kgen.geometry import streams
     from kgen.runtime.plan import decode_plan
+    from kgen.runtime.select import decode_variants
 
     hd, n = 256, 50
     cache, _ = filled_cache(cp, g, "f32", hd)
@@ -420,7 +422,7 @@ def launch_table(cp, g) -> list[dict]:
             ("kgen bound_call, then run (split kernel)", planned.run, None),
             ("KVCache.decode (append+split+combine)", step, None),
             ("CUDA graph of the same step", graphed, stream)]
-    variants = _stream_variants(hd, H // HK)
+    variants = decode_variants("f32", hd, H // HK, streams)
     if variants:  # the step as `kgen tune` picks it on a GPU like the H200
         fast, _ = filled_cache(cp, g, "f32", hd, variants=variants)
         s2, g2, st2 = _step_arms(cp, fast, q1, k1)
@@ -490,23 +492,6 @@ def _step_arms(cp, cache, q1, k1):
         graph.launch(stream)
 
     return step, graphed, stream
-
-
-def _stream_variants(hd: int, groups: int) -> dict[str, str] | None:
-    """The first f32 warp_stream decode (and its device sibling) serving the shape."""
-    from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.select import generated, sibling
-    from kgen.spec.axes import Mode, Position, Schedule
-
-    pool = generated()
-    for k, _ in pool:
-        if (k.schedule is Schedule.WARP_STREAM and k.mode is Mode.DECODE
-                and k.kv.value == "f32" and k.position is Position.HOST
-                and shape_refusal(k, hd, groups) is None):
-            dev = sibling(k.name, Position.DEVICE, pool)
-            if dev is not None:
-                return {"decode": k.name, "decode_dev": dev}
-    return None
 
 
 # ---- output ------------------------------------------------------------------------

@@ -123,3 +123,18 @@ def sibling(name: str, position: Position, kernels: list[tuple[Kernel, Callable]
         if axes == want:
             return k.name
     return None
+
+
+def decode_variants(kv: str, head_dim: int, groups: int,
+                    where: Callable[[Kernel], bool] = lambda k: True) -> dict[str, str] | None:
+    """KVCache variants naming the first generated host-position decode of ``kv`` that
+    serves the shape and satisfies ``where``, with its device-position sibling (the
+    cache's decode runs through that); None when no such pair is generated."""
+    pool = generated()
+    for k, _ in pool:
+        if (k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.HOST
+                and k.kv.value == kv and where(k) and shape_refusal(k, head_dim, groups) is None):
+            dev = sibling(k.name, Position.DEVICE, pool)
+            if dev is not None:
+                return {"decode": k.name, "decode_dev": dev}
+    return None

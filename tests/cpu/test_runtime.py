@@ -198,3 +198,17 @@ def test_kernel_choice_follows_the_axes(spec_kernels):
     with pytest.raises(ContractError, match="cannot serve"):
         find(Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32"), 256,
              variant=next(k.name for k in spec_kernels.values() if k.op is Op.KV_APPEND))
+
+
+def test_decode_variants_pair_a_host_decode_with_its_device_sibling():
+    from kgen.geometry import streams
+    from kgen.runtime.select import decode_variants, generated
+
+    by_name = {k.name: k for k, _ in generated()}
+    for kv in ("f32", "q4"):
+        v = decode_variants(kv, 256, 2, streams)
+        assert v is not None, kv
+        host, dev = by_name[v["decode"]], by_name[v["decode_dev"]]
+        assert streams(host) and host.position.value == "host" and host.kv.value == kv
+        assert dev.position.value == "device" and dev.keys_per_step == host.keys_per_step
+    assert decode_variants("f32", 256, 64, streams) is None  # more groups than any serves

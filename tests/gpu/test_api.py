@@ -408,33 +408,30 @@ def test_neutral_options_are_the_plain_path_bit_for_bit(cp, kv):
             f"{kv} {what}: neutral options changed bits, seed={seed}"
 
 
-def _stream_variants(kv: str) -> dict[str, str] | None:
-    """The first generated warp_stream decode of ``kv`` with a device-position sibling."""
-    from kgen.runtime.select import sibling
-    from kgen.spec.axes import Position, Schedule
+def _stream_shape(kv: str) -> tuple[int, int, dict[str, str]] | None:
+    """(head_dim, groups, variants) of the first warp_stream decode pair of ``kv``."""
+    from kgen.geometry import streams
+    from kgen.runtime.select import decode_variants
 
-    pool = generated()
-    for k, _ in pool:
-        if (k.schedule is Schedule.WARP_STREAM and k.kv.value == kv
-                and k.position is Position.HOST):
-            dev = sibling(k.name, Position.DEVICE, pool)
-            if dev is not None:
-                return {"decode": k.name, "decode_dev": dev}
+    for hd in (64, 128, 256):
+        for groups in (4, 2):
+            if FORMATS[kv].accepts_head_dim(hd):
+                v = decode_variants(kv, hd, groups, streams)
+                if v:
+                    return hd, groups, v
     return None
 
 
-@pytest.mark.parametrize("kv", [kv for kv in FORMATS if _stream_variants(kv)])
+@pytest.mark.parametrize("kv", [kv for kv in FORMATS if _stream_shape(kv)])
 def test_warp_stream_decode_through_the_cache(cp, kv):
     """A warp_stream decode named as the cache's variants: device-position steps, with
     and without a tile-granular window, from one split to many, match the reference."""
     from kgen.runtime.kv import KVCache
 
     g, seed = rng()
-    variants = _stream_variants(kv)
+    hd, G, variants = _stream_shape(kv)
     kd = next(k for k, _ in generated() if k.name == variants["decode"])
-    hk, G, ms, n = 2, min(4, kd.max_groups), 700, 600
-    hd = min(h for h in (64, 128, 256) if FORMATS[kv].accepts_head_dim(h)
-             and kd.kreg_max_chunk * kd.dot_lanes >= h)
+    hk, ms, n = 2, 700, 600
     H = hk * G
     sink, win = _shadows(kv, 4, 200)
     cache = KVCache(hk, hd, ms, kv=kv, sink=sink, win=win, variants=variants)
