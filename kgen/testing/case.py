@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -60,7 +61,24 @@ class Case:
 
 
 def rng() -> tuple[np.random.Generator, int]:
-    seed = int(np.random.SeedSequence().entropy % 2**32)
+    """A generator and its seed: fresh each time, or KGEN_TEST_SEED to replay a failure
+    (every failure message names the seed)."""
+    env = os.environ.get("KGEN_TEST_SEED")
+    seed = int(env) if env else int(np.random.SeedSequence().entropy % 2**32)
     return np.random.default_rng(seed), seed
+
+
+def normal(r: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+    """float32 normal samples (scaled)."""
+    return (r.standard_normal(shape) * scale).astype(np.float32)
+
+
+def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal as float32 bit patterns, except any NaN matches any NaN."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    na, nb = np.isnan(a), np.isnan(b)
+    return bool(np.array_equal(na, nb)
+                and np.array_equal(a.view(np.uint32)[~na], b.view(np.uint32)[~nb]))
 
 

@@ -9,7 +9,6 @@ assertion message. Set KGEN_TEST_SEED=<seed> to replay a failure.
 from __future__ import annotations
 
 import math
-import os
 from fractions import Fraction
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 from kgen.formats import FORMATS, KvFormat, KvFormatName
 from kgen.formats import q4 as q4_model
 from kgen.formats import q8_0 as q8_model
+from kgen.testing.case import bits_equal, normal
 
 FMTS = list(FORMATS.values())
 HEAD_DIMS = (32, 64, 96, 128, 256)  # accepted by every format
@@ -25,26 +25,6 @@ Q8 = FORMATS["q8_0"]
 F16 = FORMATS["f16"]
 
 
-@pytest.fixture
-def rng() -> tuple[np.random.Generator, int]:
-    """A generator with a fresh seed (or KGEN_TEST_SEED) and that seed."""
-    env = os.environ.get("KGEN_TEST_SEED")
-    seed = int(env) if env else int(np.random.SeedSequence().entropy)
-    print(f"KGEN_TEST_SEED={seed}")
-    return np.random.default_rng(seed), seed
-
-
-def _normal(r: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
-    return (r.standard_normal(shape) * scale).astype(np.float32)
-
-
-def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal as float32 bit patterns, except any NaN matches any NaN."""
-    a = np.asarray(a, dtype=np.float32)
-    b = np.asarray(b, dtype=np.float32)
-    na, nb = np.isnan(a), np.isnan(b)
-    return bool(np.array_equal(na, nb)
-                and np.array_equal(a.view(np.uint32)[~na], b.view(np.uint32)[~nb]))
 
 
 def _half_bits(v: float) -> int:
@@ -86,7 +66,7 @@ def test_flags_agree_with_the_model(fmt) -> None:
     assert fmt.itemsize == np.dtype(fmt.dtype).itemsize
     # exact_elements: the body gives back the float32 values bit for bit.
     x = np.array([1.0 + 2.0**-20, -3.0e-3, 7.0, 1.0e5] * 8, np.float32)
-    exact = _bits_equal(fmt.dequantize_rows(fmt.quantize_rows(x)), x)
+    exact = bits_equal(fmt.dequantize_rows(fmt.quantize_rows(x)), x)
     assert exact == fmt.exact_elements
 
 
@@ -109,7 +89,7 @@ def test_row_width_and_bytes_match_quantize_output(rng, fmt, hd) -> None:
     msg = f"{fmt} hd={hd} seed={seed}"
     assert fmt.row_width(hd) == hd // fmt.block * fmt.block_width, msg
     assert fmt.row_bytes(hd) == fmt.row_width(hd) * fmt.itemsize, msg
-    x = _normal(r, (3, 2, hd), 2.0)
+    x = normal(r, (3, 2, hd), 2.0)
     q = fmt.quantize_rows(x)
     assert q.dtype == np.dtype(fmt.dtype), msg
     assert q.shape == (3, 2, fmt.row_width(hd)), msg
@@ -120,7 +100,7 @@ def test_row_width_and_bytes_match_quantize_output(rng, fmt, hd) -> None:
     for i in range(3):
         for h in range(2):
             assert np.array_equal(fmt.quantize_rows(x[i, h]), q[i, h]), msg
-            assert _bits_equal(fmt.dequantize_rows(q[i, h]), back[i, h]), msg
+            assert bits_equal(fmt.dequantize_rows(q[i, h]), back[i, h]), msg
     # Inputs are float32 to the kernels: wider inputs are converted first.
     x64 = x.astype(np.float64) * (1 + 2.0**-30)
     assert np.array_equal(fmt.quantize_rows(x64), fmt.quantize_rows(x64.astype(np.float32))), msg
@@ -151,7 +131,7 @@ def _check_f32(x, q, back, msg) -> None:
 
 def _check_f16(x, q, back, msg) -> None:
     with np.errstate(over="ignore"):
-        assert _bits_equal(back, x.astype(np.float16).astype(np.float32)), msg
+        assert bits_equal(back, x.astype(np.float16).astype(np.float32)), msg
     ax = np.abs(x.astype(np.float64))
     fin = ax <= 65504
     err = np.abs(back.astype(np.float64) - x)
@@ -230,7 +210,7 @@ def _with_exact_scales(r: np.random.Generator, x: np.ndarray) -> np.ndarray:
 def test_round_trip_error_bound(rng, fmt) -> None:
     r, seed = rng
     for scale in (1e-9, 1e-6, 1e-3, 1.0, 50.0, 3e4):
-        x = _with_exact_scales(r, _normal(r, (16, 256), scale))
+        x = _with_exact_scales(r, normal(r, (16, 256), scale))
         q = fmt.quantize_rows(x)
         back = fmt.dequantize_rows(q)
         ERROR_BOUNDS[fmt.name](x, q, back, f"{fmt} scale={scale} seed={seed}")
@@ -243,7 +223,7 @@ def test_requantizing_decoded_rows_is_a_fixed_point(rng, fmt) -> None:
     -7 * |d|, which changes the next amax."""
     r, seed = rng
     for scale in (1e-3, 1.0, 50.0):
-        q = fmt.quantize_rows(_normal(r, (8, 128), scale))
+        q = fmt.quantize_rows(normal(r, (8, 128), scale))
         again = fmt.quantize_rows(fmt.dequantize_rows(q))
         assert again.tobytes() == q.tobytes(), f"{fmt} scale={scale} seed={seed}"
 
@@ -287,7 +267,7 @@ def test_f16_hand_cases() -> None:
     assert [hex(b) for b in q.view(np.uint16).tolist()] == [hex(b) for _, b in F16_CASES]
     back = F16.dequantize_rows(q)
     want = np.array([b for _, b in F16_CASES], np.uint16).view(np.float16).astype(np.float32)
-    assert _bits_equal(back, want)
+    assert bits_equal(back, want)
     nan = F16.quantize_rows(np.array([np.nan], np.float32))
     assert np.isnan(nan[0]) and np.isnan(F16.dequantize_rows(nan)[0])
 
@@ -452,18 +432,18 @@ def _scalar_dequantize_q8_0(row: np.ndarray) -> np.ndarray:
 
 def test_q8_0_matches_scalar_transcription(rng) -> None:
     r, seed = rng
-    rows = [_normal(r, (128,), s) for s in (1e-30, 1e-3, 1.0, 1e4, 1e36)]
+    rows = [normal(r, (128,), s) for s in (1e-30, 1e-3, 1.0, 1e4, 1e36)]
     ties = r.integers(-254, 255, 128).astype(np.float32) / np.float32(2.0)
     ties[::32] = 127.0  # d = 1: every odd half is a tie
     rows.append(ties)
     rows.append(ties * np.float32(2.0**-3))  # d = 2^-3, still exact ties
     # Arbitrary bit patterns: NaN, inf, subnormals, huge values.
     rows.append(np.frombuffer(r.bytes(4 * 128), dtype=np.float32).copy())
-    rows.append((_normal(r, (128,), 1.0) * np.float32(2.0**-126)).astype(np.float32))
+    rows.append((normal(r, (128,), 1.0) * np.float32(2.0**-126)).astype(np.float32))
     for i, x in enumerate(rows):
         q = Q8.quantize_rows(x)
         assert q.tolist() == _scalar_q8_0(x), f"row {i}, seed={seed}"
-        assert _bits_equal(Q8.dequantize_rows(q), _scalar_dequantize_q8_0(q)), \
+        assert bits_equal(Q8.dequantize_rows(q), _scalar_dequantize_q8_0(q)), \
             f"row {i}, seed={seed}"
 
 

@@ -10,7 +10,6 @@ in test_formats.py; the q4 bit-level cases stay here next to the shadows they fe
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -56,6 +55,7 @@ from kgen.numpy_ref import (
     tile_in_window,
 )
 from kgen.spec.axes import KEYS
+from kgen.testing.case import bits_equal, normal
 
 Q4 = FORMATS["q4"]
 FMTS = list(FORMATS.values())
@@ -68,26 +68,6 @@ CACHE_GEOMETRIES = [(RING_ROWS, SINK_ROWS), (64, 16)]
 TILES = (8, 16, 32)
 
 
-@pytest.fixture
-def rng() -> tuple[np.random.Generator, int]:
-    """A generator with a fresh seed (or KGEN_TEST_SEED) and that seed."""
-    env = os.environ.get("KGEN_TEST_SEED")
-    seed = int(env) if env else int(np.random.SeedSequence().entropy)
-    print(f"KGEN_TEST_SEED={seed}")
-    return np.random.default_rng(seed), seed
-
-
-def _normal(r: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
-    return (r.standard_normal(shape) * scale).astype(np.float32)
-
-
-def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal as float32 bit patterns, except any NaN matches any NaN."""
-    a = np.asarray(a, dtype=np.float32)
-    b = np.asarray(b, dtype=np.float32)
-    na, nb = np.isnan(a), np.isnan(b)
-    return bool(np.array_equal(na, nb)
-                and np.array_equal(a.view(np.uint32)[~na], b.view(np.uint32)[~nb]))
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
@@ -174,7 +154,7 @@ def test_zero_block_next_to_live_block() -> None:
 
 def test_scale_is_negative_and_positive_extreme_is_exact(rng) -> None:
     r, seed = rng
-    x = _normal(r, (64, 256), 3.0)
+    x = normal(r, (64, 256), 3.0)
     q = quantize_rows(x).reshape(64, 8, 18)
     assert np.all(q[..., 1] & 0x80), f"every scale must carry the sign bit, seed={seed}"
     blocks = x.reshape(64, 8, 32)
@@ -221,7 +201,7 @@ def test_special_values() -> None:
 def test_round_trip_error_bounds(rng) -> None:
     r, seed = rng
     for scale in (1e-3, 1.0, 50.0):
-        x = _normal(r, (32, 256), scale)
+        x = normal(r, (32, 256), scale)
         back = dequantize_rows(quantize_rows(x))
         assert back.dtype == np.float32 and back.shape == x.shape
         err = np.abs(back.astype(np.float64) - x).reshape(32, 8, 32)
@@ -281,27 +261,27 @@ def _scalar_dequantize(row: np.ndarray) -> np.ndarray:
 
 def test_quantize_matches_scalar_transcription(rng) -> None:
     r, seed = rng
-    rows = [_normal(r, (128,), s) for s in (1e-30, 1e-3, 1.0, 1e4)]
+    rows = [normal(r, (128,), s) for s in (1e-30, 1e-3, 1.0, 1e4)]
     rows.append(r.integers(-20, 20, 128).astype(np.float32) / np.float32(4.0))  # many ties
     # Arbitrary bit patterns: NaN, inf, subnormals, huge values.
     rows.append(np.frombuffer(r.bytes(4 * 128), dtype=np.float32).copy())
-    tiny = _normal(r, (128,), 1.0) * np.float32(2.0**-126)
+    tiny = normal(r, (128,), 1.0) * np.float32(2.0**-126)
     rows.append(tiny.astype(np.float32))
     for i, x in enumerate(rows):
         q = quantize_row(x)
         assert q.tolist() == _scalar_quantize(x), f"row {i}, seed={seed}"
-        assert _bits_equal(dequantize_row(q), _scalar_dequantize(q)), f"row {i}, seed={seed}"
+        assert bits_equal(dequantize_row(q), _scalar_dequantize(q)), f"row {i}, seed={seed}"
 
 
 def test_batched_shapes_match_single_rows(rng) -> None:
     r, seed = rng
-    x = _normal(r, (3, 2, 64), 2.0)
+    x = normal(r, (3, 2, 64), 2.0)
     q = quantize_rows(x)
     assert q.shape == (3, 2, 36)
     for i in range(3):
         for h in range(2):
             assert np.array_equal(q[i, h], quantize_row(x[i, h])), f"seed={seed}"
-            assert _bits_equal(dequantize_rows(q)[i, h], dequantize_row(q[i, h])), f"seed={seed}"
+            assert bits_equal(dequantize_rows(q)[i, h], dequantize_row(q[i, h])), f"seed={seed}"
     with pytest.raises(ValueError):
         quantize_row(x[0])
     with pytest.raises(ValueError):
@@ -359,14 +339,14 @@ def test_wrapping_append_ring_dev_and_slots(rng, fmt) -> None:
     r, seed = rng
     n_kv, max_seq, hd = 2, 20, 32
     cache = HostCache.empty(fmt, n_kv, max_seq, hd)
-    k_new, v_new = _normal(r, (8, n_kv, hd)), _normal(r, (8, n_kv, hd))
+    k_new, v_new = normal(r, (8, n_kv, hd)), normal(r, (8, n_kv, hd))
     append(k_new, v_new, cache, pos0=15)
     rows = [15, 16, 17, 18, 19, 0, 1, 2]  # (pos0 + t) % max_seq
     for t, s in enumerate(rows):
         assert np.array_equal(cache.k[:, s], fmt.quantize_rows(k_new[t])), f"seed={seed}"
         assert np.array_equal(cache.v[:, s], fmt.quantize_rows(v_new[t])), f"seed={seed}"
         if fmt.exact_elements:
-            assert _bits_equal(fmt.dequantize_rows(cache.k[:, s]), k_new[t]), f"seed={seed}"
+            assert bits_equal(fmt.dequantize_rows(cache.k[:, s]), k_new[t]), f"seed={seed}"
     untouched = sorted(set(range(max_seq)) - set(rows))
     assert np.all(np.isnan(fmt.dequantize_rows(cache.k[:, untouched]))), f"seed={seed}"
 
@@ -384,7 +364,7 @@ def test_wrapping_append_ring_dev_and_slots(rng, fmt) -> None:
     assert nan_rows.sum() == nan_rows.size - 3 * n_kv, f"seed={seed}"
 
     with pytest.raises(ValueError):  # two rows of one batch would race for one ring row
-        append(_normal(r, (21, n_kv, hd)), _normal(r, (21, n_kv, hd)), cache, 0)
+        append(normal(r, (21, n_kv, hd)), normal(r, (21, n_kv, hd)), cache, 0)
 
 
 @pytest.mark.parametrize("geometry", CACHE_GEOMETRIES, ids=lambda g: f"ring{g[0]}-sink{g[1]}")
@@ -393,7 +373,7 @@ def test_q4_append_body_window_and_sink(rng, geometry) -> None:
     ring, sink_rows = geometry
     n_kv, max_seq, hd, sink, win = 2, 40, 64, 4, 8
     cache = HostCache.empty("q4", n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows)
-    k_new, v_new = _normal(r, (6, n_kv, hd)), _normal(r, (6, n_kv, hd))
+    k_new, v_new = normal(r, (6, n_kv, hd)), normal(r, (6, n_kv, hd))
     append(k_new, v_new, cache, pos0=2, sink=sink, win=win)
     sh = cache.shadows
     for t in range(6):
@@ -410,7 +390,7 @@ def test_q4_append_body_window_and_sink(rng, geometry) -> None:
 
     # The ring slot is pos % ring_rows, not pos % win.
     big = HostCache.empty("q4", 1, 400, 32, ring_rows=ring, sink_rows=sink_rows)
-    row = _normal(r, (1, 1, 32))
+    row = normal(r, (1, 1, 32))
     w = ring * 3 // 8 + 4  # 100 (ring 256) or 28 (ring 64): <= ring, 270 % w != 270 % ring
     append_dev(row, row, big, np.array([270]), sink=0, win=w)
     assert np.array_equal(big.shadows["k_win"][0, 270 % ring], row[0, 0].astype(np.float16))
@@ -424,7 +404,7 @@ def test_q4_append_body_window_and_sink(rng, geometry) -> None:
 
     # The whole sink buffer can be used, not one row more.
     full = HostCache.empty("q4", n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows)
-    rows = _normal(r, (sink_rows + 2, n_kv, hd))
+    rows = normal(r, (sink_rows + 2, n_kv, hd))
     append(rows, rows, full, 0, sink=sink_rows, win=0)
     assert np.array_equal(full.shadows["k_sink"], np.swapaxes(rows[:sink_rows], 0, 1)
                           .astype(np.float16)), f"seed={seed}"
@@ -440,7 +420,7 @@ def test_rejected_append_leaves_the_cache_untouched(rng, fmt) -> None:
     r, seed = rng
     n_kv, max_seq, hd = 2, 12, 32
     cache = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=16, sink_rows=4)
-    k, v = _normal(r, (6, n_kv, hd)), _normal(r, (6, n_kv, hd))
+    k, v = normal(r, (6, n_kv, hd)), normal(r, (6, n_kv, hd))
     append(k[:3], v[:3], cache, 0, sink=2, win=4)
     before = _snapshot(cache)
     bad: list[tuple[type[Exception], dict]] = [
@@ -448,7 +428,7 @@ def test_rejected_append_leaves_the_cache_untouched(rng, fmt) -> None:
         (ValueError, dict(positions=np.arange(2), k_new=k[3:5, :1])),  # k/v shapes differ
     ]
     if fmt.append_wraps:
-        big = _normal(r, (max_seq + 1, n_kv, hd))
+        big = normal(r, (max_seq + 1, n_kv, hd))
         bad.append((ValueError, dict(positions=np.arange(max_seq + 1), k_new=big, v_new=big)))
     else:
         bad.append((IndexError, dict(positions=np.arange(max_seq - 2, max_seq + 1))))
@@ -468,7 +448,7 @@ def test_rejected_append_leaves_the_cache_untouched(rng, fmt) -> None:
 def test_append_rows_at_scattered_positions(rng, fmt) -> None:
     r, seed = rng
     n_kv, max_seq, hd = 2, 30, 32
-    k, v = _normal(r, (4, n_kv, hd)), _normal(r, (4, n_kv, hd))
+    k, v = normal(r, (4, n_kv, hd)), normal(r, (4, n_kv, hd))
     positions = np.array([9, 2, 14, 3])  # unordered, within one ring span (no slot race)
     a = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=16, sink_rows=4)
     b = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=16, sink_rows=4)
@@ -484,7 +464,7 @@ def test_slots_append_matches_single_user(rng, fmt) -> None:
     n_kv, max_seq, hd, ring, sink_rows = 2, 300, 32, 64, 8
     slots = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=ring, sink_rows=sink_rows,
                             nslots=3)
-    k_new, v_new = _normal(r, (3, n_kv, hd)), _normal(r, (3, n_kv, hd))
+    k_new, v_new = normal(r, (3, n_kv, hd)), normal(r, (3, n_kv, hd))
     pos = np.array([1, 260, 17])
     append_slots(k_new, v_new, slots, pos, sink=4, win=32)
     for u in range(3):
@@ -524,8 +504,8 @@ def test_fill_equals_token_by_token_appends(rng, fmt, ring) -> None:
     # the ring twice, where only its newest ring_rows rows may stay in the ring)
     for pos0, upto in ((2 * ring + 5, 2 * ring + 5), (ring + 3, ring + 20), (7, 7 + ring),
                        (5, 2 * ring + 13)):
-        x = _normal(r, (upto, n_kv, hd))
-        y = _normal(r, (upto, n_kv, hd))
+        x = normal(r, (upto, n_kv, hd))
+        y = normal(r, (upto, n_kv, hd))
         a = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=ring, sink_rows=SINK_ROWS)
         b = HostCache.empty(fmt, n_kv, max_seq, hd, ring_rows=ring, sink_rows=SINK_ROWS)
         fill(a, x, y, pos0, upto, sink, win)
@@ -534,8 +514,8 @@ def test_fill_equals_token_by_token_appends(rng, fmt, ring) -> None:
         msg = f"pos0={pos0} upto={upto} seed={seed}"
         assert _snapshot(a) == _snapshot(b), msg
         kr, vr = read_kv_rows(a, upto - 1, sink, win)
-        assert _bits_equal(kr, _truth_rows(fmt, x, upto - 1, sink, win)), msg
-        assert _bits_equal(vr, _truth_rows(fmt, y, upto - 1, sink, win)), msg
+        assert bits_equal(kr, _truth_rows(fmt, x, upto - 1, sink, win)), msg
+        assert bits_equal(vr, _truth_rows(fmt, y, upto - 1, sink, win)), msg
 
 
 def _is_fp16(s: int, cur_pos: int, sink: int, win: int) -> bool:
@@ -562,15 +542,15 @@ def test_shadow_source_hand_cases() -> None:
 def test_unshadowed_formats_read_the_body_whatever_sink_and_win(rng, fmt) -> None:
     r, seed = rng
     n_kv, hd = 2, 32
-    x, y = _normal(r, (40, n_kv, hd)), _normal(r, (40, n_kv, hd))
+    x, y = normal(r, (40, n_kv, hd)), normal(r, (40, n_kv, hd))
     cache = HostCache.empty(fmt, n_kv, 64, hd)
     append(x, y, cache, 0, sink=4, win=8)  # sink/win are no-ops without shadows
     assert cache.shadows == {} and len(cache.arrays) == 2
     plain = read_kv_rows(cache, 39)
     for sink, win, floor in ((4, 8, None), (4, 8, 30), (0, 16, None)):
         kr, vr = read_kv_rows(cache, 39, sink, win, win_live_lo=floor)
-        assert _bits_equal(kr, plain[0]) and _bits_equal(vr, plain[1]), f"seed={seed}"
-    assert _bits_equal(plain[0], fmt.dequantize_rows(fmt.quantize_rows(np.swapaxes(x, 0, 1))))
+        assert bits_equal(kr, plain[0]) and bits_equal(vr, plain[1]), f"seed={seed}"
+    assert bits_equal(plain[0], fmt.dequantize_rows(fmt.quantize_rows(np.swapaxes(x, 0, 1))))
 
 
 @pytest.mark.parametrize("ring", [RING_ROWS, 64])
@@ -582,7 +562,7 @@ def test_q4_ring_laps_and_live_floor_falls_back(rng, ring) -> None:
     win = ring // 4                      # 64 (ring 256) or 16 (ring 64)
     pos0, n = ring * 100 // 256, ring - 6  # 100, 250 or 25, 58: n > ring - win
     cache = HostCache.empty("q4", n_kv, 512, hd, ring_rows=ring, sink_rows=SINK_ROWS)
-    k_all, v_all = _normal(r, (pos0 + n, n_kv, hd)), _normal(r, (pos0 + n, n_kv, hd))
+    k_all, v_all = normal(r, (pos0 + n, n_kv, hd)), normal(r, (pos0 + n, n_kv, hd))
     fill(cache, k_all, v_all, pos0, pos0 + n, sink, win)
     # fill is the history then the whole batch at once.
     manual = HostCache.empty("q4", n_kv, 512, hd, ring_rows=ring, sink_rows=SINK_ROWS)
@@ -610,20 +590,20 @@ def test_q4_ring_laps_and_live_floor_falls_back(rng, ring) -> None:
     k_floor, _ = read_kv_rows(cache, cur, sink, win, win_live_lo=floor)
     k_raw, _ = read_kv_rows(cache, cur, sink, win)
     body_dead = np.swapaxes(dequantize_rows(quantize_rows(k_all[dead])), 0, 1)
-    assert _bits_equal(k_floor[:, dead], body_dead), f"floor falls back to q4, {msg}"
-    assert _bits_equal(k_raw[:, dead], _f16(np.swapaxes(k_all[dead + ring], 0, 1))), \
+    assert bits_equal(k_floor[:, dead], body_dead), f"floor falls back to q4, {msg}"
+    assert bits_equal(k_raw[:, dead], _f16(np.swapaxes(k_all[dead + ring], 0, 1))), \
         f"acausal read, {msg}"
-    assert _bits_equal(k_floor[:, live], _f16(np.swapaxes(k_all[live], 0, 1))), f"live, {msg}"
-    assert _bits_equal(k_floor[:, :sink], _f16(np.swapaxes(k_all[:sink], 0, 1))), f"sink, {msg}"
+    assert bits_equal(k_floor[:, live], _f16(np.swapaxes(k_all[live], 0, 1))), f"live, {msg}"
+    assert bits_equal(k_floor[:, :sink], _f16(np.swapaxes(k_all[:sink], 0, 1))), f"sink, {msg}"
     # With the floor, every query of the batch reads each key's own row.
     for c in range(pos0, pos0 + n):
         kf, vf = read_kv_rows(cache, c, sink, win, win_live_lo=floor)
-        assert _bits_equal(kf, _truth_rows(Q4, k_all, c, sink, win, floor)), f"cur={c} {msg}"
-        assert _bits_equal(vf, _truth_rows(Q4, v_all, c, sink, win, floor)), f"cur={c} {msg}"
+        assert bits_equal(kf, _truth_rows(Q4, k_all, c, sink, win, floor)), f"cur={c} {msg}"
+        assert bits_equal(vf, _truth_rows(Q4, v_all, c, sink, win, floor)), f"cur={c} {msg}"
 
     # Causality: with the floor, query 0 of the batch ignores every row appended after
     # it; without the floor, it reads them.
-    q = _normal(r, (4, n_kv * 2, hd))
+    q = normal(r, (4, n_kv * 2, hd))
     scale = 1 / math.sqrt(hd)
 
     def run(c: HostCache, lf: int | None) -> np.ndarray:
@@ -631,7 +611,7 @@ def test_q4_ring_laps_and_live_floor_falls_back(rng, ring) -> None:
 
     out, out_raw = run(cache, floor), run(cache, None)
     future = k_all.copy()
-    future[pos0 + 1:] = _normal(r, (n - 1, n_kv, hd), 5.0)
+    future[pos0 + 1:] = normal(r, (n - 1, n_kv, hd), 5.0)
     cache2 = HostCache.empty("q4", n_kv, 512, hd, ring_rows=ring, sink_rows=SINK_ROWS)
     fill(cache2, future, v_all, pos0, pos0 + n, sink, win)
     out2, out2_raw = run(cache2, floor), run(cache2, None)
@@ -645,7 +625,7 @@ def test_q4_ring_laps_and_live_floor_falls_back(rng, ring) -> None:
 def test_qz_split(rng) -> None:
     r, seed = rng
     hd = 32
-    qg = _normal(r, (3, 4, 2 * hd))
+    qg = normal(r, (3, 4, 2 * hd))
     q, z = qz_split(qg, hd)
     assert q.shape == z.shape == (3, 4, hd)
     assert np.array_equal(q, qg[..., :hd]) and np.array_equal(z, qg[..., hd:]), f"seed={seed}"
@@ -776,9 +756,9 @@ def test_decode_partials_and_combine_equal_direct(rng, window, tile) -> None:
     seq_len = int(r.integers(100, max_seq))
     cache = HostCache.empty("f32", n_kv, max_seq, hd)
     k_cache, v_cache = cache.k, cache.v
-    k_cache[:, :seq_len] = _normal(r, (n_kv, seq_len, hd), 2.0)
-    v_cache[:, :seq_len] = _normal(r, (n_kv, seq_len, hd))
-    q = _normal(r, (n_kv * groups, hd), 2.0)
+    k_cache[:, :seq_len] = normal(r, (n_kv, seq_len, hd), 2.0)
+    v_cache[:, :seq_len] = normal(r, (n_kv, seq_len, hd))
+    q = normal(r, (n_kv * groups, hd), 2.0)
     scale = 1 / math.sqrt(hd)
     kps, cap = int(r.integers(16, 80)), int(r.integers(2, 9))
     n_splits, split_len = decode_plan(seq_len, kps, cap, tile)
@@ -814,8 +794,8 @@ def test_decode_partials_and_combine_equal_direct(rng, window, tile) -> None:
 def test_split_with_every_tile_skipped_is_empty(rng, tile) -> None:
     r, seed = rng
     n_kv, groups, hd, seq_len = 1, 2, 32, 200
-    k, v = _normal(r, (n_kv, seq_len, hd)), _normal(r, (n_kv, seq_len, hd))
-    q = _normal(r, (groups, hd))
+    k, v = normal(r, (n_kv, seq_len, hd)), normal(r, (n_kv, seq_len, hd))
+    q = normal(r, (groups, hd))
     n_splits, split_len = decode_plan(seq_len, 32, 8, tile)
     assert (n_splits, split_len) == (7, 32)  # 29 rounds up to 32 for every tile here
     m, lsum, acc = decode_partials(q, k, v, groups, seq_len, n_splits, split_len, 0, 16, 0.3,
@@ -854,8 +834,8 @@ def test_combine_treats_empty_partials_as_exact_zeros(rng) -> None:
 def test_max_groups_bounds_kv_groups(rng) -> None:
     r, seed = rng
     n_kv, groups, hd, seq_len = 1, 12, 32, 50
-    k, v = _normal(r, (n_kv, seq_len, hd)), _normal(r, (n_kv, seq_len, hd))
-    q = _normal(r, (n_kv * groups, hd))
+    k, v = normal(r, (n_kv, seq_len, hd)), normal(r, (n_kv, seq_len, hd))
+    q = normal(r, (n_kv * groups, hd))
     with pytest.raises(ValueError):  # the default bound is the spec's 8
         decode_attention(q, k, v, groups, seq_len, 16, 4, 0, 0, 0.2)
     with pytest.raises(ValueError):
@@ -890,9 +870,9 @@ def test_prefill_without_window_is_causal_softmax(rng, tile) -> None:
     pos0, n = int(r.integers(0, 40)), int(r.integers(1, 60))
     cache = HostCache.empty("f32", n_kv, max_seq, hd)
     k_cache, v_cache = cache.k, cache.v
-    k_cache[:, :pos0 + n] = _normal(r, (n_kv, pos0 + n, hd), 2.0)
-    v_cache[:, :pos0 + n] = _normal(r, (n_kv, pos0 + n, hd))
-    q = _normal(r, (n, n_kv * groups, hd), 2.0)
+    k_cache[:, :pos0 + n] = normal(r, (n_kv, pos0 + n, hd), 2.0)
+    v_cache[:, :pos0 + n] = normal(r, (n_kv, pos0 + n, hd))
+    q = normal(r, (n, n_kv * groups, hd), 2.0)
     scale = 1 / math.sqrt(hd)
     got = prefill_attention(q, k_cache, v_cache, groups, pos0, 0, 0, scale, tile=tile)
     want = _causal_softmax(q, k_cache, v_cache, groups, pos0, scale)
@@ -905,9 +885,9 @@ def test_prefill_window_uses_tile_mask_and_matches_decode(rng, tile) -> None:
     r, seed = rng
     n_kv, groups, hd, max_seq = 1, 2, 32, 200
     pos0, n, sink, win = 60, 70, 3, 20
-    k_cache = _normal(r, (n_kv, max_seq, hd), 2.0)
-    v_cache = _normal(r, (n_kv, max_seq, hd))
-    q = _normal(r, (n, groups, hd), 2.0)
+    k_cache = normal(r, (n_kv, max_seq, hd), 2.0)
+    v_cache = normal(r, (n_kv, max_seq, hd))
+    q = normal(r, (n, groups, hd), 2.0)
     scale = 0.2
     got = prefill_attention(q, k_cache, v_cache, groups, pos0, sink, win, scale, tile=tile)
     for t in (0, 13, n - 1):
@@ -930,9 +910,9 @@ def test_cache_prefill_and_decode_read_the_rows_the_kernel_sees(rng, fmt) -> Non
     r, seed = rng
     n_kv, groups, hd, max_seq = 2, 2, 64, 160
     n, scale = 100, 1 / 8
-    k = _normal(r, (n, n_kv, hd), 2.0)
-    v = _normal(r, (n, n_kv, hd))
-    q = _normal(r, (n, n_kv * groups, hd), 2.0)
+    k = normal(r, (n, n_kv, hd), 2.0)
+    v = normal(r, (n, n_kv, hd))
+    q = normal(r, (n, n_kv * groups, hd), 2.0)
     msg = f"fmt={fmt} seed={seed}"
 
     def new() -> HostCache:
@@ -976,8 +956,8 @@ def test_cache_prefill_and_decode_read_the_rows_the_kernel_sees(rng, fmt) -> Non
     mixed = new()
     append(k, v, mixed, 0, sink=4, win=24)
     kr, vr = read_kv_rows(mixed, n - 1, 4, 24)
-    assert _bits_equal(kr[:, 10], k_deq[:, 10]) and _bits_equal(kr[:, 90], k16[:, 90]), msg
-    assert _bits_equal(vr[:, 1], v16[:, 1]), msg
+    assert bits_equal(kr[:, 10], k_deq[:, 10]) and bits_equal(kr[:, 90], k16[:, 90]), msg
+    assert bits_equal(vr[:, 1], v16[:, 1]), msg
     for tile in TILES:
         pre = prefill_attention_cache(q, mixed, groups, 0, 4, 24, 2, 50, scale, floor, tile=tile)
         dec = decode_attention(q[-1], kr, vr, groups, n, 32, 4, 2, 50, scale, tile=tile)
@@ -992,9 +972,9 @@ def test_slots_partials_layout_and_attention(rng, tile) -> None:
     f32 = HostCache.empty("f32", n_kv, max_seq, hd, nslots=nslots)
     ks, vs = f32.k, f32.v
     for u in range(nslots):
-        ks[u, :, :pos[u] + 1] = _normal(r, (n_kv, pos[u] + 1, hd))
-        vs[u, :, :pos[u] + 1] = _normal(r, (n_kv, pos[u] + 1, hd))
-    q = _normal(r, (nslots, n_kv * groups, hd))
+        ks[u, :, :pos[u] + 1] = normal(r, (n_kv, pos[u] + 1, hd))
+        vs[u, :, :pos[u] + 1] = normal(r, (n_kv, pos[u] + 1, hd))
+    q = normal(r, (nslots, n_kv * groups, hd))
     kps, cap, scale = 32, 6, 0.25
     m, lsum, acc, width = decode_partials_slots(q, ks, vs, pos, groups, kps, cap, 0, 0, scale,
                                                 tile=tile)
@@ -1037,8 +1017,8 @@ def test_slots_partials_layout_and_attention(rng, tile) -> None:
         rows_v = np.swapaxes(vs[u, :, :pos[u] + 1], 0, 1)
         fill(q4.slot(u), rows_k, rows_v, int(pos[u]), int(pos[u]) + 1, sink, win)
         kr, vr = read_kv_rows(q4.slot(u), int(pos[u]), sink, win)
-        assert _bits_equal(kr, _truth_rows(Q4, rows_k, int(pos[u]), sink, win)), f"{u} {msg}"
-        assert _bits_equal(vr, _truth_rows(Q4, rows_v, int(pos[u]), sink, win)), f"{u} {msg}"
+        assert bits_equal(kr, _truth_rows(Q4, rows_k, int(pos[u]), sink, win)), f"{u} {msg}"
+        assert bits_equal(vr, _truth_rows(Q4, rows_v, int(pos[u]), sink, win)), f"{u} {msg}"
 
     def rows(u: int) -> tuple[np.ndarray, np.ndarray]:
         return read_kv_rows(q4.slot(u), int(pos[u]), sink, win)
