@@ -104,3 +104,39 @@ def flash_regions(k: Kernel) -> tuple[Region, ...]:
 
 def flash_shared_bytes(k: Kernel, groups: int, head_dim: int) -> int:
     return sum(r.elems(groups, head_dim) * ELEM_BYTES[r.ctype] for r in flash_regions(k))
+
+
+@dataclass(frozen=True)
+class ScoreScatter:
+    """How a warp_stream unit reduce-scatters a step's dot products (templates/kernels/
+    flash_stream.cu.j2): value n = g * bp + b, with keys_per_step and max_groups padded
+    to powers of two (n of them); after a halving exchange at each of scatter_offs
+    lane l holds the nr complete sums n = (l >> ns) * nr + r (ns > 0: 2^ns lanes hold
+    each, summed over dup_offs). A lane's values are gl heads of bl keys; a head's
+    keys span the lanes that differ at group_offs."""
+
+    bp: int
+    n: int
+    nr: int
+    ns: int
+    bl: int
+    gl: int
+    scatter_offs: tuple[int, ...]
+    dup_offs: tuple[int, ...]
+    group_offs: tuple[int, ...]
+
+
+def score_scatter(k: Kernel) -> ScoreScatter:
+    def pow2(x: int) -> int:
+        return 1 << max(x - 1, 0).bit_length()
+
+    bp = pow2(k.keys_per_step)
+    n = pow2(k.max_groups) * bp
+    lg_n = (n - 1).bit_length()
+    offs = tuple(1 << e for e in range(5, -1, -1) if 1 << e < k.dot_lanes)
+    cut = min(lg_n, len(offs))
+    nr = n // k.dot_lanes if n >= k.dot_lanes else 1
+    ns = 0 if n >= k.dot_lanes else len(offs) - lg_n
+    bl = min(bp, nr)
+    return ScoreScatter(bp, n, nr, ns, bl, nr // bl, offs[:cut], offs[cut:],
+                        tuple((1 << ns) << e for e in range(6) if 1 << e < bp // bl))

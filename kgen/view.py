@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from kgen.geometry import Region, flash_regions
+from kgen.geometry import Region, ScoreScatter, flash_regions, score_scatter
 from kgen.signature import Param, params
 from kgen.spec.axes import (
     KStage,
@@ -40,6 +40,10 @@ class KernelView:
     @cached_property
     def shared_regions(self) -> tuple[Region, ...]:
         return flash_regions(self.k)
+
+    @cached_property
+    def scatter(self) -> ScoreScatter:
+        return score_scatter(self.k)
 
     @cached_property
     def params(self) -> tuple[Param, ...]:
