@@ -55,7 +55,7 @@ $(STAMPS)/venv: pyproject.toml $(STAMPS)/cupy
 # KGEN_CUDA_HOME points at an install of your own instead.
 # kgen's own locator decides (KGEN_CUDA_HOME, then the known install locations).
 cuda: $(STAMPS)/venv
-	@if $(BIN)/python -c 'from kgen.toolchain import find_toolchain as f; f()' 2>/dev/null; then \
+	@if $(BIN)/python -c 'from kgen.toolchain.locate import find_toolchain as f; f()' 2>/dev/null; then \
 	  echo "CUDA 11.8 present"; \
 	else \
 	  echo "installing CUDA 11.8 (nvidia-cuda-toolkit, Debian non-free; ~1.6 GB)"; \

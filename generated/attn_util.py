@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kgen.runtime.launch import launch
-from kgen.runtime.spec import kernel
+from kgen.runtime.record import kernel
 
 if TYPE_CHECKING:
     import cupy

@@ -39,7 +39,7 @@ class Reporter:
 def _context(settings: Settings, args, say: Reporter | None = None):
     """The stages' context: settings, cache, jobs and progress (none for the commands
     whose only output is their answer) from the command line."""
-    from kgen.pipeline import Context
+    from kgen.compiler.pipeline import Context
 
     quiet = {"progress": say} if say else {}
     return Context.load(settings, use_cache=not getattr(args, "no_cache", False),
@@ -51,7 +51,7 @@ def _inputs(settings: Settings, inputs: list[str] | None) -> tuple[Path, ...]:
 
 
 def _kernels(settings: Settings, args):
-    from kgen import pipeline
+    from kgen.compiler import pipeline
 
     work = pipeline.run(("parse", "check"), pipeline.Work(inputs=_inputs(settings, None)),
                         _context(settings, args))
@@ -60,8 +60,8 @@ def _kernels(settings: Settings, args):
 
 def _fresh_build(settings: Settings, args) -> str | None:
     """The build's input digest, or None when a build must run anyway."""
-    from kgen import stamp
-    from kgen.spec.files import SPEC_SUFFIX, spec_paths
+    from kgen.compiler import stamp
+    from kgen.compiler.spec.files import SPEC_SUFFIX, spec_paths
 
     if args.check or args.no_cache:
         return None
@@ -75,7 +75,7 @@ def _fresh_build(settings: Settings, args) -> str | None:
 
 
 def _stale(outputs) -> list[str]:
-    from kgen.atomic import read_tree
+    from kgen.compiler.atomic import read_tree
 
     stale = []
     for where, files in outputs.items():
@@ -92,9 +92,9 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
     writing both trees and recording the no-op stamp happen under the lock, so the
     stamp always describes the tree it was recorded for. A build of some files of a
     directory reads the other modules' outputs, so it holds the lock throughout."""
-    from kgen.atomic import lock, recover
-    from kgen.compile import clean_workdirs
-    from kgen.spec.files import partial
+    from kgen.compiler.atomic import lock, recover
+    from kgen.compiler.spec.files import partial
+    from kgen.toolchain.compile import clean_workdirs
 
     outputs_dirs = [settings.generated, settings.tests_generated]
     inputs = _inputs(settings, args.specs)
@@ -121,7 +121,7 @@ def _build(args, settings: Settings, say: Reporter, outputs_dirs: list[Path],
     is held already)."""
     import contextlib
 
-    from kgen import stamp
+    from kgen.compiler import stamp
 
     guard = locked or contextlib.nullcontext
     digest = _fresh_build(settings, args)
@@ -134,8 +134,8 @@ def _build(args, settings: Settings, say: Reporter, outputs_dirs: list[Path],
             else:
                 print("up to date (inputs and outputs unchanged)")
             return 0
-    from kgen import pipeline
-    from kgen.atomic import replace_dirs
+    from kgen.compiler import pipeline
+    from kgen.compiler.atomic import replace_dirs
 
     work = pipeline.run(pipeline.BUILD, pipeline.Work(inputs=_inputs(settings, args.specs)),
                         _context(settings, args, say))
@@ -174,7 +174,7 @@ def _generated_kernels(settings: Settings) -> set[str]:
 
 def _unknown(names: list[str], known: set[str], what: str) -> None:
     """KgenError naming the first of ``names`` not in ``known``, with a guess."""
-    from kgen.spec.resolve import did_you_mean
+    from kgen.compiler.spec.resolve import did_you_mean
 
     for name in names:
         if name not in known:
@@ -183,9 +183,9 @@ def _unknown(names: list[str], known: set[str], what: str) -> None:
 
 
 def cmd_verify(args, settings: Settings, say: Reporter) -> int:
-    from kgen import pipeline
-    from kgen.golden import load_golden
-    from kgen.verify import sass_diff, summary, table
+    from kgen.compiler import pipeline
+    from kgen.compiler.golden import load_golden
+    from kgen.compiler.verify import sass_diff, summary, table
 
     golden = load_golden(settings.golden)
     known = set(golden.ptx) | set(golden.frozen) | _generated_kernels(settings)
@@ -228,8 +228,8 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
 
 def cmd_freeze(args, settings: Settings, say: Reporter) -> int:
     """Snapshot the generated kernels beyond the reference into golden/frozen.json."""
-    from kgen import pipeline
-    from kgen.golden import FROZEN_FILE, frozen_file, load_golden, snapshot
+    from kgen.compiler import pipeline
+    from kgen.compiler.golden import FROZEN_FILE, frozen_file, load_golden, snapshot
 
     golden = load_golden(settings.golden)
     _unknown(list(args.kernels), _generated_kernels(settings) | set(golden.frozen),
@@ -273,15 +273,15 @@ def cmd_freeze(args, settings: Settings, say: Reporter) -> int:
 def cmd_golden(args, settings: Settings, say: Reporter) -> int:
     from dataclasses import replace
 
-    from kgen import pipeline
-    from kgen.atomic import replace_dir
-    from kgen.golden import golden_kernels
+    from kgen.compiler import pipeline
+    from kgen.compiler.atomic import replace_dir
+    from kgen.compiler.golden import golden_kernels
 
     if args.reference:
         settings = replace(settings, reference=Path(args.reference))
     work = pipeline.run(pipeline.GOLDEN, pipeline.Work(), _context(settings, args, say))
     files = work.outputs[settings.golden]
-    from kgen.golden import FROZEN_FILE
+    from kgen.compiler.golden import FROZEN_FILE
 
     replace_dir(settings.golden, dict(files), keep=(FROZEN_FILE,))  # the snapshot stays
     print(f"golden: {len(golden_kernels(files))} kernels from {settings.reference} -> "
@@ -292,7 +292,7 @@ def cmd_golden(args, settings: Settings, say: Reporter) -> int:
 def cmd_check(args, settings: Settings, say: Reporter) -> int:
     """Check the named files; definitions they need from other specs beside them
     (parents, related kernels) are read as context."""
-    from kgen import pipeline
+    from kgen.compiler import pipeline
 
     work = pipeline.run(pipeline.CHECK, pipeline.Work(inputs=_inputs(settings, args.specs)),
                         _context(settings, args))
@@ -311,8 +311,8 @@ def cmd_check(args, settings: Settings, say: Reporter) -> int:
 
 
 def cmd_list(args, settings: Settings, say: Reporter) -> int:
-    from kgen import coverage
-    from kgen.runtime.spec import axes_of
+    from kgen.compiler import coverage
+    from kgen.runtime.record import axes_of
 
     kernels = _kernels(settings, args)
     if args.json:
@@ -336,7 +336,7 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
 def cmd_tune(args, settings: Settings, say: Reporter) -> int:
     """Needs a GPU: search decode plans and variants and prefill variants, check each,
     store the fastest."""
-    from kgen import tune
+    from kgen.tune import search as tune
 
     def ints(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x]
@@ -350,7 +350,7 @@ def cmd_tune(args, settings: Settings, say: Reporter) -> int:
 
 
 def cmd_show(args, settings: Settings, say: Reporter) -> int:
-    from kgen.spec.axes import KEYS
+    from kgen.ir.axes import KEYS
 
     by = {k.name: k for k in _kernels(settings, args)}
     _unknown([args.kernel], set(by), f"no spec in {settings.specs} defines it")

@@ -193,7 +193,7 @@ def _generated_dir(settings: Settings) -> Path:
 
 def probe_toolchain() -> dict:
     from kgen.errors import ToolchainError
-    from kgen.toolchain import find_toolchain
+    from kgen.toolchain.locate import find_toolchain
 
     try:
         tc = find_toolchain()

@@ -33,7 +33,7 @@ def gpu_unavailable() -> str | None:
 @cache
 def toolchain_unavailable() -> str | None:
     from kgen.errors import ToolchainError
-    from kgen.toolchain import find_toolchain
+    from kgen.toolchain.locate import find_toolchain
 
     try:
         find_toolchain()
@@ -57,7 +57,7 @@ def _no_tuned_choices(tmp_path_factory):
     empty tune store of their own; tests/gpu/test_tune.py points at its own."""
     import os
 
-    from kgen import tune
+    from kgen.tune import search as tune
 
     old = os.environ.get("KGEN_TUNE_DIR")
     os.environ["KGEN_TUNE_DIR"] = str(tmp_path_factory.mktemp("tune"))

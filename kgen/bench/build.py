@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from kgen.config import Settings
-from kgen.toolchain import TARGET_ARCH, find_toolchain
+from kgen.toolchain.locate import TARGET_ARCH, find_toolchain
 
 ROUNDS = 3
 TARGETS = {"cold / nvcc": 1.5, "noop seconds": 0.5}

@@ -165,7 +165,7 @@ def decode_arm(cp, cache, q1):
 def heads_table(cp, g) -> list[dict]:
     from kgen import numpy_ref as ref
     from kgen.formats import FORMATS
-    from kgen.testgen import MODEL_HEAD_DIMS
+    from kgen.testing.testgen import MODEL_HEAD_DIMS
 
     rows = []
     for hd in MODEL_HEAD_DIMS:
@@ -199,9 +199,9 @@ def heads_table(cp, g) -> list[dict]:
 
 def variants_table(cp, g) -> list[dict]:
     from kgen.formats import FORMATS
+    from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.select import generated, options
-    from kgen.spec.axes import Mode, Op, Position
 
     hd, out_rows = 256, []
     for kv in FORMATS:
@@ -258,10 +258,10 @@ def prefill_long_table(cp, g) -> list[dict]:
     """Causal prefill of LONG_N rows from position 0 (f32 and q4, head_dim 128 and
     256, 8 q heads per kv head): every prefill kernel serving the shape, and SDPA."""
     from kgen import numpy_ref as ref
+    from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.kv import KVCache
     from kgen.runtime.select import generated
-    from kgen.spec.axes import Mode, Op, Position
 
     rows = []
     for kv in ("f32", "q4"):
@@ -330,10 +330,10 @@ def decode_long_table(cp, g) -> list[dict]:
     The warp_stream kernels run once more with one q head per kv head (the same bytes,
     an eighth of the arithmetic), which shows what GQA's arithmetic costs them."""
     from kgen import numpy_ref as ref
+    from kgen.ir.axes import Mode, Op, Position, Schedule
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.plan import decode_plan
     from kgen.runtime.select import Role, generated
-    from kgen.spec.axes import Mode, Op, Position, Schedule
 
     hd, seq = 256, 32768
     cache, host = filled_cache(cp, g, "f32", hd, seq)
@@ -389,7 +389,7 @@ def launch_table(cp, g) -> list[dict]:
     interleaved rounds every arm is called n times back to back, host and wall time
     divided by n; medians over the rounds (the GPU time of the same step measured
     with events beside it)."""
-    from kgen.geometry import streams
+    from kgen.ir.geometry import streams
     from kgen.runtime.plan import decode_plan
     from kgen.runtime.select import decode_variants
 

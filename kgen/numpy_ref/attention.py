@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from kgen.ir.axes import KEYS
 from kgen.runtime.plan import decode_plan as _plan
-from kgen.spec.axes import KEYS
 
 from .cache import HostCache, read_kv_rows
 

@@ -13,13 +13,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kgen.geometry import block_threads, flash_shared_bytes, padded, tile_threads
+from kgen.ir.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
+from kgen.ir.geometry import block_threads, flash_shared_bytes, padded, tile_threads
+from kgen.ir.kernel import Kernel
+from kgen.ir.signature import params
+from kgen.ir.target import TARGET
 from kgen.runtime.contracts import Checker, ContractError
 from kgen.runtime.plan import decode_plan
-from kgen.signature import params
-from kgen.spec.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
-from kgen.spec.ir import Kernel
-from kgen.target import TARGET
 
 INT_MAX = 2**31 - 1
 QZ_BLOCK = 256  # threads per block of the 1-D qz_split launch

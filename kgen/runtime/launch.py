@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kgen.ir.kernel import Kernel
 from kgen.runtime import loadcheck
 from kgen.runtime.bind import Launch, bind, reads_device
 from kgen.runtime.contracts import ContractError
-from kgen.spec.ir import Kernel
 
 _modules: dict[tuple[str, int], object] = {}
 _functions: dict[tuple[str, int, str], object] = {}

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kgen import fatbin
+from kgen.toolchain import fatbin
 
 # PTX ISA version -> the first CUDA release (and so driver) that accepts it.
 PTX_ISA_CUDA: dict[tuple[int, int], tuple[int, int]] = {

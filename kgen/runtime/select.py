@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.geometry import padded, streams, tile_threads
+from kgen.ir.axes import KEYS, KStage, Mode, Op, Position, QStage
+from kgen.ir.geometry import padded, streams, tile_threads
+from kgen.ir.kernel import Kernel
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
-from kgen.spec.axes import KEYS, KStage, Mode, Op, Position, QStage
-from kgen.spec.ir import Kernel
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
 def sibling(name: str, position: Position, kernels: list[tuple[Kernel, Callable]]
             ) -> str | None:
     """The kernel with ``name``'s axes but another position form, if one is generated."""
-    from kgen.runtime.spec import axes_of
+    from kgen.runtime.record import axes_of
 
     mine = next((k for k, _ in kernels if k.name == name), None)
     if mine is None:

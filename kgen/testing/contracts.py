@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.geometry import (
+from kgen.ir.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
+from kgen.ir.geometry import (
     block_threads,
     flash_shared_bytes,
     head_dim_step,
@@ -17,11 +18,10 @@ from kgen.geometry import (
     padded,
     tile_threads,
 )
+from kgen.ir.kernel import Kernel
+from kgen.ir.target import TARGET
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import ContractError
-from kgen.spec.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
-from kgen.spec.ir import Kernel
-from kgen.target import TARGET
 from kgen.testing.case import Case
 
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.spec.axes import (
+from kgen.ir.axes import (
     KStage,
     Mask,
     Mode,
@@ -21,7 +21,7 @@ from kgen.spec.axes import (
     SoftCap,
     Window,
 )
-from kgen.spec.ir import Kernel
+from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, rng
 
 RTOL, ATOL = 2e-4, 2e-5  # float32 accumulation in tile order vs float64

@@ -8,8 +8,8 @@ import math
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.spec.axes import Mode, Op, Sinks
-from kgen.spec.ir import Kernel
+from kgen.ir.axes import Mode, Op, Sinks
+from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case
 
 

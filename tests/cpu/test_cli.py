@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kgen import pipeline
 from kgen.cli import main
+from kgen.compiler import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "specs"

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kgen import tune
 from kgen.runtime import ContractError, kv
 from kgen.testing.fakecupy import FakeCupy
+from kgen.tune import search as tune
 
 HK, H, HD, MS = 2, 4, 256, 64
 

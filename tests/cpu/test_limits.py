@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kgen import pipeline
-from kgen.spec.parser import parse_spec
-from kgen.testgen import cases, plan_cases
+from kgen.compiler import pipeline
+from kgen.compiler.spec.parser import parse_spec
 from kgen.testing import check_mutation, mutations_for
+from kgen.testing.testgen import cases, plan_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 

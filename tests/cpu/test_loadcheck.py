@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kgen import fatbin
 from kgen.runtime import launch, loadcheck
 from kgen.runtime.loadcheck import Device, Image, UnloadableError, decide
+from kgen.toolchain import fatbin
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "generated"

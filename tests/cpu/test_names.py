@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kgen import pipeline
-from kgen.render import render_python, render_tests
-from kgen.spec.names import GENERATED_PY_NAMES, kernel_name_problem, module_name_problem
-from kgen.spec.parser import parse_spec
+from kgen.compiler import pipeline
+from kgen.compiler.render import render_python, render_tests
+from kgen.compiler.spec.names import GENERATED_PY_NAMES, kernel_name_problem, module_name_problem
+from kgen.compiler.spec.parser import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

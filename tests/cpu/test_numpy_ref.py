@@ -26,6 +26,7 @@ from kgen.formats.q4 import (
     quantize_rows,
     row_bytes,
 )
+from kgen.ir.axes import KEYS
 from kgen.numpy_ref import (
     SRC_BODY,
     SRC_SINK,
@@ -54,7 +55,6 @@ from kgen.numpy_ref import (
     split_bounds,
     tile_in_window,
 )
-from kgen.spec.axes import KEYS
 from kgen.testing.case import bits_equal, normal
 
 Q4 = FORMATS["q4"]

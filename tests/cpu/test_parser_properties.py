@@ -15,10 +15,10 @@ import hypothesis
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from kgen.compiler.pipeline import checked, parse
+from kgen.compiler.spec.parser import INT_MAX, parse_spec
 from kgen.errors import SpecError
-from kgen.pipeline import checked, parse
-from kgen.spec.axes import KEYS, RESOURCES
-from kgen.spec.parser import INT_MAX, parse_spec
+from kgen.ir.axes import KEYS, RESOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_FILES = sorted((ROOT / "specs").glob("*.kspec"))

@@ -9,10 +9,10 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from kgen import pipeline
-from kgen.render import environment, render_modules
-from kgen.spec.axes import Op, Schedule
-from kgen.spec.parser import parse_spec
+from kgen.compiler import pipeline
+from kgen.compiler.render import environment, render_modules
+from kgen.compiler.spec.parser import parse_spec
+from kgen.ir.axes import Op, Schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "templates"

@@ -14,15 +14,17 @@ import kgen_kernels
 import numpy as np
 import pytest
 
-from kgen import __version__, fatbin, pipeline
+from kgen import __version__
 from kgen import numpy_ref as ref
+from kgen.compiler import pipeline
 from kgen.formats import FORMATS
-from kgen.geometry import flash_shared_bytes, min_head_dim
-from kgen.pyapi import py_args
+from kgen.ir.axes import Mode, Op, Position
+from kgen.ir.geometry import flash_shared_bytes, min_head_dim
+from kgen.ir.pyapi import py_args
 from kgen.runtime import ContractError, bind, decode_plan
-from kgen.runtime.spec import axes_of
-from kgen.spec.axes import Mode, Op, Position
+from kgen.runtime.record import axes_of
 from kgen.testing import Case, host_args
+from kgen.toolchain import fatbin
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "generated"
@@ -155,7 +157,7 @@ def test_generated_files_say_they_are_generated_and_from_what():
 
 
 def _spec_kernel(text: str):
-    from kgen.spec.parser import parse_spec
+    from kgen.compiler.spec.parser import parse_spec
 
     return pipeline.checked([parse_spec(text, "t.kspec")])[0]
 
@@ -201,7 +203,7 @@ def test_kernel_choice_follows_the_axes(spec_kernels):
 
 
 def test_decode_variants_pair_a_host_decode_with_its_device_sibling():
-    from kgen.geometry import streams
+    from kgen.ir.geometry import streams
     from kgen.runtime.select import decode_variants, generated
 
     by_name = {k.name: k for k, _ in generated()}

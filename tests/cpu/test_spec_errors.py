@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from kgen.cli import main
+from kgen.compiler.pipeline import checked, parse
+from kgen.compiler.spec.check import CHECKS
+from kgen.compiler.spec.parser import parse_spec
 from kgen.errors import SHOWN_LINE_MAX, SourcePos, SpecError
-from kgen.pipeline import checked, parse
-from kgen.spec.check import CHECKS
-from kgen.spec.parser import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = Path("tests/fixtures/invalid")  # relative to ROOT: the paths errors print

@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 
+from kgen.compiler.pipeline import checked
+from kgen.compiler.spec.parser import parse_spec
 from kgen.errors import SourcePos
 from kgen.formats import KvFormatName
-from kgen.pipeline import checked
-from kgen.spec.axes import Position
-from kgen.spec.parser import parse_spec
+from kgen.ir.axes import Position
 
 BASE = """\
 abstract kernel base {

@@ -9,14 +9,14 @@ import re
 
 import pytest
 
-from kgen import ptx_entries, resources, sass_listing
+from kgen.compiler.golden import Golden, _parse_rendered
+from kgen.compiler.pipeline import check_budgets, checked
+from kgen.compiler.spec.parser import parse_spec
+from kgen.compiler.verify import COLUMN, Compiled, compare, sass_diff, summary, table
 from kgen.errors import SourcePos, SpecError
-from kgen.golden import Golden, _parse_rendered
-from kgen.pipeline import check_budgets, checked
-from kgen.resources import Resources
-from kgen.sass_listing import Instr
-from kgen.spec.parser import parse_spec
-from kgen.verify import COLUMN, Compiled, compare, sass_diff, summary, table
+from kgen.toolchain import ptx_entries, resources, sass_listing
+from kgen.toolchain.resources import Resources
+from kgen.toolchain.sass_listing import Instr
 
 # -- ptx_entries ----------------------------------------------------------------
 

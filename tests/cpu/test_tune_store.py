@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kgen import tune
+from kgen.tune import search as tune
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import pytest
 
 from kgen import numpy_ref as ref
 from kgen.formats import FORMATS
+from kgen.ir.axes import Op
 from kgen.runtime import ContractError
 from kgen.runtime.kv import ROLES
 from kgen.runtime.select import Role, generated
-from kgen.spec.axes import Op
 from kgen.testing import rng
 
 pytestmark = pytest.mark.gpu
@@ -260,7 +260,7 @@ def test_a_broken_contract_leaves_state_untouched(cp):
 
 
 def _head_dims(kv: str) -> list[int]:
-    from kgen.testgen import MODEL_HEAD_DIMS
+    from kgen.testing.testgen import MODEL_HEAD_DIMS
 
     return [hd for hd in MODEL_HEAD_DIMS if FORMATS[kv].accepts_head_dim(hd)]
 
@@ -410,7 +410,7 @@ def test_neutral_options_are_the_plain_path_bit_for_bit(cp, kv):
 
 def _stream_shape(kv: str) -> tuple[int, int, dict[str, str]] | None:
     """(head_dim, groups, variants) of the first warp_stream decode pair of ``kv``."""
-    from kgen.geometry import streams
+    from kgen.ir.geometry import streams
     from kgen.runtime.select import decode_variants
 
     for hd in (64, 128, 256):

@@ -21,8 +21,8 @@ HD, HK, H = 256, 2, 8
 
 
 def _paged_formats() -> list[str]:
+    from kgen.ir.axes import Position
     from kgen.runtime.select import generated
-    from kgen.spec.axes import Position
 
     return sorted({k.kv.value for k, _ in generated() if k.position is Position.PAGED})
 

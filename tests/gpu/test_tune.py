@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(autouse=True)
 def _fresh_store():
     """Each test reads its own store: nothing loaded before it, or kept after."""
-    from kgen import tune
+    from kgen.tune import search as tune
 
     tune._loaded.clear()
     yield
@@ -27,8 +27,8 @@ def _fresh_store():
 def test_a_tuned_plan_is_stored_and_used(tmp_path, monkeypatch):
     import cupy as cp
 
-    from kgen import tune
     from kgen.runtime.kv import KVCache
+    from kgen.tune import search as tune
 
     monkeypatch.setenv("KGEN_TUNE_DIR", str(tmp_path))
     path = tune.main(["f32"], [128], [2], [2048], say=lambda *_: None, prefill_rows=())
@@ -71,8 +71,8 @@ def test_a_tuned_prefill_is_stored_and_used(tmp_path, monkeypatch):
     wins over it."""
     import cupy as cp
 
-    from kgen import tune
     from kgen.runtime.kv import KVCache
+    from kgen.tune import search as tune
 
     monkeypatch.setenv("KGEN_TUNE_DIR", str(tmp_path))
     tune.main(["f32"], [128], [4], [1024], say=lambda *_: None, prefill_rows=[256])
@@ -102,9 +102,9 @@ def test_a_tuned_prefill_is_stored_and_used(tmp_path, monkeypatch):
 
 
 def tune_candidates(hd: int, groups: int):
+    from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.select import Role, generated, options
-    from kgen.spec.axes import Mode, Op, Position
 
     role = Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32")
     return [(k, f) for k, f in generated() if role.matches(k) and not options(k)

@@ -17,7 +17,7 @@ import pytest
 from tc_helpers import OUTPUT_KEYS, REPO, SETTINGS_ENV, Workspace, scratch_settings
 
 from kgen.config import DEFAULTS
-from kgen.toolchain import find_toolchain
+from kgen.toolchain.locate import find_toolchain
 
 
 @pytest.fixture(scope="session")

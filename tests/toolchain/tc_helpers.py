@@ -11,10 +11,11 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
-from kgen import cli, pipeline
-from kgen.atomic import read_tree
-from kgen.cache import Cache
+from kgen import cli
+from kgen.compiler import pipeline
+from kgen.compiler.atomic import read_tree
 from kgen.config import DEFAULTS, Settings
+from kgen.toolchain.cache import Cache
 
 REPO = Path(__file__).resolve().parents[2]
 # Every path setting kgen has (now or later): inputs and outputs alike.

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tc_helpers import OUTPUT_KEYS, REPO, finish, kgen_process
 
-from kgen import atomic
-from kgen.atomic import read_tree, replace_dir
+from kgen.compiler import atomic
+from kgen.compiler.atomic import read_tree, replace_dir
 
 toolchain = pytest.mark.toolchain
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from tc_helpers import REPO, TINY_CU, cache_temp_dirs, finish, kgen_process
 
-from kgen import compile
-from kgen.atomic import read_tree
-from kgen.cache import Cache, sha256
-from kgen.compile import CompileJob
-from kgen.toolchain import Toolchain
+from kgen.compiler.atomic import read_tree
+from kgen.toolchain import compile
+from kgen.toolchain.cache import Cache, sha256
+from kgen.toolchain.compile import CompileJob
+from kgen.toolchain.locate import Toolchain
 
 toolchain = pytest.mark.toolchain
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from tc_helpers import repo_context
 
-from kgen import elf, pipeline, sass_listing
+from kgen.compiler import pipeline
+from kgen.toolchain import elf, sass_listing
 
 ROOT = Path(__file__).resolve().parents[2]
 

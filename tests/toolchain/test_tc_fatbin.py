@@ -12,11 +12,13 @@ import subprocess
 import pytest
 from tc_helpers import REPO, TINY_CU
 
-from kgen import __version__, compile, fatbin, pipeline
-from kgen.cache import Cache
+from kgen import __version__
+from kgen.compiler import pipeline
 from kgen.config import Settings
 from kgen.errors import KgenError
-from kgen.toolchain import Toolchain
+from kgen.toolchain import compile, fatbin
+from kgen.toolchain.cache import Cache
+from kgen.toolchain.locate import Toolchain
 
 pytestmark = pytest.mark.toolchain
 
@@ -27,7 +29,7 @@ GENERATED = REPO / "generated"
 def verified(tmp_path_factory):
     """The committed modules through verify's stages (read, ptx, cubin), then fatbin,
     each compiled afresh (no cache)."""
-    from kgen.toolchain import find_toolchain
+    from kgen.toolchain.locate import find_toolchain
 
     settings = Settings.load(REPO)
     ctx = pipeline.Context(settings, Cache(tmp_path_factory.mktemp("nocache"), enabled=False),

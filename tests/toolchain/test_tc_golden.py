@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from tc_helpers import REPO
 
-from kgen.atomic import read_tree
+from kgen.compiler.atomic import read_tree
+from kgen.compiler.golden import FROZEN_FILE
 from kgen.config import DEFAULTS
-from kgen.golden import FROZEN_FILE
 
 REFERENCE = (REPO / DEFAULTS["reference"]).resolve()
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tc_helpers import repo_context
 
-from kgen import pipeline
-from kgen.toolchain import Toolchain
+from kgen.compiler import pipeline
+from kgen.toolchain.locate import Toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 # The build's stages up to the compiled modules (no outputs written).

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from tc_helpers import TINY_CU
 
-from kgen import compile, toolchain
-from kgen.cache import Cache
 from kgen.errors import ToolchainError
-from kgen.toolchain import TOOLS, find_toolchain
+from kgen.toolchain import compile
+from kgen.toolchain import locate as toolchain
+from kgen.toolchain.cache import Cache
+from kgen.toolchain.locate import TOOLS, find_toolchain
 
 
 @pytest.fixture

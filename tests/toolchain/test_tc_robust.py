@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tc_helpers import REPO
 
-from kgen.atomic import JOURNAL_SUFFIX, read_tree
+from kgen.compiler.atomic import JOURNAL_SUFFIX, read_tree
 
 pytestmark = pytest.mark.toolchain
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from tc_helpers import BROKEN_CU, TINY_CU
 
-from kgen import compile, ptx_entries, resources, sass_listing
-from kgen.cache import Cache
 from kgen.errors import ToolError
+from kgen.toolchain import compile, ptx_entries, resources, sass_listing
+from kgen.toolchain.cache import Cache
 
 pytestmark = pytest.mark.toolchain
 

@@ -15,8 +15,8 @@ import sys
 import pytest
 from tc_helpers import REPO
 
-from kgen import pipeline
-from kgen.golden import load_golden
+from kgen.compiler import pipeline
+from kgen.compiler.golden import load_golden
 
 VARIANTS = REPO / "tests" / "fixtures" / "variants"
 FILES = sorted(VARIANTS.glob("*.kspec"))  # extra (planned), unplanned and warp_stream variants

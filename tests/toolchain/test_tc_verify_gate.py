@@ -11,11 +11,11 @@ import re
 
 import pytest
 
-from kgen import pipeline
-from kgen.golden import load_golden
-from kgen.spec.axes import Op
-from kgen.verify import COLUMN
-from kgen.view import KernelView
+from kgen.compiler import pipeline
+from kgen.compiler.golden import load_golden
+from kgen.compiler.verify import COLUMN
+from kgen.compiler.view import KernelView
+from kgen.ir.axes import Op
 
 pytestmark = pytest.mark.toolchain
 

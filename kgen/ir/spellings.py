@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kgen.spec.axes import KStage, QStage
+from kgen.ir.axes import KStage, QStage
 
 # Element type of a staged tile, per staging choice.
 Q_ELEM = {QStage.F32: "float", QStage.F16: "__half"}

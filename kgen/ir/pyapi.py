@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.signature import params
-from kgen.spec.axes import Mode, Op, Position
-from kgen.spec.ir import Kernel
+from kgen.ir.axes import Mode, Op, Position
+from kgen.ir.kernel import Kernel
+from kgen.ir.signature import params
 
 DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "n_rows",
                      "block_size", "max_blocks", "num_reqs"})

@@ -4,10 +4,10 @@ coverage without a GPU: `kgen list --json`."""
 
 from __future__ import annotations
 
+from kgen.ir.axes import Op
+from kgen.ir.kernel import Kernel
+from kgen.ir.target import TARGET
 from kgen.runtime.bind import shape_refusal
-from kgen.spec.axes import Op
-from kgen.spec.ir import Kernel
-from kgen.target import TARGET
 
 
 def head_dims(k: Kernel) -> list[int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kgen import __version__
 
-KGEN_SRC = Path(__file__).resolve().parent
+KGEN_SRC = Path(__file__).resolve().parents[1]  # every module of kgen
 
 
 def _files(root: Path, pattern: str) -> list[Path]:
@@ -33,7 +33,7 @@ def _read(p: Path) -> bytes:
 
 
 def _tool_identity() -> list[str]:
-    from kgen.toolchain import _layouts, _resolve
+    from kgen.toolchain.locate import _layouts, _resolve
 
     out = []
     for layout in _layouts():

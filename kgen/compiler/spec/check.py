@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kgen.compiler.spec.names import kernel_name_problem, module_name_problem
+from kgen.compiler.spec.resolve import did_you_mean
 from kgen.errors import SourcePos, SpecError
-from kgen.geometry import flash_shared_bytes, min_head_dim, tile_threads
-from kgen.spec.axes import (
+from kgen.ir.axes import (
     KEYS,
     RESOURCES,
     KStage,
@@ -24,10 +25,9 @@ from kgen.spec.axes import (
     Sinks,
     VStage,
 )
-from kgen.spec.ir import Kernel
-from kgen.spec.names import kernel_name_problem, module_name_problem
-from kgen.spec.resolve import did_you_mean
-from kgen.target import TARGET
+from kgen.ir.geometry import flash_shared_bytes, min_head_dim, tile_threads
+from kgen.ir.kernel import Kernel
+from kgen.ir.target import TARGET
 
 Lines = dict[str, tuple[str, ...]]
 

@@ -10,11 +10,11 @@ import difflib
 from dataclasses import replace
 from enum import Enum
 
+from kgen.compiler.spec.ast import Assign, ExpectRelation, ExpectResource, KernelDef, SpecFile
+from kgen.compiler.spec.expand import expand
 from kgen.errors import SourcePos, SpecError
-from kgen.spec.ast import Assign, ExpectRelation, ExpectResource, KernelDef, SpecFile
-from kgen.spec.axes import KEYS
-from kgen.spec.expand import expand
-from kgen.spec.ir import Kernel
+from kgen.ir.axes import KEYS
+from kgen.ir.kernel import Kernel
 
 
 class _Lines:

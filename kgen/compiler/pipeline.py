@@ -26,21 +26,28 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kgen import __version__, compile, elf, ptx_entries, resources, sass_listing
-from kgen.cache import Cache, sha256
+from kgen import __version__
+from kgen.compiler.golden import Golden, golden_files, load_golden
+from kgen.compiler.render import (
+    Module,
+    render_c_header,
+    render_modules,
+    render_python,
+    render_tests,
+)
+from kgen.compiler.spec.ast import ExpectRelation, KernelDef, SpecFile
+from kgen.compiler.spec.check import check
+from kgen.compiler.spec.expand import expand_file
+from kgen.compiler.spec.files import SPEC_SUFFIX, partial, spec_paths
+from kgen.compiler.spec.parser import parse_file
+from kgen.compiler.spec.resolve import resolve
+from kgen.compiler.verify import Compiled, Verdict, compare
 from kgen.config import Settings
 from kgen.errors import KgenError, SpecError, ToolError
-from kgen.golden import Golden, golden_files, load_golden
-from kgen.render import Module, render_c_header, render_modules, render_python, render_tests
-from kgen.spec.ast import ExpectRelation, KernelDef, SpecFile
-from kgen.spec.check import check
-from kgen.spec.expand import expand_file
-from kgen.spec.files import SPEC_SUFFIX, partial, spec_paths
-from kgen.spec.ir import Kernel
-from kgen.spec.parser import parse_file
-from kgen.spec.resolve import resolve
-from kgen.toolchain import Toolchain, find_toolchain
-from kgen.verify import Compiled, Verdict, compare
+from kgen.ir.kernel import Kernel
+from kgen.toolchain import compile, elf, ptx_entries, resources, sass_listing
+from kgen.toolchain.cache import Cache, sha256
+from kgen.toolchain.locate import Toolchain, find_toolchain
 
 MANIFEST = "manifest.json"
 C_HEADER = "attention_kernels.h"
@@ -489,20 +496,20 @@ Stage = Callable[[Work, Context], Work]
 ModuleStage = Callable[[ModuleBuild, Context], ModuleBuild]
 
 STAGES: dict[str, Stage | ModuleStage] = {
-    "parse": spec_files,            # spec paths      -> SpecFile ASTs     (kgen.spec.parser)
+    "parse": spec_files,            # spec paths      -> SpecFile ASTs     (compiler.spec.parser)
     "context": spec_context,        # + what they need from the specs beside them
     "check": checked_kernels,       # ASTs            -> checked kernels   (resolve, check)
-    "render": cuda_modules,         # kernels         -> CUDA modules      (kgen.render)
+    "render": cuda_modules,         # kernels         -> CUDA modules      (kgen.compiler.render)
     "read": generated_modules,      # generated/      -> CUDA modules
     "reference": reference_module,  # the reference   -> one CUDA module
-    "ptx": ptx,                     # CUDA            -> PTX (nvcc 11.8)   (kgen.compile)
+    "ptx": ptx,                     # CUDA            -> PTX (nvcc 11.8)   (kgen.toolchain.compile)
     "cubin": cubin,                 # PTX             -> cubin + ptxas report
     "fatbin": fatbin,               # PTX + cubin     -> fatbin: sm_37 SASS + PTX (fatbinary)
     "sass": sass,                   # cubin           -> SASS listing (cuobjdump)
     "budgets": budgets,             # ptxas report    vs each kernel's expect budgets
     "outputs": outputs,             # everything      -> generated/ + tests/generated/ files
-    "verify": verdicts,             # compiled        -> verdicts vs golden/   (kgen.verify)
-    "golden": golden_tree,          # compiled ref.   -> golden/ files         (kgen.golden)
+    "verify": verdicts,             # compiled        -> verdicts vs golden/   (compiler.verify)
+    "golden": golden_tree,          # compiled ref.   -> golden/ files         (compiler.golden)
 }
 MODULE_STAGES = frozenset({"ptx", "cubin", "fatbin", "sass"})
 

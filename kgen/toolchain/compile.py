@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kgen import __version__
-from kgen import fatbin as fatbin_format
-from kgen.cache import Cache, sha256
 from kgen.errors import KgenError, ToolError
-from kgen.toolchain import TARGET_ARCH, Toolchain
+from kgen.toolchain import fatbin as fatbin_format
+from kgen.toolchain.cache import Cache, sha256
+from kgen.toolchain.locate import TARGET_ARCH, Toolchain
 
 # nvcc's front end (cicc) is what the golden is made with: NVRTC gives other
 # PTX for the same source, so golden and generated code share these flags.

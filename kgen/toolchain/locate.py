@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 
 from kgen.errors import ToolchainError, ToolError
-from kgen.target import TARGET
+from kgen.ir.target import TARGET
 
 PINNED_RELEASE = "11.8"
 TARGET_ARCH = TARGET.arch  # the target object owns it

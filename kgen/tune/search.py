@@ -148,10 +148,10 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
     """Check, then time, every (kernel, plan) candidate of one shape class."""
     from kgen import numpy_ref as ref
     from kgen.bench.kernels import HK, bench, filled_cache, replay
+    from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.plan import decode_plan
     from kgen.runtime.select import Role, generated
-    from kgen.spec.axes import Mode, Op, Position
 
     g = np.random.default_rng(0)
     cache, host = filled_cache(cp, g, kv, head_dim, seq_len)
@@ -230,9 +230,9 @@ def tune_prefill_class(cp, kv: str, head_dim: int, groups: int, rows: int,
     at least 4096 keys."""
     from kgen import numpy_ref as ref
     from kgen.bench.kernels import ATOL, HK, RTOL, bench, filled_cache, replay
+    from kgen.ir.axes import KStage, Mode, Op, Position, QStage
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.select import Role, generated, options
-    from kgen.spec.axes import KStage, Mode, Op, Position, QStage
 
     g = np.random.default_rng(0)
     seq = max(4096, rows)

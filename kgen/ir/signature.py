@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.spec.axes import Mode, Op, Position, Sinks, SoftCap, Window
-from kgen.spec.ir import Kernel
+from kgen.ir.axes import Mode, Op, Position, Sinks, SoftCap, Window
+from kgen.ir.kernel import Kernel
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ contexts, and an fp16 window ring lapped by a long batch.
 from __future__ import annotations
 
 from kgen.errors import SpecError
-from kgen.geometry import min_head_dim
+from kgen.ir.axes import Mode, Op, Position, Sinks, SoftCap, Window
+from kgen.ir.geometry import min_head_dim
+from kgen.ir.kernel import Kernel
 from kgen.runtime.bind import bind, shape_refusal
 from kgen.runtime.contracts import ContractError
-from kgen.spec.axes import Mode, Op, Position, Sinks, SoftCap, Window
-from kgen.spec.ir import Kernel
 from kgen.testing import Case, host_args
 
 QZ = [

@@ -25,8 +25,7 @@ from lark.exceptions import (
     VisitError,
 )
 
-from kgen.errors import SourcePos, SpecError
-from kgen.spec.ast import (
+from kgen.compiler.spec.ast import (
     Assign,
     Binding,
     Bound,
@@ -36,6 +35,7 @@ from kgen.spec.ast import (
     KernelDef,
     SpecFile,
 )
+from kgen.errors import SourcePos, SpecError
 
 GRAMMAR = Path(__file__).with_name("kspec.lark")
 

@@ -12,10 +12,10 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.cache import sha256
-from kgen.golden import Golden
-from kgen.resources import Resources
-from kgen.sass_listing import Instr, encode
+from kgen.compiler.golden import Golden
+from kgen.toolchain.cache import sha256
+from kgen.toolchain.resources import Resources
+from kgen.toolchain.sass_listing import Instr, encode
 
 
 class Compiled:

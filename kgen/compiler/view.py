@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from kgen.geometry import Region, ScoreScatter, flash_regions, score_scatter
-from kgen.signature import Param, params
-from kgen.spec.axes import (
+from kgen.ir.axes import (
     KStage,
     Mask,
     Mode,
@@ -26,8 +24,10 @@ from kgen.spec.axes import (
     VStage,
     Window,
 )
-from kgen.spec.ir import Kernel
-from kgen.spellings import K_TILE_ELEM, Q_ELEM, SHARED_SYMBOL
+from kgen.ir.geometry import Region, ScoreScatter, flash_regions, score_scatter
+from kgen.ir.kernel import Kernel
+from kgen.ir.signature import Param, params
+from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM, SHARED_SYMBOL
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.spec.axes import KStage, Schedule, Threads, VStage
-from kgen.spec.ir import Kernel
-from kgen.spellings import K_TILE_ELEM, Q_ELEM
-from kgen.target import TARGET
+from kgen.ir.axes import KStage, Schedule, Threads, VStage
+from kgen.ir.kernel import Kernel
+from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM
+from kgen.ir.target import TARGET
 
 
 def row_width(k: Kernel, head_dim: int) -> int:

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import jinja2
 
 from kgen import __version__
-from kgen.spec.axes import Op, Position
-from kgen.spec.ir import Kernel
-from kgen.spellings import NEG_INF, convert
-from kgen.view import KernelView
+from kgen.compiler.view import KernelView
+from kgen.ir.axes import Op, Position
+from kgen.ir.kernel import Kernel
+from kgen.ir.spellings import NEG_INF, convert
 
 MODULE_TEMPLATE = "module.cu.j2"
 SOURCE_SUFFIX = ".cu"
@@ -59,8 +59,8 @@ def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Enviro
     memory and as bytecode under the kgen cache (``cache_dir``, by default the
     settings'), so unchanged templates are not recompiled by the next process."""
     from kgen.config import Settings
-    from kgen.pyapi import py_args
-    from kgen.runtime.spec import axes_of
+    from kgen.ir.pyapi import py_args
+    from kgen.runtime.record import axes_of
 
     bytecode = Path(cache_dir or Settings.load().cache_dir) / "jinja"
     bytecode.mkdir(parents=True, exist_ok=True)
@@ -242,8 +242,8 @@ def render_tests(modules: list[Module], templates: Path, root: Path,
                  related: tuple[Kernel, ...] | list[Kernel] = ()) -> dict[str, str]:
     """tests/generated/test_<module>.py for every module (``related``: kernels of other
     modules the relations may name)."""
-    from kgen.testgen import cases, plan_cases, shared_cases
     from kgen.testing import mutations_for
+    from kgen.testing.testgen import cases, plan_cases, shared_cases
 
     env = environment(templates, cache_dir)
     by_name = {k.name: k for k in related}

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from kgen.spec.axes import KEYS
-from kgen.spec.ir import Kernel
+from kgen.ir.axes import KEYS
+from kgen.ir.kernel import Kernel
 
 
 def kernel(name: str, axes: dict) -> Kernel:
-    """``axes`` holds every key of ``kgen.spec.axes.KEYS`` as a plain value."""
+    """``axes`` holds every key of ``kgen.ir.axes.KEYS`` as a plain value."""
     values = {}
     for key, spec in KEYS.items():
         raw = axes[key]

@@ -12,9 +12,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kgen import __version__, ptx_entries, resources, sass_listing
-from kgen.cache import sha256
+from kgen import __version__
 from kgen.errors import KgenError
+from kgen.toolchain import ptx_entries, resources, sass_listing
+from kgen.toolchain.cache import sha256
 
 PTX_FILE = "attention.ptx"
 FROZEN_FILE = "frozen.json"  # `kgen freeze`: a snapshot of every generated kernel beyond

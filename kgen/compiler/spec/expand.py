@@ -16,8 +16,8 @@ import itertools
 import re
 from dataclasses import replace
 
+from kgen.compiler.spec.ast import Assign, Binding, Bound, ExpectRelation, KernelDef, SpecFile
 from kgen.errors import SourcePos, SpecError
-from kgen.spec.ast import Assign, Binding, Bound, ExpectRelation, KernelDef, SpecFile
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

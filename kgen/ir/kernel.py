@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kgen.compiler.spec.ast import ExpectRelation, ExpectResource
 from kgen.errors import SourcePos
 from kgen.formats import KvFormat, KvFormatName
-from kgen.spec.ast import ExpectRelation, ExpectResource
-from kgen.spec.axes import (
+from kgen.ir.axes import (
     KStage,
     Mask,
     Mode,
