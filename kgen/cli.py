@@ -63,7 +63,7 @@ def _fresh_build(settings: Settings, args) -> str | None:
     from kgen.compiler import stamp
     from kgen.compiler.spec.files import SPEC_SUFFIX, spec_paths
 
-    if args.check or args.no_cache:
+    if args.no_cache:
         return None
     try:
         named = spec_paths(list(_inputs(settings, args.specs)))
@@ -74,59 +74,27 @@ def _fresh_build(settings: Settings, args) -> str | None:
         return None  # an unreadable input: the full build reports it properly
 
 
-def _stale(outputs) -> list[str]:
-    from kgen.compiler.atomic import read_tree
-
-    stale = []
-    for where, files in outputs.items():
-        current = read_tree(where)
-        stale += [str(where / n) for n in sorted(set(files) | set(current))
-                  if files.get(n) != current.get(n)]
-    return stale
-
-
 def cmd_build(args, settings: Settings, say: Reporter) -> int:
     """Builds of one output directory exclude each other where it matters (a lock
     beside each output directory): a swap a crash interrupted is finished and stale
-    scratch trees are removed first; the compiles run in parallel with other builds;
-    writing both trees and recording the no-op stamp happen under the lock, so the
-    stamp always describes the tree it was recorded for. A build of some files of a
-    directory reads the other modules' outputs, so it holds the lock throughout."""
-    from kgen.compiler.atomic import lock, recover
-    from kgen.compiler.spec.files import partial
+    scratch trees are removed first; the compiles run in parallel with other builds
+    (the store takes each artifact whole or not at all); writing both trees and
+    recording the no-op stamp happen under the lock, so the stamp always describes
+    the tree it was recorded for. The trees hold exactly the kernels of the spec
+    files named (every file of a named directory)."""
+    from kgen.compiler import pipeline, stamp
+    from kgen.compiler.atomic import lock, recover, replace_dirs
     from kgen.toolchain.compile import clean_workdirs
 
     outputs_dirs = [settings.generated, settings.tests_generated]
-    inputs = _inputs(settings, args.specs)
-    if not args.check:
-        with lock(outputs_dirs, say):
-            for msg in recover(outputs_dirs):
-                say(msg)
-            for d in clean_workdirs():
-                say(f"removed {d} (a tool work directory of a process that is gone)")
-    try:
-        reads_outputs = partial(inputs)
-    except KgenError:
-        reads_outputs = False  # a bad input: the parse stage reports it
-    if reads_outputs:  # the other modules' files are carried over
-        with lock(outputs_dirs, say, required=not args.check):
-            return _build(args, settings, say, outputs_dirs, None)
-    return _build(args, settings, say, outputs_dirs,
-                  lambda: lock(outputs_dirs, say, required=not args.check))
-
-
-def _build(args, settings: Settings, say: Reporter, outputs_dirs: list[Path],
-           locked) -> int:
-    """``locked()``: the lock to take around reading or writing the trees (None: it
-    is held already)."""
-    import contextlib
-
-    from kgen.compiler import stamp
-
-    guard = locked or contextlib.nullcontext
+    with lock(outputs_dirs, say):
+        for msg in recover(outputs_dirs):
+            say(msg)
+        for d in clean_workdirs():
+            say(f"removed {d} (a tool work directory of a process that is gone)")
     digest = _fresh_build(settings, args)
     if digest is not None:
-        with guard():
+        with lock(outputs_dirs, say):
             fresh = stamp.is_fresh(settings.cache_dir, digest, outputs_dirs)
         if fresh:
             if args.json:
@@ -134,42 +102,25 @@ def _build(args, settings: Settings, say: Reporter, outputs_dirs: list[Path],
             else:
                 print("up to date (inputs and outputs unchanged)")
             return 0
-    from kgen.compiler import pipeline
-    from kgen.compiler.atomic import replace_dirs
-
     work = pipeline.run(pipeline.BUILD, pipeline.Work(inputs=_inputs(settings, args.specs)),
                         _context(settings, args, say))
-    n_files = sum(len(files) for files in work.outputs.values())
-    if args.check:
-        with guard():
-            stale = _stale(work.outputs)
-        if stale:
-            print("generated files are stale; run `kgen build specs/` and commit:\n  "
-                  + "\n  ".join(stale))
-            return 1
-        print(f"generated files are up to date ({n_files} files)")
-        return 0
-    with guard():
+    with lock(outputs_dirs, say):
         replace_dirs(list(work.outputs.items()))  # both trees or neither
         if digest is not None:
             stamp.record(settings.cache_dir, digest, outputs_dirs)
     say("wrote " + ", ".join(f"{len(files)} files to {where}"
                              for where, files in work.outputs.items()))
+    modules = sorted({b.module.group for b in work.builds})
     if args.json:
-        print(json.dumps({"modules": [m.name for m in work.modules],
-                          "kernels": sorted(work.compiled)}, indent=2))
+        print(json.dumps({"modules": modules, "kernels": sorted(work.compiled)}, indent=2))
     else:
-        print(f"built {len(work.own_kernels)} kernels in {len(work.modules)} modules")
+        print(f"built {len(work.own_kernels)} kernels in {len(modules)} modules")
     return 0
 
 
-def _generated_kernels(settings: Settings) -> set[str]:
-    """The kernels generated/manifest.json lists (none if there is no build yet)."""
-    try:
-        manifest = json.loads((settings.generated / "manifest.json").read_text("utf-8"))
-        return {k for m in manifest["modules"].values() for k in m["kernels"]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
+def _spec_kernels(settings: Settings, args) -> set[str]:
+    """The kernels the spec directory defines."""
+    return {k.name for k in _kernels(settings, args)}
 
 
 def _unknown(names: list[str], known: set[str], what: str) -> None:
@@ -188,9 +139,9 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
     from kgen.compiler.verify import sass_diff, summary, table
 
     golden = load_golden(settings.golden)
-    known = set(golden.ptx) | set(golden.frozen) | _generated_kernels(settings)
+    known = set(golden.ptx) | set(golden.frozen) | _spec_kernels(settings, args)
     _unknown(list(args.kernels) + ([args.diff] if args.diff else []), known,
-             "not in golden/ nor in generated/manifest.json")
+             f"not in golden/ nor in {settings.specs}")
     if args.diff and args.diff not in golden.ptx:
         raise KgenError(f"--diff {args.diff}: only the reference's kernels keep a SASS listing "
                         "in golden/ (a frozen kernel keeps digests)")
@@ -202,14 +153,15 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
               f"{dict(ctx.toolchain.versions)}; regenerate it with `kgen golden`",
               file=sys.stderr)
     if args.diff:
-        work = pipeline.run(pipeline.VERIFY[:-1], pipeline.Work(golden=golden), ctx)
+        work = pipeline.run(pipeline.VERIFY[:-1], pipeline.Work(inputs=(settings.specs,),
+                                                                golden=golden), ctx)
         name, compiled = args.diff, work.compiled
         if name not in compiled:
-            raise KgenError(f"--diff {name}: no generated module has this kernel")
+            raise KgenError(f"--diff {name}: no spec in {settings.specs} defines this kernel")
         print("\n".join(sass_diff(golden.sass[name], compiled[name].sass, context=None)))
         return 0 if [i.word for i in golden.sass[name]] == [
             i.word for i in compiled[name].sass] else 1
-    work = pipeline.run(pipeline.VERIFY, pipeline.Work(golden=golden,
+    work = pipeline.run(pipeline.VERIFY, pipeline.Work(inputs=(settings.specs,), golden=golden,
                                                        wanted=tuple(args.kernels)), ctx)
     verdicts = work.verdicts
     if args.json:
@@ -232,10 +184,11 @@ def cmd_freeze(args, settings: Settings, say: Reporter) -> int:
     from kgen.compiler.golden import FROZEN_FILE, frozen_file, load_golden, snapshot
 
     golden = load_golden(settings.golden)
-    _unknown(list(args.kernels), _generated_kernels(settings) | set(golden.frozen),
-             "not in generated/manifest.json")
+    _unknown(list(args.kernels), _spec_kernels(settings, args) | set(golden.frozen),
+             f"not in {settings.specs}")
     ctx = _context(settings, args, say)
-    compiled = pipeline.run(pipeline.VERIFY[:-1], pipeline.Work(golden=golden), ctx).compiled
+    compiled = pipeline.run(pipeline.VERIFY[:-1], pipeline.Work(inputs=(settings.specs,),
+                                                                golden=golden), ctx).compiled
     beyond = {n: c for n, c in compiled.items() if n not in golden.ptx}
     reference = [n for n in args.kernels if n in golden.ptx]
     if reference:
@@ -395,6 +348,19 @@ def cmd_doctor(args, settings: Settings, say: Reporter) -> int:
     return r.exit_code
 
 
+def cmd_dist(args, settings: Settings, say: Reporter) -> int:
+    """A wheel of kgen with the built kernels, for hosts without the toolchain."""
+    from kgen.compiler import dist
+    from kgen.runtime.manifest import ManifestError
+
+    try:
+        path = dist.wheel(settings, Path(args.out))
+    except ManifestError as exc:
+        raise KgenError(f"{exc}; run `kgen build specs/` first") from None
+    print(json.dumps({"wheel": str(path)}) if args.json else f"wrote {path}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kgen", description=__doc__)
     p.add_argument("--version", action="version", version=f"kgen {__version__}")
@@ -409,10 +375,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", parents=[common], help="render and compile specs into generated/")
     b.add_argument("specs", nargs="*", help="spec files or directories (default: specs/)")
-    b.add_argument("--check", action="store_true",
-                   help="do not write; fail if generated/ differs from a fresh build")
     b.set_defaults(fn=cmd_build)
-    v = sub.add_parser("verify", parents=[common], help="compare generated/ with golden/")
+    v = sub.add_parser("verify", parents=[common],
+                       help="compile the specs (through the store), compare with golden/")
     v.add_argument("kernels", nargs="*")
     v.add_argument("--diff", metavar="KERNEL", help="print the whole aligned SASS diff")
     v.add_argument("--allow-new", action="store_true",
@@ -448,6 +413,9 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_show)
     sub.add_parser("doctor", parents=[common], help="what this machine can build and run, "
                    "and why").set_defaults(fn=cmd_doctor)
+    d = sub.add_parser("dist", parents=[common], help="a wheel of kgen with the built kernels")
+    d.add_argument("-o", "--out", default="dist", help="where the wheel goes (default: dist/)")
+    d.set_defaults(fn=cmd_dist)
     return p
 
 

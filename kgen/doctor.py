@@ -27,7 +27,8 @@ from pathlib import Path
 
 from kgen import __version__
 from kgen.config import Settings
-from kgen.runtime import loadcheck
+from kgen.runtime import loadcheck, manifest
+from kgen.runtime.kernels import candidates
 from kgen.runtime.loadcheck import Device, v
 
 SMI_TIMEOUT_S = 20
@@ -179,16 +180,17 @@ def probe_gpus(cupy_info: CupyInfo) -> tuple[list[Gpu], Driver]:
 
 
 def _generated_dir(settings: Settings) -> Path:
-    """The generated/ tree kgen_kernels imports: the settings' (KGEN_GENERATED), else
-    an installed kgen_kernels package."""
-    if (settings.generated / "manifest.json").is_file():
-        return settings.generated
-    spec = importlib.util.find_spec("kgen_kernels")
-    if spec is not None and spec.origin:
-        installed = Path(spec.origin).parent
-        if (installed / "manifest.json").is_file():
-            return installed
+    """The built tree kgen_kernels imports (kgen.runtime.kernels.locate's order), else
+    the settings' generated/."""
+    for d in candidates(_installed_dir()):
+        if (d / manifest.MANIFEST).is_file():
+            return d
     return settings.generated
+
+
+def _installed_dir() -> Path | None:
+    spec = importlib.util.find_spec("kgen_kernels")
+    return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
 def probe_toolchain() -> dict:
@@ -217,21 +219,26 @@ def report(settings: Settings) -> Report:
     modules: list[ModuleReport] = []
     needs: dict[str, str] = {}
     try:
-        manifest = json.loads((generated / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        manifest = {"modules": {}}
-        problems.append(f"no generated modules in {generated} ({type(exc).__name__}); run "
-                        "`kgen build specs/`")
-    for name, info in sorted(manifest["modules"].items()):
-        fb = info.get("fatbin", f"{name}.fatbin")
-        m = ModuleReport(name, fb)
+        built = manifest.read(generated)
+        by_module = built.modules
+    except manifest.ManifestError as exc:
+        by_module = {}
+        problems.append(f"no built kernels in {generated} ({exc}); run `kgen build specs/`")
+    for name, entries in sorted(by_module.items()):
+        m = ModuleReport(name, f"{len(entries)} fatbin{'s' if len(entries) != 1 else ''}")
         modules.append(m)
         try:
-            offered = loadcheck.images(generated / fb)
+            seen = {tuple(loadcheck.images(built.fatbin(e.name))) for e in entries}
         except (OSError, ValueError) as exc:
             m.error = f"{type(exc).__name__}: {exc}"
-            problems.append(f"{fb}: unreadable ({m.error}); run `kgen build specs/`")
+            problems.append(f"{name}: a fatbin is unreadable ({m.error}); run "
+                            "`kgen build specs/`")
             continue
+        if len(seen) != 1:
+            m.error = "its kernels' fatbins offer different images"
+            problems.append(f"{name}: {m.error}; run `kgen build specs/`")
+            continue
+        (offered,) = seen
         m.images = [str(i) for i in offered]
         needs.update({str(i): i.needs() for i in offered})
         for g in gpus:

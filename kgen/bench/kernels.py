@@ -25,7 +25,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -64,13 +63,12 @@ def bench(cp, arms: dict) -> dict[str, float]:
 
 
 def _function(launcher, kernel: str):
-    """The CuPy function behind a generated launcher (its module, loaded once)."""
+    """The CuPy function behind a generated launcher (its fatbin, loaded once)."""
     import cupy as cp
 
     from kgen.runtime.launch import function
 
-    mod = sys.modules[launcher.__module__]
-    return function(mod.FATBIN, kernel, cp.cuda.runtime.getDevice())
+    return function(launcher.fatbin, kernel, cp.cuda.runtime.getDevice())
 
 
 def replay(bound: list[tuple]) -> callable:

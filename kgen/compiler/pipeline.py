@@ -7,9 +7,12 @@ produces, run by one loop over a slice of the table.
 
 A command is a slice (the stages it needs, in table order): ``BUILD``, ``CHECK``,
 ``VERIFY``, ``GOLDEN``. Program stages take and return the whole ``Work``; the
-module stages (ptx, cubin, fatbin, sass) take and return one ``ModuleBuild``, and a run of
-them is chained per module, modules in parallel. Everything a stage needs from
-outside (paths, cache, toolchain, jobs, progress) comes in through ``Context``.
+unit stages (cubin, fatbin, sass) take and return one ``ModuleBuild``, and a run of
+them is chained per compile unit, units in parallel. The compile unit is one kernel
+(its own translation unit; the reference is one unit of all its kernels): every
+artifact is stored under the digest of its input, so a new or changed kernel compiles
+that kernel alone. Everything a stage needs from outside (paths, cache, toolchain,
+jobs, progress) comes in through ``Context``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
 import os
 import re
 import time
@@ -30,26 +32,30 @@ from kgen import __version__
 from kgen.compiler.golden import Golden, golden_files, load_golden
 from kgen.compiler.render import (
     Module,
+    groups,
+    render_batch,
     render_c_header,
-    render_modules,
-    render_python,
     render_tests,
+    render_units,
+    spec_rel,
 )
 from kgen.compiler.spec.ast import ExpectRelation, KernelDef, SpecFile
 from kgen.compiler.spec.check import check
 from kgen.compiler.spec.expand import expand_file
-from kgen.compiler.spec.files import SPEC_SUFFIX, partial, spec_paths
+from kgen.compiler.spec.files import SPEC_SUFFIX, spec_paths
 from kgen.compiler.spec.parser import parse_file
 from kgen.compiler.spec.resolve import resolve
 from kgen.compiler.verify import Compiled, Verdict, compare
 from kgen.config import Settings
 from kgen.errors import KgenError, SpecError, ToolError
 from kgen.ir.kernel import Kernel
+from kgen.ir.pyapi import py_args
+from kgen.runtime import manifest
+from kgen.runtime.record import axes_of
 from kgen.toolchain import compile, elf, ptx_entries, resources, sass_listing
 from kgen.toolchain.cache import Cache, sha256
 from kgen.toolchain.locate import Toolchain, find_toolchain
 
-MANIFEST = "manifest.json"
 C_HEADER = "attention_kernels.h"
 REFERENCE_MODULE = "attention"
 
@@ -90,7 +96,7 @@ class Context:
 
 @dataclass(frozen=True)
 class ModuleBuild:
-    """One module as the module stages fill it in: ptx, then cubin, then fatbin
+    """One compile unit as the stages fill it in: ptx, then cubin, then fatbin
     (both images in one load artifact) or sass."""
 
     module: Module
@@ -109,7 +115,7 @@ class ModuleBuild:
         res = resources.parse(self.ptxas_log)
         code = elf.kernel_code(self.cubin)
         return {
-            name: Compiled(name, self.module.name, entries[name], resources=res[name],
+            name: Compiled(name, self.module.group, entries[name], resources=res[name],
                            code=code.get(name, b""),
                            load_sass=lambda n=name: self.load_sass().get(n, ()))
             for name in entries
@@ -126,8 +132,8 @@ class Work:
     files: tuple[SpecFile, ...] = ()  # parse: the spec files named
     context: tuple[SpecFile, ...] = ()  # context: definitions they need from beside them
     kernels: tuple[Kernel, ...] = ()  # check
-    modules: tuple[Module, ...] = ()  # render, read or reference
-    builds: tuple[ModuleBuild, ...] = ()  # ptx, cubin, fatbin, sass
+    modules: tuple[Module, ...] = ()  # render (a unit per kernel) or reference
+    builds: tuple[ModuleBuild, ...] = ()  # ptx, cubin, fatbin, sass (one per unit)
     outputs: Mapping[Path, Mapping[str, bytes]] = field(default_factory=dict)  # outputs, golden
     golden: Golden | None = None
     wanted: tuple[str, ...] = ()  # the kernels verify compares (all when empty)
@@ -228,30 +234,13 @@ def checked_kernels(work: Work, ctx: Context) -> Work:
     return replace(work, kernels=tuple(checked([*work.files, *work.context])))
 
 
-# -- modules: rendered, read back from generated/, or the reference ------------------------
+# -- compile units: one per generated kernel, or the reference ------------------------------
 
 
 def cuda_modules(work: Work, ctx: Context) -> Work:
     s = ctx.settings
-    return replace(work, modules=tuple(render_modules(list(work.own_kernels), s.templates,
-                                                      s.root, ctx.cache_dir)))
-
-
-def read_generated_modules(generated: Path) -> list[Module]:
-    """The committed generated/ sources, as modules (for verify)."""
-    try:
-        manifest = json.loads((generated / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise KgenError(f"no generated modules in {generated}; run `kgen build specs/`") from None
-    mods = []
-    for name, info in sorted(manifest["modules"].items()):
-        src = (generated / info["source"]).read_text(encoding="utf-8")
-        mods.append(Module(name, (), src))
-    return mods
-
-
-def generated_modules(work: Work, ctx: Context) -> Work:
-    return replace(work, modules=tuple(read_generated_modules(ctx.settings.generated)))
+    return replace(work, modules=tuple(render_units(list(work.own_kernels), s.templates,
+                                                    s.root, ctx.cache_dir)))
 
 
 def reference_module(work: Work, ctx: Context) -> Work:
@@ -262,15 +251,65 @@ def reference_module(work: Work, ctx: Context) -> Work:
     return replace(work, modules=(Module(REFERENCE_MODULE, (), ref.read_text("utf-8")),))
 
 
-# -- the module stages: ptx -> cubin -> fatbin | sass, per module --------------------------
+# -- ptx for every unit; then cubin -> fatbin | sass, per unit ------------------------------
 
 
-def ptx(b: ModuleBuild, ctx: Context) -> ModuleBuild:
+def _ptx_alone(b: ModuleBuild, ctx: Context) -> str:
     try:
-        text = compile.ptx(b.module.source, ctx.toolchain, ctx.cache, name=b.module.name)
+        return compile.ptx(b.module.source, ctx.toolchain, ctx.cache, name=b.module.name)
     except ToolError as exc:
         raise _named_in(exc, b.module, ctx.settings.root) or exc from None
-    return replace(b, ptx=text)
+
+
+def _ptx_batch(group: str, misses: list[ModuleBuild], ctx: Context) -> dict[str, str]:
+    """The PTX of the units of one module that miss the store, from one front-end run
+    over them together, split kernel by kernel and stored under each unit's own key
+    (what each compiles to alone: kgen.toolchain.ptx_entries.split_module). When the
+    batch fails to compile, each unit is compiled alone, so the error names its kernel."""
+    s = ctx.settings
+    kernels = [k for b in misses for k in b.module.kernels]
+    batch = render_batch(group, kernels, s.templates, s.root, ctx.cache_dir)
+    try:
+        text = compile.ptx(batch.source, ctx.toolchain, ctx.cache.disabled(), name=group)
+    except ToolError:
+        return {b.module.name: _ptx_alone(b, ctx) for b in misses}
+    parts = ptx_entries.split_module(text)
+    if set(parts) != {k.name for k in kernels}:
+        raise KgenError(f"{group}: the batch's PTX has entries {sorted(parts)}, expected "
+                        f"{sorted(k.name for k in kernels)}")
+    for b in misses:
+        compile.store_ptx(b.module.source, parts[b.module.name], ctx.toolchain, ctx.cache)
+    return {b.module.name: parts[b.module.name] for b in misses}
+
+
+def ptx(work: Work, ctx: Context) -> Work:
+    """Every unit's PTX: from the store, else the misses of each module compiled in one
+    nvcc run (modules in parallel, the largest first); a unit that is alone in missing,
+    or the reference, compiles by itself."""
+    builds = work.builds or tuple(ModuleBuild(m) for m in work.modules)
+    have: dict[str, str] = {}
+    misses: dict[str, list[ModuleBuild]] = {}
+    for b in builds:
+        hit = compile.stored_ptx(b.module.source, ctx.toolchain, ctx.cache)
+        if hit is not None:
+            have[b.module.name] = hit
+        else:
+            misses.setdefault(b.module.group, []).append(b)
+
+    def one(group: str) -> dict[str, str]:
+        t0 = time.perf_counter()
+        bs = misses[group]
+        got = (_ptx_batch(group, bs, ctx) if len(bs) > 1 and all(b.module.kernels for b in bs)
+               else {b.module.name: _ptx_alone(b, ctx) for b in bs})
+        ctx.progress(f"ptx    {group:<14} {time.perf_counter() - t0:5.2f}s  "
+                     f"{len(bs)} kernel{'s' if len(bs) != 1 else ''}")
+        return got
+
+    order = sorted(misses, key=lambda g: -sum(len(b.module.source) for b in misses[g]))
+    with ThreadPoolExecutor(max_workers=_jobs(ctx, len(order))) as pool:
+        for got in pool.map(one, order):
+            have.update(got)
+    return replace(work, builds=tuple(replace(b, ptx=have[b.module.name]) for b in builds))
 
 
 def _named_in(exc: ToolError, module: Module, root: Path) -> SpecError | None:
@@ -364,112 +403,50 @@ def budgets(work: Work, ctx: Context) -> Work:
     return work
 
 
-@dataclass(frozen=True)
-class Carried:
-    """A module already in generated/ that a build of other spec files keeps as it is."""
-
-    name: str
-    info: dict  # its manifest entry
-    files: dict[str, bytes]  # its generated/ files
-    test: bytes | None  # tests/generated/test_<name>.py
-
-    @property
-    def kernels(self) -> list[str]:
-        return list(self.info["kernels"])
-
-
-def carried_modules(work: Work, ctx: Context) -> list[Carried]:
-    """When the build names some spec files of a directory (not all), the modules other
-    files made stay in generated/ as they are: building one file never deletes another's
-    outputs. A module the named files share with another file is refused (built alone
-    it would lose that file's kernels)."""
-    if not partial(work.inputs):
-        return []
-    s = ctx.settings
-    try:
-        manifest = json.loads((s.generated / MANIFEST).read_text(encoding="utf-8"))
-        entries = dict(manifest["modules"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return []  # nothing built yet: the named files' modules are the whole tree
-    built = {b.module.name for b in work.builds}
-    own = {k.name for k in work.own_kernels}
-    elsewhere = set(_siblings(work.inputs, ctx))
-    out = []
-    for name, info in sorted(entries.items()):
-        if name in built:
-            others = [k for k in info.get("kernels", ()) if k not in own and k in elsewhere]
-            if others:
-                raise KgenError(
-                    f"module '{name}' also holds kernels that other spec files define "
-                    f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}); build "
-                    "the spec files together (e.g. `kgen build specs/`)")
-            continue
-        try:
-            files = {info[key]: (s.generated / info[key]).read_bytes()
-                     for key in ("source", "ptx", "python", "fatbin")}
-        except (OSError, KeyError, TypeError) as exc:
-            raise KgenError(f"{s.generated} is incomplete (module '{name}': {exc}); build "
-                            "the whole spec directory (`kgen build specs/`)") from None
-        test = s.tests_generated / f"test_{name}.py"
-        out.append(Carried(name, info, files, test.read_bytes() if test.is_file() else None))
-    return out
-
-
-def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context,
-                    carried: list[Carried] = ()) -> dict[str, bytes]:
-    """The exact contents of generated/: CUDA, PTX, fatbin, Python launchers, C header,
-    manifest (and the ``carried`` modules' files as they are)."""
+def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context) -> dict[str, bytes]:
+    """The exact contents of generated/: each kernel's fatbin and source, the C header
+    and the manifest the launcher factory reads (kgen.runtime.manifest)."""
     s = ctx.settings
     files: dict[str, bytes] = {}
-    manifest = {"generator": f"kgen {__version__}", "modules": {}}
-    for c in carried:
-        files.update(c.files)
-        manifest["modules"][c.name] = c.info
+    entries: dict[str, manifest.Entry] = {}
     for b in builds:
         m = b.module
-        files[m.filename] = m.source.encode()
-        ptx_name = f"{m.name}.ptx"
-        header = (f"// GENERATED by kgen {__version__} from {m.filename} with nvcc 11.8 "
-                  f"-ptx -arch=sm_37 -- do not edit.\n")
-        files[ptx_name] = (header + b.ptx).encode()
-        files[f"{m.name}.fatbin"] = b.fatbin
-        manifest["modules"][m.name] = {
-            "source": m.filename,
-            "source_sha256": sha256(m.source.encode()),
-            "ptx": ptx_name,
-            "fatbin": f"{m.name}.fatbin",
-            "fatbin_sha256": sha256(b.fatbin),
-            "python": f"{m.name}.py",
-            "kernels": [k.name for k in m.kernels],
-        }
-    modules = [b.module for b in builds]
-    listed = sorted([(b.module.name, [k.name for k in b.module.kernels]) for b in builds]
-                    + [(c.name, c.kernels) for c in carried])
-    for name, text in render_python(modules, s.templates, s.root, ctx.cache_dir,
-                                    package=listed).items():
-        files[name] = text.encode()
+        (k,) = m.kernels
+        source = f"{manifest.SOURCES_DIR}/{m.filename}"
+        fatbin_path = f"{manifest.KERNELS_DIR}/{m.name}.fatbin"
+        files[source] = m.source.encode()
+        files[fatbin_path] = b.fatbin
+        arrays, scalars = py_args(k)
+        entries[k.name] = manifest.Entry(
+            name=k.name, module=m.group, spec=spec_rel(k.spec_path, s.root), doc=k.doc,
+            axes=axes_of(k),
+            arrays=tuple(manifest.Arg(a.name, a.annotation, a.default, a.dtype)
+                         for a in arrays),
+            scalars=tuple(manifest.Arg(a.name, a.annotation, a.default, a.dtype)
+                          for a in scalars),
+            fatbin=fatbin_path, fatbin_sha256=sha256(b.fatbin),
+            source=source, source_sha256=sha256(m.source.encode()),
+            resources=resources.parse(b.ptxas_log)[k.name].as_dict())
     embed = s.c_header_modules
     fatbins = {b.module.name: b.fatbin for b in builds}
-    fatbins.update({c.name: c.files[c.info["fatbin"]] for c in carried})
-    files[C_HEADER] = render_c_header(
-        [(name, kernels, fatbins[name]) for name, kernels in listed
-         if embed is None or name in embed], s.templates, ctx.cache_dir).encode()
-    files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    embedded = [(e.module, e.name, fatbins[e.name]) for e in entries.values()
+                if embed is None or e.module in embed]
+    files[C_HEADER] = render_c_header(embedded, s.templates, ctx.cache_dir).encode()
+    files[manifest.MANIFEST] = manifest.dump(manifest.Manifest(
+        s.generated, f"kgen {__version__}", dict(ctx.toolchain.versions), entries, C_HEADER,
+        tuple(sorted({m for m, _, _ in embedded}))))
     return files
 
 
 def outputs(work: Work, ctx: Context) -> Work:
     """The new contents of generated/ and tests/generated/ (the command writes them
-    together, or compares them with what is there)."""
+    together)."""
     s = ctx.settings
-    carried = carried_modules(work, ctx)
-    tests = render_tests([b.module for b in work.builds], s.templates, s.root, ctx.cache_dir,
-                         related=work.kernels)
-    test_files = {n: t.encode() for n, t in tests.items()}
-    test_files.update({f"test_{c.name}.py": c.test for c in carried if c.test is not None})
+    mods = [Module(g, tuple(ks), "", g) for g, ks in groups(work.own_kernels).items()]
+    tests = render_tests(mods, s.templates, s.root, ctx.cache_dir, related=work.kernels)
     return replace(work, outputs={
-        s.generated: generated_files(work.builds, ctx, carried),
-        s.tests_generated: test_files,
+        s.generated: generated_files(work.builds, ctx),
+        s.tests_generated: {n: t.encode() for n, t in tests.items()},
     })
 
 
@@ -499,10 +476,9 @@ STAGES: dict[str, Stage | ModuleStage] = {
     "parse": spec_files,            # spec paths      -> SpecFile ASTs     (compiler.spec.parser)
     "context": spec_context,        # + what they need from the specs beside them
     "check": checked_kernels,       # ASTs            -> checked kernels   (resolve, check)
-    "render": cuda_modules,         # kernels         -> CUDA modules      (kgen.compiler.render)
-    "read": generated_modules,      # generated/      -> CUDA modules
-    "reference": reference_module,  # the reference   -> one CUDA module
-    "ptx": ptx,                     # CUDA            -> PTX (nvcc 11.8)   (kgen.toolchain.compile)
+    "render": cuda_modules,         # kernels         -> one CUDA unit a kernel (compiler.render)
+    "reference": reference_module,  # the reference   -> one CUDA unit
+    "ptx": ptx,                     # CUDA            -> PTX (nvcc 11.8; misses batched per module)
     "cubin": cubin,                 # PTX             -> cubin + ptxas report
     "fatbin": fatbin,               # PTX + cubin     -> fatbin: sm_37 SASS + PTX (fatbinary)
     "sass": sass,                   # cubin           -> SASS listing (cuobjdump)
@@ -511,12 +487,12 @@ STAGES: dict[str, Stage | ModuleStage] = {
     "verify": verdicts,             # compiled        -> verdicts vs golden/   (compiler.verify)
     "golden": golden_tree,          # compiled ref.   -> golden/ files         (compiler.golden)
 }
-MODULE_STAGES = frozenset({"ptx", "cubin", "fatbin", "sass"})
+MODULE_STAGES = frozenset({"cubin", "fatbin", "sass"})
 
 CHECK = ("parse", "context", "check")
 BUILD = ("parse", "context", "check", "render", "ptx", "cubin", "fatbin", "budgets",
          "outputs")
-VERIFY = ("read", "ptx", "cubin", "verify")
+VERIFY = ("parse", "context", "check", "render", "ptx", "cubin", "verify")
 GOLDEN = ("reference", "ptx", "cubin", "sass", "golden")
 
 # What the progress line says a stage made.
@@ -524,8 +500,7 @@ _MADE: dict[str, Callable[[Work], str]] = {
     "parse": lambda w: f"{len(w.files)} spec files",
     "context": lambda w: f"{len(w.context)} spec files beside them",
     "check": lambda w: f"{len(w.kernels)} kernels",
-    "render": lambda w: f"{len(w.modules)} modules",
-    "read": lambda w: f"{len(w.modules)} modules",
+    "render": lambda w: f"{len(w.modules)} units",
     "outputs": lambda w: f"{sum(len(t) for t in w.outputs.values())} files",
     "verify": lambda w: f"{len(w.verdicts)} verdicts",
 }
@@ -550,9 +525,13 @@ def run(names: tuple[str, ...], work: Work, ctx: Context) -> Work:
     return work
 
 
+def _jobs(ctx: Context, n: int) -> int:
+    return ctx.jobs or max(min(n, os.cpu_count() or 1), 1)
+
+
 def _per_module(names: tuple[str, ...], work: Work, ctx: Context) -> Work:
-    """Independent modules go through the chain in parallel (each stage is a subprocess);
-    longest sources first, so the big modules are not left for last."""
+    """Independent units go through the chain in parallel (each stage is a subprocess);
+    longest sources first, so the big units are not left for last."""
     builds = work.builds or tuple(ModuleBuild(m) for m in work.modules)
     order = sorted(range(len(builds)), key=lambda i: -len(builds[i].module.source))
 
@@ -560,10 +539,11 @@ def _per_module(names: tuple[str, ...], work: Work, ctx: Context) -> Work:
         for name in names:
             t0 = time.perf_counter()
             b = STAGES[name](b, ctx)
-            ctx.progress(f"{name:<6} {b.module.name:<14} {time.perf_counter() - t0:5.2f}s")
+            took = time.perf_counter() - t0
+            if took >= 0.02:  # a compile, not a hit in the store
+                ctx.progress(f"{name:<6} {b.module.name:<14} {took:5.2f}s")
         return b
 
-    jobs = ctx.jobs or max(min(len(builds), os.cpu_count() or 1), 1)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    with ThreadPoolExecutor(max_workers=_jobs(ctx, len(builds))) as pool:
         done = dict(zip(order, pool.map(chain, [builds[i] for i in order]), strict=True))
     return replace(work, builds=tuple(done[i] for i in range(len(builds))))

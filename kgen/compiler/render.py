@@ -10,7 +10,6 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import jinja2
 
@@ -26,11 +25,15 @@ SOURCE_SUFFIX = ".cu"
 
 @dataclass(frozen=True)
 class Module:
-    """A generated translation unit."""
+    """A translation unit: one generated kernel (the compile unit: the store keys its
+    artifacts by this source), the kernels of a module that miss the store (compiled
+    together, then split kernel by kernel), or the reference. ``group`` is the spec
+    ``module`` its kernels belong to (the generated package's module)."""
 
     name: str
     kernels: tuple[Kernel, ...]
     source: str
+    group: str = ""
 
     @property
     def filename(self) -> str:
@@ -126,25 +129,25 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
 
 
 def render_module(env: jinja2.Environment, name: str, kernels: list[Kernel],
-                  root: Path) -> Module:
+                  root: Path, group: str | None = None) -> Module:
     views = [KernelView(k) for k in kernels]
     parts = ["kernels/flash_parts.j2"] if any(k.op is Op.FLASH for k in kernels) else []
     used = sorted({"module.cu.j2", "lib/*.cuh.j2", *(v.template for v in views), *parts,
                    *(k.fmt.template for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND))})
-    spec_paths = sorted({_rel(k.spec_path, root) for k in kernels})
+    spec_paths = sorted({spec_rel(k.spec_path, root) for k in kernels})
     needs = _needs(views, Path(env.loader.searchpath[0]))
     text = env.get_template(MODULE_TEMPLATE).render(
-        module=name,
+        module=group or name,
         kernels=views,
         needs=needs,
         spec_paths=spec_paths,
         template_names=used,
         kgen_version=__version__,
     )
-    return Module(name, tuple(kernels), text)
+    return Module(name, tuple(kernels), text, group or name)
 
 
-def _rel(path: str, root: Path) -> str:
+def spec_rel(path: str, root: Path) -> str:
     """A spec path as the generated files name it: relative to the project root. The
     parse stage already shows paths under the root relative to it (whatever the working
     directory); an absolute path is made relative when it lies under the root."""
@@ -157,14 +160,28 @@ def _rel(path: str, root: Path) -> str:
         return path
 
 
-def render_modules(kernels: list[Kernel], templates: Path, root: Path,
-                   cache_dir: Path | None = None) -> list[Module]:
-    """Group kernels by their ``module`` key, in first-appearance order."""
-    env = environment(templates, cache_dir)
-    groups: dict[str, list[Kernel]] = {}
+def groups(kernels) -> dict[str, list[Kernel]]:
+    """Kernels by their ``module`` key: modules sorted by name, kernels in spec order."""
+    out: dict[str, list[Kernel]] = {}
     for k in kernels:
-        groups.setdefault(k.module, []).append(k)
-    return [render_module(env, name, ks, root) for name, ks in sorted(groups.items())]
+        out.setdefault(k.module, []).append(k)
+    return dict(sorted(out.items()))
+
+
+def render_units(kernels: list[Kernel], templates: Path, root: Path,
+                 cache_dir: Path | None = None) -> list[Module]:
+    """One translation unit per kernel (what the build compiles and the store keys),
+    modules sorted by name, kernels in spec order within each."""
+    env = environment(templates, cache_dir)
+    return [render_module(env, k.name, [k], root, group)
+            for group, ks in groups(kernels).items() for k in ks]
+
+
+def render_batch(group: str, kernels: list[Kernel], templates: Path, root: Path,
+                 cache_dir: Path | None = None) -> Module:
+    """The kernels of one module as one translation unit (compiled at once when
+    several miss the store, then split kernel by kernel)."""
+    return render_module(environment(templates, cache_dir), group, kernels, root)
 
 
 def _py_docstring(text: str) -> str:
@@ -179,26 +196,6 @@ def _py_dict(d: dict) -> str:
     return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in d.items()) + "}"
 
 
-def render_python(modules: list[Module], templates: Path, root: Path,
-                  cache_dir: Path | None = None,
-                  package: list[tuple[str, list[str]]] | None = None) -> dict[str, str]:
-    """generated/<module>.py launchers and the package __init__.py, which lists
-    ``package`` ((module, kernel names), in order) when given, else ``modules``."""
-    env = environment(templates, cache_dir)
-    out = {}
-    for m in modules:
-        views = [KernelView(k) for k in m.kernels]
-        out[f"{m.name}.py"] = env.get_template("python/module.py.j2").render(
-            module=m.name, kernels=views, kgen_version=__version__,
-            spec_paths=sorted({_rel(k.spec_path, root) for k in m.kernels}))
-    listed = [(m.name, [k.name for k in m.kernels]) for m in modules] if package is None \
-        else package
-    out["__init__.py"] = env.get_template("python/package.py.j2").render(
-        modules=[SimpleNamespace(name=n, kernels=[SimpleNamespace(name=k) for k in ks])
-                 for n, ks in listed], kgen_version=__version__)
-    return out
-
-
 C_BYTES_PER_LINE = 16
 _C_BYTE = tuple(f"0x{b:02x}" for b in range(256))
 
@@ -209,15 +206,15 @@ def _c_bytes(data: bytes) -> list[str]:
             for i in range(0, len(data), C_BYTES_PER_LINE)]
 
 
-def render_c_header(modules: list[tuple[str, list[str], bytes]], templates: Path,
+def render_c_header(kernels: list[tuple[str, str, bytes]], templates: Path,
                     cache_dir: Path | None = None) -> str:
-    """The C header embedding each module's fatbin as a byte array: (name, kernel
-    names, fatbin) triples."""
+    """The C header embedding each kernel's fatbin as a byte array: (module, kernel,
+    fatbin) triples, in the manifest's order."""
     env = environment(templates, cache_dir)
-    items = [{"name": n, "kernels": ks, "size": len(fb), "byte_lines": _c_bytes(fb)}
-             for n, ks, fb in modules]
-    return env.get_template("c/kernels_header.h.j2").render(modules=items,
-                                                            kgen_version=__version__)
+    items = [{"module": m, "name": n, "size": len(fb), "byte_lines": _c_bytes(fb)}
+             for m, n, fb in kernels]
+    return env.get_template("c/kernels_header.h.j2").render(
+        kernels=items, modules=sorted({m for m, _, _ in kernels}), kgen_version=__version__)
 
 
 def _case_literal(c) -> str:
@@ -255,5 +252,5 @@ def render_tests(modules: list[Module], templates: Path, root: Path,
             cases=cases, plan_cases=plan_cases, shared_cases=shared_cases,
             mutations_for=mutations_for,
             by_name=by_name,
-            spec_paths=sorted({_rel(k.spec_path, root) for k in m.kernels}))
+            spec_paths=sorted({spec_rel(k.spec_path, root) for k in m.kernels}))
     return out

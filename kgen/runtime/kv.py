@@ -13,7 +13,6 @@ ring is never lapped inside one launch. Kernels are chosen by their axes
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from math import copysign
 
@@ -82,11 +81,9 @@ class _Plan:
 def _function(fn, b):
     """The CuPy function a generated launcher ``fn`` launched ``b`` with, or None
     for anything but a generated launcher."""
-    mod = sys.modules.get(getattr(fn, "__module__", None))
-    k = getattr(mod, "KERNELS", {}).get(getattr(fn, "__name__", None))
-    if k is None or k.name != b.kernel or getattr(mod, fn.__name__, None) is not fn:
+    k, path = getattr(fn, "kernel", None), getattr(fn, "fatbin", None)
+    if k is None or path is None or k.name != b.kernel:
         return None
-    path = getattr(mod, "FATBIN", None) or mod.PTX
     return launching.function(path, b.kernel, _cp().cuda.runtime.getDevice())
 
 

@@ -308,7 +308,6 @@ def bound_call(launcher, *arrays, **kw) -> Bound:
     """``launcher(*arrays, **kw)`` bound once instead of launched: a generated
     launcher's arguments, checked in full; ``run`` then replays it raw."""
     import inspect
-    import sys
 
     sig = _SIGS.get(launcher)
     if sig is None:
@@ -317,6 +316,4 @@ def bound_call(launcher, *arrays, **kw) -> Bound:
     ba.apply_defaults()
     args = dict(ba.arguments)
     args.pop("stream", None)
-    mod = sys.modules[launcher.__module__]
-    path = getattr(mod, "FATBIN", None) or mod.PTX
-    return bound(mod.KERNELS[launcher.__name__], path, args)
+    return bound(launcher.kernel, launcher.fatbin, args)

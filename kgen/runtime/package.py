@@ -1,43 +1,47 @@
-"""Make a generated/ tree importable as ``kgen_kernels``: the installed one, or
-the tree the settings name (``KGEN_GENERATED``), e.g. a GPU machine that has
-only the checkout on PYTHONPATH, or a scratch build of other specs."""
+"""Point ``kgen_kernels`` at a built tree: the one the settings name
+(``KGEN_GENERATED``), the installed package, or a tree given by path (a scratch
+build of other specs, as the toolchain tests make)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import importlib
 import sys
+import types
 from pathlib import Path
 
-DEFAULT = Path(__file__).resolve().parents[2] / "generated"
+from kgen.runtime.kernels import PACKAGE, expose
 
 
-def _wanted() -> Path:
-    env = os.environ.get("KGEN_GENERATED")
-    return Path(env).resolve() if env else DEFAULT
+def _drop() -> None:
+    for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
+        del sys.modules[name]
 
 
 def ensure_kgen_kernels(generated: Path | None = None) -> None:
-    """Import ``generated`` (default: KGEN_GENERATED, else the checkout's
-    generated/) as ``kgen_kernels`` unless that very tree is already the one
-    importable under the name."""
-    generated = (generated or _wanted()).resolve()
-    loaded = sys.modules.get("kgen_kernels")
-    if loaded is not None:
-        if Path(loaded.__file__).resolve().parent == generated:
-            return
-    else:
-        spec = importlib.util.find_spec("kgen_kernels")
-        if spec is not None and spec.origin and Path(spec.origin).resolve().parent == generated:
-            return
-    init = generated / "__init__.py"
-    if not init.is_file():
+    """Make ``kgen_kernels`` the launchers of ``generated`` (default: wherever the
+    package finds its artifacts) unless that very tree is loaded already. Without a
+    built tree anywhere nothing is loaded, and ``import kgen_kernels`` raises the
+    ImportError that says what to run."""
+    wanted = Path(generated).resolve() if generated is not None else None
+    loaded = sys.modules.get(PACKAGE)
+    root = getattr(loaded, "ROOT", None)
+    if loaded is not None and root is not None and wanted in (None, root):
         return
-    for name in [n for n in sys.modules if n == "kgen_kernels" or
-                 n.startswith("kgen_kernels.")]:
-        del sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        "kgen_kernels", init, submodule_search_locations=[str(generated)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["kgen_kernels"] = mod
-    spec.loader.exec_module(mod)
+    _drop()
+    if wanted is None:
+        try:
+            importlib.import_module(PACKAGE)
+            return
+        except ModuleNotFoundError as exc:
+            if exc.name != PACKAGE:
+                raise
+        except ImportError:
+            return  # nothing built anywhere
+    mod = types.ModuleType(PACKAGE, "kgen_kernels, made from a built tree by path")
+    mod.__path__ = []  # a package: its modules are registered by expose
+    try:
+        expose(mod.__dict__, None, directory=wanted)
+    except ImportError:
+        _drop()
+        return
+    sys.modules[PACKAGE] = mod

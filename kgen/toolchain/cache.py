@@ -27,6 +27,10 @@ class Cache:
         self.root = root
         self.enabled = enabled
 
+    def disabled(self) -> Cache:
+        """The same store, neither read nor written (a batch whose parts are stored)."""
+        return Cache(self.root, enabled=False)
+
     def _dir(self, key: str) -> Path:
         return self.root / key[:2] / key
 

@@ -107,13 +107,25 @@ def clean_workdirs() -> list[Path]:
     return removed
 
 
+def stored_ptx(source: str, tc: Toolchain, cache: Cache) -> str | None:
+    """The PTX of ``source`` if the store has it."""
+    hit = cache.get(ptx_job(source, tc).key, ("out.ptx",))
+    return None if hit is None else hit["out.ptx"].decode()
+
+
+def store_ptx(source: str, text: str, tc: Toolchain, cache: Cache) -> None:
+    """Store ``text`` as the PTX of ``source`` (a unit's part of a batch's PTX, which is
+    what the unit compiles to alone)."""
+    cache.put(ptx_job(source, tc).key, {"out.ptx": text.encode()})
+
+
 def ptx(source: str, tc: Toolchain, cache: Cache, name: str = "module") -> str:
     """CUDA C++ -> PTX with nvcc's front end."""
     data = source.encode()
     job = ptx_job(source, tc)
-    hit = cache.get(job.key, ("out.ptx",))
+    hit = stored_ptx(source, tc, cache)
     if hit is not None:
-        return hit["out.ptx"].decode()
+        return hit
     with _workdir("ptx") as tmp:
         src = tmp / f"{name}.cu"
         out = tmp / f"{name}.ptx"

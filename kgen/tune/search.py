@@ -76,14 +76,12 @@ _devices: dict[int, tuple[str, int]] = {}
 
 
 def module_sha(kernel: str) -> str:
-    """The generated source hash of the module holding ``kernel`` (its manifest entry)."""
+    """The hash of the source ``kernel`` was compiled from (its manifest entry): a
+    stored choice names the kernel as it was built."""
     import kgen_kernels
 
-    manifest = json.loads((Path(kgen_kernels.__file__).parent / "manifest.json").read_text())
-    for info in manifest["modules"].values():
-        if kernel in info["kernels"]:
-            return info["source_sha256"]
-    return ""
+    e = kgen_kernels.MANIFEST.kernels.get(kernel)
+    return e.source_sha256 if e is not None else ""
 
 
 def load(device: str, driver: int) -> dict[str, Choice]:

@@ -123,9 +123,10 @@ def test_argument_names_decide_as_much_as_values(gpu):
     mod = _mods().attn_decode
     k = mod.KERNELS["fc_attn_flash_decode"]
     a = _decode_arrays()
-    launch.launch(k, mod.FATBIN, {**a, "seq_len": 32, "n_splits": 2, "split_len": 16})
+    path = mod.FATBINS["fc_attn_flash_decode"]
+    launch.launch(k, path, {**a, "seq_len": 32, "n_splits": 2, "split_len": 16})
     with pytest.raises(ContractError, match="n_splits = 32 does not cover"):
-        launch.launch(k, mod.FATBIN, {**a, "n_splits": 32, "seq_len": 2, "split_len": 16})
+        launch.launch(k, path, {**a, "n_splits": 32, "seq_len": 2, "split_len": 16})
 
 
 def _paged_append(fn, slots, **kw):

@@ -4,20 +4,16 @@ path that asks it before CuPy loads anything."""
 
 from __future__ import annotations
 
-import json
 import struct
-from pathlib import Path
 
 import pytest
 
 from kgen.runtime import launch, loadcheck
 from kgen.runtime.loadcheck import Device, Image, UnloadableError, decide
+from kgen.testing.built import BUILT, needs_build
 from kgen.toolchain import fatbin
 
-ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ROOT / "generated"
-MANIFEST = json.loads((GENERATED / "manifest.json").read_text())
-FATBINS = sorted(GENERATED / info["fatbin"] for info in MANIFEST["modules"].values())
+FATBINS = sorted(BUILT.fatbin(n) for n in BUILT.kernels) if BUILT else []
 
 SASS37 = Image("sass", (3, 7))
 PTX37 = Image("ptx", (3, 7), (7, 8))
@@ -27,14 +23,20 @@ K80 = "Tesla K80"
 H200 = "NVIDIA H200"
 
 
-def test_every_generated_fatbin_offers_sm37_sass_and_the_modules_ptx():
-    assert FATBINS
+@needs_build
+def test_every_generated_fatbin_offers_sm37_sass_and_the_kernels_ptx():
+    assert len(FATBINS) == len(BUILT.kernels)
     for fb in FATBINS:
         assert loadcheck.images(fb) == OFFER, fb.name
-        ptx = fb.with_suffix(".ptx").read_text()
         (ptx_image,) = [e for e in fatbin.entries(fb.read_bytes()) if e.kind == "ptx"]
-        assert ptx_image.version == fatbin.ptx_isa(ptx) == (7, 8), fb.name  # header = .version
-        assert loadcheck.images(fb.with_suffix(".ptx")) == (PTX37,)
+        assert ptx_image.version == (7, 8), fb.name
+
+
+def test_a_ptx_file_offers_its_isa(tmp_path):
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text("//\n.version 7.8\n.target sm_37\n.address_size 64\n")
+    assert fatbin.ptx_isa(ptx.read_text()) == (7, 8)
+    assert loadcheck.images(ptx) == (PTX37,)
 
 
 def test_k80_on_r470_loads_the_sass():
@@ -103,6 +105,7 @@ def test_the_isa_table_maps_to_the_cuda_release_that_introduced_it():
     assert "does not know" in decide((unknown,), Device((9, 0), (13, 0))).reason
 
 
+@needs_build
 def test_require_raises_a_value_error_naming_the_file(tmp_path):
     fb = FATBINS[0]
     assert loadcheck.require(fb, Device((3, 7), (11, 4), K80)).image == SASS37
@@ -110,6 +113,7 @@ def test_require_raises_a_value_error_naming_the_file(tmp_path):
         loadcheck.require(fb, Device((3, 7), (12, 4), K80))
 
 
+@needs_build
 def test_bad_fatbins_are_a_clear_error(tmp_path):
     good = FATBINS[0].read_bytes()
     with pytest.raises(fatbin.FatbinError, match="not a fatbin"):
@@ -167,6 +171,7 @@ def fake_cupy(monkeypatch):
     return make
 
 
+@needs_build
 def test_module_loads_the_fatbin_when_an_image_fits(fake_cupy):
     cp = fake_cupy((9, 0), 13000, H200)
     launch.module(FATBINS[0])
@@ -174,6 +179,7 @@ def test_module_loads_the_fatbin_when_an_image_fits(fake_cupy):
     assert cp.loaded == [str(FATBINS[0])]
 
 
+@needs_build
 def test_module_refuses_before_the_driver_sees_the_fatbin(fake_cupy):
     cp = fake_cupy((3, 7), 12020, K80)
     with pytest.raises(UnloadableError, match="Kepler"):
@@ -181,10 +187,12 @@ def test_module_refuses_before_the_driver_sees_the_fatbin(fake_cupy):
     assert cp.loaded == []
 
 
-def test_generated_launchers_load_their_modules_fatbin():
+@needs_build
+def test_generated_launchers_load_their_kernels_fatbin():
     import kgen_kernels
 
     for name, mod in kgen_kernels.MODULES.items():
-        assert mod.FATBIN.name == f"{name}.fatbin" and mod.FATBIN.is_file()
-        src = Path(mod.__file__).read_text()
-        assert src.count(", FATBIN, (") == len(mod.KERNELS), name
+        assert set(mod.FATBINS) == set(mod.KERNELS) == {e.name for e in BUILT.modules[name]}
+        for k, path in mod.FATBINS.items():
+            assert path == BUILT.fatbin(k) and path.is_file() and path.stem == k
+            assert getattr(mod, k).fatbin is path

@@ -10,9 +10,10 @@ import jinja2
 import pytest
 
 from kgen.compiler import pipeline
-from kgen.compiler.render import environment, render_modules
+from kgen.compiler.render import environment, render_units
 from kgen.compiler.spec.parser import parse_spec
 from kgen.ir.axes import Op, Schedule
+from kgen.testing.built import BUILT, GENERATED, needs_build
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "templates"
@@ -25,21 +26,23 @@ def kernels():
 
 @pytest.fixture(scope="module")
 def modules(kernels):
-    return render_modules(kernels, TEMPLATES, ROOT)
+    return render_units(kernels, TEMPLATES, ROOT)
 
 
-def test_committed_cuda_is_what_the_specs_render(modules):
+@needs_build
+def test_the_built_cuda_is_what_the_specs_render(modules):
     for m in modules:
-        assert (ROOT / "generated" / m.filename).read_text() == m.source, m.filename
+        assert (GENERATED / BUILT.kernels[m.name].source).read_text() == m.source, m.filename
+    assert len(BUILT.kernels) == len(modules)
 
 
 def test_rendering_is_deterministic(kernels, modules):
-    again = render_modules(kernels, TEMPLATES, ROOT)
+    again = render_units(kernels, TEMPLATES, ROOT)
     assert [m.source for m in again] == [m.source for m in modules]
 
 
 def test_prefill_and_decode_land_in_different_files(modules):
-    where = {k.name: m.name for m in modules for k in m.kernels}
+    where = {k.name: m.group for m in modules for k in m.kernels}
     assert where["fc_attn_flash_prefill"] == where["fc_attn_flash_prefill_q4_kvs"]
     assert where["fc_attn_flash_decode"] == where["fc_attn_flash_decode_slots_q4"]
     assert where["fc_attn_flash_prefill"] != where["fc_attn_flash_decode"]
@@ -81,7 +84,7 @@ def test_a_missing_template_value_is_an_error_not_an_empty_string(tmp_path):
     environment.cache_clear()
     spec = parse_spec("kernel fc_attn_qz_split { module = u op = qz_split }", "u.kspec")
     with pytest.raises((jinja2.UndefinedError, AttributeError)):
-        render_modules(pipeline.checked([spec]), tmp_path / "t", tmp_path)
+        render_units(pipeline.checked([spec]), tmp_path / "t", tmp_path)
 
 
 def test_inheritance_resolves_to_the_flat_kernel():
@@ -102,7 +105,7 @@ def test_a_variant_the_reference_lacks_is_a_spec_away():
     to registers (no K tile, the lane dequant) and the decode epilogue writes partials."""
     spec = parse_spec("""kernel dec_kr { module = m op = flash mode = decode kv = q4
         k_stage = registers position = slots }""", "v.kspec")
-    (m,) = render_modules(pipeline.checked([spec]), TEMPLATES, ROOT)
+    (m,) = render_units(pipeline.checked([spec]), TEMPLATES, ROOT)
     body = m.source[m.source.index("__global__ void dec_kr("):]
     assert "kgen_q4_dequant_lane_chunk<KREG_MAX_CHUNK>" in body and "k_s[" not in body
     assert "extern __shared__ float shk[]" in body

@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
-# Every GPU check in one call, for a machine that has a GPU, CuPy, NumPy and
-# pytest but no kgen install: generated/ holds the fatbins, so no toolchain is needed.
+# Every GPU check in one call, for a machine that has a GPU, CuPy, NumPy and pytest
+# but no toolchain: kgen and its kernels come from the wheel `make dist` wrote
+# (dist/kgen-*.whl), installed into a venv of its own that sees the machine's CuPy;
+# the tests are this checkout's (tests/, and tests/generated/ from `kgen build`).
 #   bash tests/gpu/run_on_device.sh [pytest args]
 #   SANITIZE=memcheck|racecheck bash tests/gpu/run_on_device.sh   # under compute-sanitizer
+#   WHEEL=path/to/kgen.whl bash tests/gpu/run_on_device.sh         # another wheel
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+wheel=${WHEEL:-$(ls dist/kgen-*.whl 2>/dev/null | head -n 1)}
+if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
+  echo "no kgen wheel: run \`make dist\` on a machine with the CUDA 11.8 toolchain" >&2
+  exit 2
+fi
+venv=${GPU_VENV:-.gpu/venv}
+python3 -m venv --system-site-packages "$venv" || exit 2
+"$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" || exit 2
+export PYTHONUNBUFFERED=1
+unset KGEN_GENERATED
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)"
-python3 -m kgen doctor || true  # which image of each fatbin this GPU and driver will load
-run=(python3 -m pytest -q -p no:cacheprovider -m gpu tests/generated tests/gpu "$@")
+"$venv/bin/python" -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)"
+# kgen and kgen_kernels must come from the wheel, not from this checkout.
+"$venv/bin/python" -I - <<'EOF' || exit 2
+import kgen, kgen_kernels
+print("kgen from", kgen.__file__, "| kernels from", kgen_kernels.ROOT)
+assert "site-packages" in kgen.__file__ and "site-packages" in str(kgen_kernels.ROOT)
+EOF
+"$venv/bin/python" -I -m kgen doctor || true  # which image each fatbin loads on this GPU
+# -I: isolated, so the checkout (the working directory) never shadows the wheel.
+run=("$venv/bin/python" -I -m pytest -q -p no:cacheprovider -m gpu --rootdir "$PWD"
+     tests/generated tests/gpu "$@")
 if [ -n "${SANITIZE:-}" ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   run=("$cs" --tool "$SANITIZE" --error-exitcode 3 --print-limit 20 "${run[@]}")

@@ -21,19 +21,16 @@ def _words(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-# Names the generated Python code binds or reads at module level (templates/python/*.j2,
-# templates/tests/test_module.py.j2): a kernel or module of that name would replace
-# or shadow them.
+# Names the Python kgen makes binds or reads at module level (the kgen_kernels package
+# and its modules, kgen.runtime.kernels; templates/tests/test_module.py.j2): a kernel or
+# module of that name would replace one of them.
 GENERATED_PY_NAMES = frozenset({
-    # generated/<module>.py
-    "annotations", "Path", "TYPE_CHECKING", "launch", "kernel", "cupy", "PTX", "FATBIN",
-    "KERNELS",
+    # kgen_kernels and kgen_kernels.<module>
+    "MANIFEST", "MODULES", "ROOT", "KERNELS", "FATBINS", "Path", "expose",
     # tests/generated/test_<module>.py
     "pytest", "Case", "check_kernel", "check_mutation", "check_relation", "mod", "K", "related",
-    # generated/__init__.py
-    "MODULES",
-    # builtins the generated code reads (test ids, scalar annotations)
-    "str", "int", "float", "bool",
+    # builtins the generated code reads (test ids)
+    "str",
 })
 
 C_KEYWORDS = _words("""
