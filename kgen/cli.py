@@ -111,10 +111,13 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
     say("wrote " + ", ".join(f"{len(files)} files to {where}"
                              for where, files in work.outputs.items()))
     modules = sorted({b.module.group for b in work.builds})
+    fresh = work.compiled_units
     if args.json:
-        print(json.dumps({"modules": modules, "kernels": sorted(work.compiled)}, indent=2))
+        print(json.dumps({"modules": modules, "kernels": sorted(work.compiled),
+                          "compiled": sorted(fresh)}, indent=2))
     else:
-        print(f"built {len(work.own_kernels)} kernels in {len(modules)} modules")
+        print(f"built {len(work.own_kernels)} kernels in {len(modules)} modules "
+              f"({len(fresh)} compiled, {len(work.builds) - len(fresh)} from the store)")
     return 0
 
 

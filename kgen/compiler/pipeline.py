@@ -134,6 +134,7 @@ class Work:
     kernels: tuple[Kernel, ...] = ()  # check
     modules: tuple[Module, ...] = ()  # render (a unit per kernel) or reference
     builds: tuple[ModuleBuild, ...] = ()  # ptx, cubin, fatbin, sass (one per unit)
+    compiled_units: tuple[str, ...] = ()  # ptx: the units not in the store (compiled now)
     outputs: Mapping[Path, Mapping[str, bytes]] = field(default_factory=dict)  # outputs, golden
     golden: Golden | None = None
     wanted: tuple[str, ...] = ()  # the kernels verify compares (all when empty)
@@ -309,19 +310,23 @@ def ptx(work: Work, ctx: Context) -> Work:
     with ThreadPoolExecutor(max_workers=_jobs(ctx, len(order))) as pool:
         for got in pool.map(one, order):
             have.update(got)
-    return replace(work, builds=tuple(replace(b, ptx=have[b.module.name]) for b in builds))
+    missed = {b.module.name for bs in misses.values() for b in bs}
+    return replace(work, builds=tuple(replace(b, ptx=have[b.module.name]) for b in builds),
+                   compiled_units=tuple(b.module.name for b in builds
+                                        if b.module.name in missed))
 
 
 def _named_in(exc: ToolError, module: Module, root: Path) -> SpecError | None:
     """nvcc's error about a kernel's name (a symbol the CUDA headers already declare,
     say) as a spec error at that kernel's definition, not a line of a temporary .cu."""
-    errors = [ln for ln in exc.output.splitlines() if "error" in ln]
+    # What each error says, without the file it names (a unit's file is its kernel's name).
+    errors = [re.sub(r"^.*?error\s*:?\s*", "", re.sub(r"\S*\.cu\b(\(\d+\))?:?", "", ln)).strip()
+              for ln in exc.output.splitlines() if "error" in ln]
     for k in module.kernels:
         said = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(k.name)}(?![A-Za-z0-9_])")
-        hit = next((ln for ln in errors if said.search(ln)), None)
-        if hit is None:
+        msg = next((ln for ln in errors if said.search(ln)), None)
+        if msg is None:
             continue
-        msg = re.sub(r"^.*?error\s*:?\s*", "", hit).strip()
         src = _source_line(k.pos, root)
         return SpecError(k.pos, f"kernel name '{k.name}' does not compile as a CUDA symbol "
                          f"(nvcc: {msg})", src)

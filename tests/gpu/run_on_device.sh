@@ -14,8 +14,13 @@ if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
   exit 2
 fi
 venv=${GPU_VENV:-.gpu/venv}
-python3 -m venv --system-site-packages "$venv" || exit 2
-"$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" || exit 2
+python3 -m venv --without-pip "$venv" || exit 2
+# The venv sees what python3 sees (CuPy, NumPy, pytest), even when python3 is a venv.
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+python3 -c 'import site, sys; print("\n".join(p for p in sys.path if p.endswith("-packages")))' \
+  > "$site/_host_packages.pth" || exit 2
+python3 -m pip --python "$venv/bin/python" install -q --no-deps --force-reinstall "$wheel" \
+  || exit 2
 export PYTHONUNBUFFERED=1
 unset KGEN_GENERATED
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
@@ -28,7 +33,7 @@ assert "site-packages" in kgen.__file__ and "site-packages" in str(kgen_kernels.
 EOF
 "$venv/bin/python" -I -m kgen doctor || true  # which image each fatbin loads on this GPU
 # -I: isolated, so the checkout (the working directory) never shadows the wheel.
-run=("$venv/bin/python" -I -m pytest -q -p no:cacheprovider -m gpu --rootdir "$PWD"
+run=("$venv/bin/python" -I -m pytest -p no:cacheprovider -m gpu --rootdir "$PWD"
      tests/generated tests/gpu "$@")
 if [ -n "${SANITIZE:-}" ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

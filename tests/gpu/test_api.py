@@ -127,12 +127,14 @@ def test_device_position_decode_replays_in_a_cuda_graph(cp, kv):
         stream.begin_capture()
         graphed.decode_device(q, k1, v1, pos, out=out, validate_pos=False, stream=stream, **kw)
         graph = stream.end_capture()
+    cp.cuda.Device().synchronize()  # the warm-up (legacy stream) is done before the replays
     for p in (n0, n0 + 1, n0 + 57, n0 + 200):
         qh, kh, vh = _rand(g, H, hd), _rand(g, 1, hk, hd), _rand(g, 1, hk, hd)
-        q.set(qh), k1.set(kh), v1.set(vh)
-        pos.fill(p)
-        out.fill(np.nan)
-        graph.launch(stream)
+        with stream:  # the inputs are set in the order of the stream the graph replays on
+            q.set(qh), k1.set(kh), v1.set(vh)
+            pos.fill(p)
+            out.fill(np.nan)
+            graph.launch(stream)
         stream.synchronize()
         want = direct.decode(cp.asarray(qh), cp.asarray(kh), cp.asarray(vh), pos=p, **kw)
         assert np.array_equal(out.get().view(np.uint32), want.get().view(np.uint32)), \

@@ -206,9 +206,9 @@ def test_two_builds_share_one_cache_at_once(tmp_path):
     a, b = read_tree(tmp_path / "gen1"), read_tree(tmp_path / "gen2")
     assert a and a == b
     assert cache_temp_dirs(cache_dir) == []
-    modules = json.loads(a["manifest.json"])["modules"]
+    kernels = json.loads(a["manifest.json"])["kernels"]
     found = entries(Cache(cache_dir))
-    assert len(found) == 3 * len(modules)  # ptx, cubin, fatbin per module (sass for diffs)
+    assert len(found) == 3 * len(kernels)  # ptx, cubin, fatbin per kernel (sass for diffs)
     cache = Cache(cache_dir)
     for d in found:
         assert cache.get(d.name) is not None, f"damaged entry {d}"

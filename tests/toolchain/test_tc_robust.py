@@ -4,6 +4,7 @@ and settings that used to end in tracebacks or hangs."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from tc_helpers import REPO
 
+from kgen.compiler import pipeline
 from kgen.compiler.atomic import JOURNAL_SUFFIX, read_tree
 
 pytestmark = pytest.mark.toolchain
@@ -84,12 +86,11 @@ def test_fifty_concurrent_build_pairs(tiny):
         assert trees_now(ws) in (trees["A"], trees["B"]), f"wave {wave}: mixed trees"
         assert scratch(ws.generated.parent) == []
     assert time.monotonic() - t0 < 60
-    # The stamp describes what is there: --check agrees, a rebuild writes the same.
+    # The stamp describes what is there: a rebuild of that set is a no-op.
     v = "A" if trees_now(ws) == trees["A"] else "B"
     where = ws.specs if v == "A" else other
-    assert ws.kgen("build", "--check", "-q", str(where)).rc == 0
     r = ws.kgen("build", str(where))
-    assert r.rc == 0, r.text
+    assert r.rc == 0 and "up to date" in r.out, r.text
     assert trees_now(ws) == trees[v]
 
 
@@ -113,7 +114,8 @@ def test_a_build_killed_in_the_swap_is_finished_by_the_next(tiny, point):
     assert trees_now(ws) == trees["B"]
     assert scratch(ws.generated.parent) == []
     assert scratch(Path(os.environ["KGEN_TESTS_GENERATED"]).parent) == []
-    assert ws.kgen("build", "--check", "-q").rc == 0
+    r = ws.kgen("build")
+    assert r.rc == 0 and "up to date" in r.out, r.text
 
 
 def test_a_journal_is_replayed_even_by_a_no_op_build(tiny):
@@ -154,32 +156,33 @@ def test_stale_scratch_and_tool_dirs_are_removed(tiny):
     assert trees_now(ws) == trees["B"]
 
 
-def test_build_one_file_keeps_the_other_modules(ws):
+def test_build_one_file_writes_its_kernels_and_the_set_comes_back_from_the_store(ws):
     assert ws.kgen("build", "-q").rc == 0
     whole = ws.tree("generated")
     tests_whole = read_tree(Path(os.environ["KGEN_TESTS_GENERATED"]))
     for name in ("prefill", "decode", "heads", "util"):
-        r = ws.kgen("build", "-q", str(ws.specs / f"{name}.kspec"))
+        spec = ws.specs / f"{name}.kspec"
+        r = ws.kgen("build", "--json", str(spec))
         assert r.rc == 0, r.text
-        assert ws.tree("generated") == whole, name
-        assert read_tree(Path(os.environ["KGEN_TESTS_GENERATED"])) == tests_whole, name
-        c = ws.kgen("check", str(ws.specs / f"{name}.kspec"))
+        built = json.loads(r.out)
+        own = {k.name for k in pipeline.checked(pipeline.parse([ws.specs]))
+               if Path(k.spec_path).name == spec.name}
+        assert set(built["kernels"]) == own and built["compiled"] == [], name
+        assert set(json.loads(ws.tree("generated")["manifest.json"])["kernels"]) == own
+        c = ws.kgen("check", str(spec))
         assert c.rc == 0, c.text  # check FILE and build FILE agree
-    # A change in the file reaches its module only.
+    r = ws.kgen("build", "--json")
+    assert r.rc == 0 and json.loads(r.out)["compiled"] == [], r.text  # all from the store
+    assert ws.tree("generated") == whole
+    assert read_tree(Path(os.environ["KGEN_TESTS_GENERATED"])) == tests_whole
+    # A change in one kernel's spec compiles that kernel alone.
     ws.edit(ws.specs / "util.kspec", UTIL_DOC, 'doc = "changed"')
-    assert ws.kgen("build", "-q", str(ws.specs / "util.kspec")).rc == 0
+    r = ws.kgen("build", "--json")
+    assert r.rc == 0 and json.loads(r.out)["compiled"] == ["fc_attn_qz_split"], r.text
     now = ws.tree("generated")
     changed = {n for n in set(now) | set(whole) if now.get(n) != whole.get(n)}
-    assert changed == {"attn_util.cu", "attn_util.py", "manifest.json"}, changed
-    # A module the file shares with another file is refused, nothing written.
-    (ws.specs / "zz_more.kspec").write_text(
-        "kernel fc_more_combine : fc_attn_flash_decode_combine {\n"
-        "    module = attn_util\n}\n", encoding="utf-8")
-    assert ws.kgen("build", "-q").rc == 0
-    before = ws.tree("generated")
-    r = ws.kgen("build", "-q", str(ws.specs / "util.kspec"))
-    assert r.rc == 1 and "module 'attn_util' also holds kernels" in r.err, r.text
-    assert ws.tree("generated") == before
+    assert changed == {"src/fc_attn_qz_split.cu", "kernels/fc_attn_qz_split.fatbin",
+                       "manifest.json"}, changed
 
 
 def test_paths_from_the_project_root_wherever_kgen_runs(ws, monkeypatch):
@@ -187,8 +190,8 @@ def test_paths_from_the_project_root_wherever_kgen_runs(ws, monkeypatch):
     before = ws.tree("generated")
     sub = ws.root / "templates" / "kernels"
     monkeypatch.chdir(sub)
-    r = ws.kgen("build", "--check", "-q")
-    assert r.rc == 0, r.text
+    r = ws.kgen("build")
+    assert r.rc == 0 and "up to date" in r.out, r.text
     r = ws.kgen("build", "-q", os.path.relpath(ws.specs, sub))
     assert r.rc == 0, r.text
     assert ws.tree("generated") == before

@@ -58,7 +58,8 @@ def expected(ws, kernels, different=()) -> dict[str, str]:
 
 
 def compiled_sass(ws, name: str):
-    work = pipeline.run(pipeline.VERIFY[:-1], pipeline.Work(), pipeline.Context.load())
+    ctx = pipeline.Context.load()
+    work = pipeline.run(pipeline.VERIFY[:-1], pipeline.Work(inputs=(ctx.settings.specs,)), ctx)
     return work.compiled[name].sass
 
 
