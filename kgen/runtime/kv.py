@@ -22,11 +22,11 @@ import numpy as np
 from kgen.formats import FORMATS
 from kgen.ir.axes import KEYS, Mode, Op, Position
 from kgen.runtime import launch as launching
+from kgen.runtime import tuned as tune
 from kgen.runtime.bind import INT_MAX
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.plan import decode_plan
 from kgen.runtime.select import Role, find
-from kgen.tune import search as tune
 
 DEFAULT_KV = KEYS["kv"].default.value  # the spec's default format
 
@@ -619,8 +619,6 @@ class KVCache:
         `kgen tune` stored for the class (when no option is asked for), else the
         kernel ranked first."""
         if not needs and "prefill" not in self.kernels.variants:
-            from kgen.tune import search as tune
-
             c = tune.tuned_prefill(self.kv, self.head_dim, groups, rows)
             if c is not None:
                 hit = self.kernels.named("prefill", groups, c.kernel)
