@@ -23,20 +23,7 @@ from kgen.ir.target import TARGET
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import ContractError
 from kgen.testing.case import Case
-
-
-def options(k: Kernel, case: Case) -> dict:
-    """The window and soft-cap arguments a flash kernel takes, from the case."""
-    out: dict = {}
-    if k.window is Window.EXACT:
-        big = 2**31 - 1
-        out["win_left"] = big if case.win_left is None else case.win_left
-        out["win_right"] = big if case.win_right is None else case.win_right
-    else:
-        out["attn_win"] = case.attn_win
-    if k.softcap is SoftCap.TANH:
-        out["softcap"] = case.softcap
-    return out
+from kgen.testing.keywords import options
 
 
 def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
