@@ -22,11 +22,11 @@ import numpy as np
 
 from kgen.formats import FORMATS
 from kgen.ir.axes import KEYS
+from kgen.ir.params import INT_MAX, PARAMS
 from kgen.runtime import device, replay
 from kgen.runtime import tuned as store
-from kgen.runtime.bind import INT_MAX
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.options import Options, finite32, is_int, positive
+from kgen.runtime.options import Options, is_int, param, positive
 from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP, decode_plan
 from kgen.runtime.replay import STEPS_LIMIT
 from kgen.runtime.roles import ROLES, CacheKernels
@@ -35,6 +35,7 @@ __all__ = ["DEFAULT_KV", "INT_MAX", "ROLES", "STEPS_LIMIT", "KVCache", "Options"
            "allocate"]
 
 DEFAULT_KV = KEYS["kv"].default.value  # the spec's default format
+_NO_SCALES = (PARAMS["k_scale"].neutral, PARAMS["v_scale"].neutral)  # (k_scale, v_scale)
 
 
 class Scratch:
@@ -80,10 +81,10 @@ class KVCache:
         self.RING_ROWS, self.SINK_ROWS = (lay.ring_rows, lay.sink_rows) if self.fmt.shadows \
             else (0, 0)
         self.sink, self.win = self._shadow_counts(sink, win)
-        if not self.fmt.tensor_scales and (k_scale, v_scale) != (1.0, 1.0):
+        if not self.fmt.tensor_scales and (k_scale, v_scale) != _NO_SCALES:
             raise ContractError("KVCache", "scales", f"kv = {kv} has no per-tensor scales")
-        self.k_scale = finite32("k_scale", k_scale, positive=True)
-        self.v_scale = finite32("v_scale", v_scale, positive=True)
+        self.k_scale = param("k_scale", k_scale)
+        self.v_scale = param("v_scale", v_scale)
         self.length = 0  # positions [0, length) hold keys
         self.scratch = Scratch()
         self._pos = None  # device copy of decode's position (the device-position path)

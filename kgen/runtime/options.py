@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kgen.ir.axes import Op
+from kgen.ir.params import INT_MAX, NO_WINDOW, PARAMS
 from kgen.runtime import device
-from kgen.runtime.bind import INT_MAX
 from kgen.runtime.contracts import ContractError
 
 
@@ -19,10 +19,10 @@ def is_int(v) -> bool:
     return isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_)
 
 
-def count(name: str, v, lo: int = 0, who: str = "KVCache") -> int:
-    """An integer the kernels receive as a C int, at least ``lo``."""
-    if not is_int(v) or not lo <= v <= INT_MAX:
-        raise ContractError(who, "range", f"{name} must be an integer in [{lo}, {INT_MAX}], "
+def count(name: str, v, lo: int = 0, who: str = "KVCache", hi: int = INT_MAX) -> int:
+    """An integer the kernels receive as a C int, in [``lo``, ``hi``]."""
+    if not is_int(v) or not lo <= v <= hi:
+        raise ContractError(who, "range", f"{name} must be an integer in [{lo}, {hi}], "
                             f"not {v!r}")
     return int(v)
 
@@ -43,17 +43,26 @@ def no_sinks(n_head: int):
     return _NO_SINKS[key]
 
 
-def finite32(name: str, v, positive: bool) -> float:
-    """A float scalar as the kernels receive it: finite in float32, > 0 or >= 0."""
+def finite32(name: str, v, positive: bool, lo: float = 0) -> float:
+    """A float scalar as the kernels receive it: finite in float32, > lo or >= lo."""
     ok = isinstance(v, int | float | np.number) and not isinstance(v, bool | np.bool_)
     if ok:
         with np.errstate(over="ignore"):
             f = float(np.float32(v))
-        ok = math.isfinite(f) and (f > 0 if positive else f >= 0)
+        ok = math.isfinite(f) and (f > lo if positive else f >= lo)
     if not ok:
         raise ContractError("KVCache", name, f"{name} must be finite in float32 and "
-                            f"{'> 0' if positive else '>= 0'}, not {v!r}")
+                            f"{'>' if positive else '>='} {lo}, not {v!r}")
     return float(v)
+
+
+def param(name: str, v, label: str | None = None):
+    """A parameter of kgen.ir.params as the kernels receive it, in its range
+    (``label``: how the message names it, if not by its name)."""
+    p = PARAMS[name]
+    if p.kind is int:
+        return count(label or name, v, p.lo, hi=p.hi)
+    return finite32(label or name, v, p.positive, p.lo)
 
 
 @dataclass(frozen=True)
@@ -61,29 +70,30 @@ class Options:
     """The attention options of one call, checked; which option axes the kernels
     must have for them, and the launch arguments each kernel takes."""
 
-    attn_sink: int = 0
-    attn_win: int = 0
-    scale: float | None = None
-    window: tuple[int, int] | None = None
-    softcap: float = 0.0
+    attn_sink: int = PARAMS["attn_sink"].default
+    attn_win: int = PARAMS["attn_win"].default
+    scale: float | None = PARAMS["scale"].default
+    window: tuple[int, int] | None = None  # (win_left, win_right); None: no window
+    softcap: float = PARAMS["softcap"].default
     sinks: object = None
     causal: bool = True
 
     @classmethod
     def checked(cls, n_head, attn_sink, attn_win, scale, window, softcap, sinks, causal):
-        attn_sink, attn_win = count("attn_sink", attn_sink), count("attn_win", attn_win)
+        attn_sink, attn_win = param("attn_sink", attn_sink), param("attn_win", attn_win)
         if scale is not None:
-            scale = finite32("scale", scale, positive=True)
+            scale = param("scale", scale)
         if window is not None:
             if not (isinstance(window, tuple | list) and len(window) == 2):
                 raise ContractError("KVCache", "window", "window is (left, right), distances "
                                     f"from the query (FlashAttention's window_size), not "
                                     f"{window!r}")
-            window = (count("window left", window[0]), count("window right", window[1]))
+            window = (param("win_left", window[0], "window left"),
+                      param("win_right", window[1], "window right"))
             if attn_win:
                 raise ContractError("KVCache", "window", "give either window (key-exact) or "
                                     "attn_win (tile-granular), not both")
-        softcap = finite32("softcap", softcap, positive=False)
+        softcap = param("softcap", softcap)
         if sinks is not None and (getattr(sinks, "dtype", None) != np.float32 or
                                   tuple(getattr(sinks, "shape", ())) != (n_head,)):
             raise ContractError("KVCache", "sinks", f"sinks must be float32 [{n_head}] (one "
@@ -111,7 +121,7 @@ class Options:
         q heads, for the neutral sinks of a kernel that has them)."""
         out = {"attn_sink": self.attn_sink, "scale": self.scale}
         if k.window.value == "exact":
-            left, right = self.window or (INT_MAX, INT_MAX)
+            left, right = self.window or NO_WINDOW
             out.update(win_left=left, win_right=right)
         else:
             out["attn_win"] = self.attn_win

@@ -17,11 +17,11 @@ from __future__ import annotations
 import numpy as np
 
 from kgen.formats import FORMATS
+from kgen.ir.params import INT_MAX
 from kgen.runtime import device
-from kgen.runtime.bind import INT_MAX
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.kv import DEFAULT_KV, Scratch
-from kgen.runtime.options import Options, finite32, positive
+from kgen.runtime.options import Options, param, positive
 from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP
 from kgen.runtime.roles import CacheKernels
 
@@ -41,8 +41,8 @@ class PagedKVCache:
         self.max_blocks = positive("max_blocks_per_seq", max_blocks_per_seq or num_blocks)
         if num_blocks * block_size > INT_MAX:
             raise ContractError("PagedKVCache", "range", "positions overflow int32")
-        self.k_scale = finite32("k_scale", k_scale, positive=True)
-        self.v_scale = finite32("v_scale", v_scale, positive=True)
+        self.k_scale = param("k_scale", k_scale)
+        self.v_scale = param("v_scale", v_scale)
         self.kernels = CacheKernels(kv, head_dim, variants, layout_role="append_paged")
         if not self.fmt.accepts_head_dim(head_dim):
             raise ContractError("PagedKVCache", "row format", f"head_dim {head_dim} is not "

@@ -8,6 +8,7 @@ import numpy as np
 
 from kgen.ir.axes import Mask, Mode, SoftCap, Window
 from kgen.ir.kernel import Kernel
+from kgen.ir.params import NO_WINDOW
 from kgen.testing.case import Case
 
 
@@ -15,9 +16,7 @@ def options(k: Kernel, case: Case) -> dict:
     """The window and soft-cap arguments a flash kernel takes, from the case."""
     out: dict = {}
     if k.window is Window.EXACT:
-        big = 2**31 - 1
-        out["win_left"] = big if case.win_left is None else case.win_left
-        out["win_right"] = big if case.win_right is None else case.win_right
+        out["win_left"], out["win_right"] = case.window or NO_WINDOW
     else:
         out["attn_win"] = case.attn_win
     if k.softcap is SoftCap.TANH:
@@ -27,8 +26,8 @@ def options(k: Kernel, case: Case) -> dict:
 
 def ref_options(k: Kernel, case: Case) -> dict:
     """The same options as the NumPy reference takes them."""
-    big = 2**31 - 1  # an exact-window kernel with no window given sees every key
-    out = {"window": (case.window or (big, big)) if k.window is Window.EXACT else None}
+    # An exact-window kernel with no window given sees every key.
+    out = {"window": (case.window or NO_WINDOW) if k.window is Window.EXACT else None}
     if k.softcap is SoftCap.TANH:
         out["softcap"] = case.softcap
     if k.mode is Mode.PREFILL:

@@ -41,7 +41,7 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
     from kgen.bench.kernels import HK, bench, filled_cache, replay
     from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.plan import decode_plan
+    from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP, decode_plan
     from kgen.runtime.select import Role, generated
 
     g = np.random.default_rng(0)
@@ -83,7 +83,7 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
                 arms[name] = replay([(fdec, b1), (fcomb, b2)])
                 meta[name] = (k.name, kps, cap)
         if k.name == cache.kernels.get("decode", groups)[0].name:
-            p = decode_plan(seq_len, 256, 16, k.tile_keys)  # KVCache's untuned plan
+            p = decode_plan(seq_len, DEFAULT_KPS, DEFAULT_SPLITS_CAP, k.tile_keys)  # untuned
             default = seen.get((p.n_splits, p.split_len))
     if not arms:
         raise SystemExit(f"tune: nothing serves decode kv={kv} head_dim={head_dim} "
