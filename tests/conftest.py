@@ -57,13 +57,13 @@ def _no_tuned_choices(tmp_path_factory):
     empty tune store of their own; tests/gpu/test_tune.py points at its own."""
     import os
 
-    from kgen.tune import search as tune
+    from kgen.runtime import tuned
 
     old = os.environ.get("KGEN_TUNE_DIR")
     os.environ["KGEN_TUNE_DIR"] = str(tmp_path_factory.mktemp("tune"))
-    tune._loaded.clear()
+    tuned._loaded.clear()
     yield
-    tune._loaded.clear()
+    tuned._loaded.clear()
     if old is None:
         os.environ.pop("KGEN_TUNE_DIR", None)
     else:

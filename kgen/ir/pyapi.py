@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from kgen.ir.axes import Mode, Op, Position
 from kgen.ir.kernel import Kernel
+from kgen.ir.params import PARAMS
 from kgen.ir.signature import params
 
 DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "n_rows",
                      "block_size", "max_blocks", "num_reqs"})
-# Neutral values: no window, no soft-cap (the plain path, bit for bit).
-DEFAULTS = {"attn_sink": "0", "attn_win": "0", "scale": "None", "win_left": "2147483647",
-            "win_right": "2147483647", "softcap": "0.0", "k_scale": "1.0", "v_scale": "1.0"}
+# The default of each parameter a caller may leave out (kgen.ir.params), as source.
+DEFAULTS = {name: repr(p.default) for name, p in PARAMS.items()}
 DTYPES = {
     "const float *": "float32", "float *": "float32",
     "const unsigned char *": "uint8", "unsigned char *": "uint8",

@@ -16,12 +16,12 @@ import numpy as np
 from kgen.ir.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
 from kgen.ir.geometry import block_threads, flash_shared_bytes, padded, tile_threads
 from kgen.ir.kernel import Kernel
+from kgen.ir.params import INT_MAX, PARAMS
 from kgen.ir.signature import params
 from kgen.ir.target import TARGET
 from kgen.runtime.contracts import Checker, ContractError
 from kgen.runtime.plan import decode_plan
 
-INT_MAX = 2**31 - 1
 QZ_BLOCK = 256  # threads per block of the 1-D qz_split launch
 
 
@@ -121,7 +121,7 @@ def _cache_values(k: Kernel, c: Checker, a: dict, values: dict) -> None:
         values["sink"] = c.integer("sink", a.get("sink", 0), 0, k.sink_rows, "sink rows")
         values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
     for name in k.fmt.scale_scalars():  # per-tensor scales: rows hold x / scale
-        values[name] = _float32(c, name, a.get(name, 1.0), 1.0, positive=True)
+        values[name] = _param(c, a, name)
 
 
 # ---- qz_split -----------------------------------------------------------------
@@ -248,15 +248,15 @@ def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
 def _attention_scalars(k: Kernel, c: Checker, a: dict, values: dict, hd: int) -> None:
     """The window (tile-granular or key-exact), the scale and the soft-cap a flash
     kernel takes, each in its range (and finite in float32)."""
-    values["attn_sink"] = c.integer("attn_sink", a.get("attn_sink", 0), 0, INT_MAX)
+    values["attn_sink"] = _param(c, a, "attn_sink")
     if k.window is Window.EXACT:
-        values["win_left"] = c.integer("win_left", a.get("win_left", INT_MAX), 0, INT_MAX)
-        values["win_right"] = c.integer("win_right", a.get("win_right", INT_MAX), 0, INT_MAX)
+        values["win_left"] = _param(c, a, "win_left")
+        values["win_right"] = _param(c, a, "win_right")
     else:
-        values["attn_win"] = c.integer("attn_win", a.get("attn_win", 0), 0, INT_MAX)
-    values["scale"] = _float32(c, "scale", a.get("scale"), 1.0 / math.sqrt(hd), positive=True)
+        values["attn_win"] = _param(c, a, "attn_win")
+    values["scale"] = _param(c, a, "scale", 1.0 / math.sqrt(hd))
     if k.softcap is SoftCap.TANH:
-        values["softcap"] = _float32(c, "softcap", a.get("softcap", 0.0), 0.0)
+        values["softcap"] = _param(c, a, "softcap")
 
 
 def check_flash_groups(k: Kernel, c: Checker, G: int, hd: int) -> int:
@@ -381,17 +381,29 @@ def _flash(k: Kernel, c: Checker, a: dict):
 
 # ---- decode combine --------------------------------------------------------------
 
-def _float32(c: Checker, name: str, v, default: float, positive: bool = False) -> float:
-    """A float scalar as the kernel receives it: finite in float32 (and > 0, or >= 0)."""
+def _float32(c: Checker, name: str, v, default: float, positive: bool = False,
+             lo: float = 0) -> float:
+    """A float scalar as the kernel receives it: finite in float32 (and > lo, or >= lo)."""
     v = default if v is None else v
     c.require(isinstance(v, int | float | np.floating) and not isinstance(v, bool), "type",
               lambda: f"{name} must be a number, not {v!r}")
     with np.errstate(over="ignore"):
         f32 = float(np.float32(v))
-    ok = math.isfinite(f32) and (f32 > 0 if positive else f32 >= 0)
+    ok = math.isfinite(f32) and (f32 > lo if positive else f32 >= lo)
     c.require(ok, name, lambda: f"{name} = {v!r} must be finite in float32 and "
-              f"{'> 0' if positive else '>= 0'}")
+              f"{'>' if positive else '>='} {lo}")
     return float(v)
+
+
+def _param(c: Checker, a: dict, name: str, unset: float | None = None):
+    """A parameter the caller may leave out (kgen.ir.params): its default when it is
+    not given (``unset`` where the default is None), checked in its range."""
+    p = PARAMS[name]
+    v = a.get(name, p.default)
+    if p.kind is int:
+        return c.integer(name, v, p.lo, p.hi)
+    return _float32(c, name, v, unset if p.default is None else p.default, p.positive,
+                    p.lo)
 
 
 def _sinks(c: Checker, a: dict, heads: int):

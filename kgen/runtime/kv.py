@@ -8,305 +8,50 @@ decode split plan on the host, keeps scratch for the partials, runs decode as
 split kernel + combine, and splits long appends and prefills so an fp16 window
 ring is never lapped inside one launch. Kernels are chosen by their axes
 (``kgen.runtime.select``), or named with ``variants={"prefill": name, ...}``.
+
+The cache objects are here; the rest of the layer is beside them: the kernel
+choice per role (``kgen.runtime.roles``), a call's options checked and translated
+into launch arguments (``kgen.runtime.options``), the decode steps a cache
+remembers and replays (``kgen.runtime.replay``), and the choices `kgen tune`
+stored (``kgen.runtime.tuned``).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from math import copysign
-
 import numpy as np
 
 from kgen.formats import FORMATS
-from kgen.ir.axes import KEYS, Mode, Op, Position
-from kgen.runtime import launch as launching
-from kgen.runtime.bind import INT_MAX
+from kgen.ir.axes import KEYS
+from kgen.ir.params import INT_MAX, PARAMS
+from kgen.runtime import device, replay
+from kgen.runtime import tuned as store
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.plan import decode_plan
-from kgen.runtime.select import Role, find
-from kgen.tune import search as tune
+from kgen.runtime.options import Options, is_int, param, positive
+from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP, decode_plan
+from kgen.runtime.replay import STEPS_LIMIT
+from kgen.runtime.roles import ROLES, CacheKernels
+
+__all__ = ["DEFAULT_KV", "INT_MAX", "ROLES", "STEPS_LIMIT", "KVCache", "Options", "SlotKVCache",
+           "allocate"]
 
 DEFAULT_KV = KEYS["kv"].default.value  # the spec's default format
-
-# What each role of a cache object needs a kernel for (kv is filled in per cache).
-ROLES = {
-    "append": Role(Op.KV_APPEND),
-    "append_dev": Role(Op.KV_APPEND, Position.DEVICE),
-    "append_slots": Role(Op.KV_APPEND, Position.SLOTS),
-    "prefill": Role(Op.FLASH, Position.HOST, Mode.PREFILL),
-    "decode": Role(Op.FLASH, Position.HOST, Mode.DECODE),
-    "decode_dev": Role(Op.FLASH, Position.DEVICE, Mode.DECODE),
-    "decode_slots": Role(Op.FLASH, Position.SLOTS, Mode.DECODE),
-    "combine": Role(Op.DECODE_COMBINE, Position.HOST),
-    "combine_dev": Role(Op.DECODE_COMBINE, Position.DEVICE),
-    "append_paged": Role(Op.KV_APPEND, Position.PAGED),
-    "prefill_paged": Role(Op.FLASH, Position.PAGED, Mode.PREFILL),
-    "decode_paged": Role(Op.FLASH, Position.PAGED, Mode.DECODE),
-}
+_NO_SCALES = (PARAMS["k_scale"].neutral, PARAMS["v_scale"].neutral)  # (k_scale, v_scale)
 
 
-def _cp():
-    import cupy
-
-    return cupy
-
-
-_F32 = np.dtype(np.float32)
-STEPS_LIMIT = 64  # decode call signatures a cache remembers before it starts over
-_DEFAULT_PLAN = (256, 16, "default")  # (kps, splits_cap, source) with none given or tuned
-
-
-class _Step:
-    """What one decode call signature derived (see KVCache.decode): the plan, or
-    with none given the plan per tuned (kps, splits_cap, source)."""
-
-    __slots__ = ("ndarray", "row", "groups", "tuned", "plan", "plans")
-
-    def __init__(self, ndarray, row: tuple, groups: int, tuned: bool):
-        self.ndarray, self.row, self.groups, self.tuned = ndarray, row, groups, tuned
-        self.plan: _Plan | None = None
-        self.plans: dict[tuple, _Plan] = {}
-
-
-class _Plan:
-    """One step's three launches (append, decode, combine) bound together, and the
-    cache state they were derived from: the objects the cache held (buffers, shadow
-    counts and scales: a replay needs the very same ones) and the kernel choice."""
-
-    __slots__ = ("version", "last_plan", "k", "v", "shadows", "pos", "scratch", "sink", "win",
-                 "k_scale", "v_scale", "replay", "empty", "out_shape")
-
-
-def _function(fn, b):
-    """The CuPy function a generated launcher ``fn`` launched ``b`` with, or None
-    for anything but a generated launcher."""
-    k, path = getattr(fn, "kernel", None), getattr(fn, "fatbin", None)
-    if k is None or path is None or k.name != b.kernel:
-        return None
-    return launching.function(path, b.kernel, _cp().cuda.runtime.getDevice())
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_)
-
-
-def _count(name: str, v, lo: int = 0, who: str = "KVCache") -> int:
-    """An integer the kernels receive as a C int, at least ``lo``."""
-    if not _is_int(v) or not lo <= v <= INT_MAX:
-        raise ContractError(who, "range", f"{name} must be an integer in [{lo}, {INT_MAX}], "
-                            f"not {v!r}")
-    return int(v)
-
-
-def _positive(name: str, v, who: str = "KVCache") -> int:
-    return _count(name, v, 1, who)
-
-
-class _Scratch:
+class Scratch:
     """Partials buffers, grown on demand: m, l [heads*width], acc [heads*width*hd]."""
 
     def __init__(self):
         self.m = self.l = self.acc = None
 
     def get(self, heads: int, width: int, hd: int):
-        cp = _cp()
+        cp = device.cupy()
         need = heads * width
         if self.m is None or self.m.size < need:
             self.m = cp.empty(need, cp.float32)
             self.l = cp.empty(need, cp.float32)
             self.acc = cp.empty(need * hd, cp.float32)
         return self.m[:need], self.l[:need], self.acc[: need * hd]
-
-
-class _Kernels:
-    """The kernels one cache uses, chosen per role on first use and cached. Every
-    kernel must lay the cache out alike: the same shadow rows as the append kernel,
-    and a device combine planning with the device decode's tile."""
-
-    def __init__(self, kv: str, head_dim: int, variants: dict[str, str] | None,
-                 layout_role: str = "append"):
-        self.kv, self.head_dim = kv, head_dim
-        self.variants = dict(variants or {})
-        unknown = set(self.variants) - set(ROLES)
-        if unknown:
-            raise ContractError("KVCache", "variant", f"unknown role(s) {sorted(unknown)}; "
-                                f"roles are {sorted(ROLES)}")
-        self._chosen: dict[tuple[str, int, int | None], tuple] = {}
-        self._pinned: set[tuple[str, int, int | None]] = set()
-        self.version = 0  # bumped when a choice already made changes (prefer)
-        self.layout = self.get(layout_role)[0]  # fixes ring_rows / sink_rows
-
-    def _same_layout(self, k) -> bool:
-        if not FORMATS[self.kv].shadows or not hasattr(self, "layout"):
-            return True
-        return (k.ring_rows, k.sink_rows) == (self.layout.ring_rows, self.layout.sink_rows)
-
-    def prefer(self, role: str, kernel: str, groups: int) -> None:
-        """Use ``kernel`` for ``role`` (and its device-position sibling for the
-        device form) unless the caller named variants; ignored if it cannot serve."""
-        if role in self.variants or (role, groups, None) in self._pinned:
-            return
-        from kgen.runtime.select import generated, sibling
-
-        try:
-            self._chosen[(role, groups, None)] = find(
-                self._role(role), self.head_dim, groups, kernel, self._same_layout)
-            sib = sibling(kernel, Position.DEVICE, generated())
-            if sib is not None and "decode_dev" not in self.variants:
-                self._chosen[("decode_dev", groups, None)] = find(
-                    self._role("decode_dev"), self.head_dim, groups, sib, self._same_layout)
-        except ContractError:
-            pass
-        self._pinned.add((role, groups, None))
-        self.version += 1
-
-    def _role(self, role: str, needs: tuple = ()) -> Role:
-        base = ROLES[role]
-        return Role(base.op, base.position, base.mode,
-                    self.kv if base.op in (Op.FLASH, Op.KV_APPEND) else None, needs)
-
-    def has(self, *roles: str, groups: int = 1, needs: dict | None = None) -> bool:
-        """Whether every role can be served (the device combine at the decode's tile)."""
-        try:
-            tile = None
-            for role in roles:
-                k, _ = self.get(role, groups, tile if role.startswith("combine") else None,
-                                (needs or {}).get(role, ()))
-                if k.op is Op.FLASH:
-                    tile = k.tile_keys
-        except ContractError:
-            return False
-        return True
-
-    def named(self, role: str, groups: int, kernel: str):
-        """``kernel`` for ``role`` if it serves this cache (a tuned choice), else None."""
-        key = ("named", role, groups, kernel)
-        if key not in self._chosen:
-            try:
-                self._chosen[key] = find(self._role(role), self.head_dim, groups, kernel,
-                                         self._same_layout)
-            except ContractError:
-                self._chosen[key] = None
-        return self._chosen[key]
-
-    def get(self, role: str, groups: int = 1, tile: int | None = None, needs: tuple = ()):
-        """The kernel for ``role``; ``needs``: option axes it must have (e.g. an exact
-        window), from what the call asked for."""
-        key = (role, groups, tile, needs) if needs else (role, groups, tile)
-        if key not in self._chosen:
-            def where(k):
-                return self._same_layout(k) and (tile is None or k.tile_keys == tile)
-            self._chosen[key] = find(self._role(role, needs), self.head_dim, groups,
-                                     self.variants.get(role), where)
-        return self._chosen[key]
-
-
-_NO_SINKS: dict[tuple[int, int], object] = {}
-
-
-def _stage(pos_dev, pos: int, stream) -> None:
-    """Write the decode position into device memory in stream order. A fill kernel,
-    not a copy: a copy from pageable host memory waits for the stream to drain first,
-    which would stall the host on the previous step's kernels every step."""
-    if stream is None:
-        pos_dev.fill(pos)
-    else:
-        with stream:
-            pos_dev.fill(pos)
-
-
-def _no_sinks(n_head: int):
-    """A device array of -inf sink logits (one per q head), made once per device."""
-    cp = _cp()
-    key = (n_head, cp.cuda.runtime.getDevice())
-    if key not in _NO_SINKS:
-        _NO_SINKS[key] = cp.full(n_head, -np.inf, cp.float32)
-    return _NO_SINKS[key]
-
-
-def _finite32(name: str, v, positive: bool) -> float:
-    """A float scalar as the kernels receive it: finite in float32, > 0 or >= 0."""
-    ok = isinstance(v, int | float | np.number) and not isinstance(v, bool | np.bool_)
-    if ok:
-        with np.errstate(over="ignore"):
-            f = float(np.float32(v))
-        ok = math.isfinite(f) and (f > 0 if positive else f >= 0)
-    if not ok:
-        raise ContractError("KVCache", name, f"{name} must be finite in float32 and "
-                            f"{'> 0' if positive else '>= 0'}, not {v!r}")
-    return float(v)
-
-
-@dataclass(frozen=True)
-class Options:
-    """The attention options of one call, checked; which option axes the kernels
-    must have for them, and the launch arguments each kernel takes."""
-
-    attn_sink: int = 0
-    attn_win: int = 0
-    scale: float | None = None
-    window: tuple[int, int] | None = None
-    softcap: float = 0.0
-    sinks: object = None
-    causal: bool = True
-
-    @classmethod
-    def checked(cls, n_head, attn_sink, attn_win, scale, window, softcap, sinks, causal):
-        attn_sink, attn_win = _count("attn_sink", attn_sink), _count("attn_win", attn_win)
-        if scale is not None:
-            scale = _finite32("scale", scale, positive=True)
-        if window is not None:
-            if not (isinstance(window, tuple | list) and len(window) == 2):
-                raise ContractError("KVCache", "window", "window is (left, right), distances "
-                                    f"from the query (FlashAttention's window_size), not "
-                                    f"{window!r}")
-            window = (_count("window left", window[0]), _count("window right", window[1]))
-            if attn_win:
-                raise ContractError("KVCache", "window", "give either window (key-exact) or "
-                                    "attn_win (tile-granular), not both")
-        softcap = _finite32("softcap", softcap, positive=False)
-        if sinks is not None and (getattr(sinks, "dtype", None) != np.float32 or
-                                  tuple(getattr(sinks, "shape", ())) != (n_head,)):
-            raise ContractError("KVCache", "sinks", f"sinks must be float32 [{n_head}] (one "
-                                f"logit per q head), not {getattr(sinks, 'dtype', sinks)!r} "
-                                f"{tuple(getattr(sinks, 'shape', ()))}")
-        return cls(attn_sink, attn_win, scale, window, softcap, sinks, bool(causal))
-
-    def needs(self, role: str) -> tuple[tuple[str, str], ...]:
-        """The option axes the kernel serving ``role`` must have."""
-        out = []
-        if role.startswith(("prefill", "decode")):  # *_dev, *_slots and *_paged too
-            if self.window is not None:
-                out.append(("window", "exact"))
-            if self.softcap > 0:
-                out.append(("softcap", "tanh"))
-        if role.startswith("prefill") and not self.causal:
-            out.append(("mask", "full"))
-        if self.sinks is not None and role in ("prefill", "prefill_paged", "combine",
-                                               "combine_dev"):
-            out.append(("sinks", "learned"))
-        return tuple(out)
-
-    def kwargs(self, k, n_head: int = 0) -> dict:
-        """The keyword arguments a flash kernel with ``k``'s axes takes (``n_head``: the
-        q heads, for the neutral sinks of a kernel that has them)."""
-        out = {"attn_sink": self.attn_sink, "scale": self.scale}
-        if k.window.value == "exact":
-            left, right = self.window or (INT_MAX, INT_MAX)
-            out.update(win_left=left, win_right=right)
-        else:
-            out["attn_win"] = self.attn_win
-        if k.softcap.value == "tanh":
-            out["softcap"] = self.softcap
-        if k.sinks.value == "learned" and k.op is Op.FLASH:
-            # A kernel chosen for another option may carry sinks nobody asked for: -inf
-            # sinks change no bit.
-            out["sinks"] = self.sinks if self.sinks is not None else _no_sinks(n_head)
-        return out
-
-    def combine_arrays(self, k) -> tuple:
-        return (self.sinks,) if k.sinks.value == "learned" else ()
 
 
 class KVCache:
@@ -326,24 +71,24 @@ class KVCache:
                                 f"not {kv!r}")
         self.fmt = FORMATS[kv]
         self.kv = kv
-        self.n_head_kv = _positive("n_head_kv", n_head_kv)
-        self.head_dim = _positive("head_dim", head_dim)
-        self.max_seq = _positive("max_seq", max_seq)
+        self.n_head_kv = positive("n_head_kv", n_head_kv)
+        self.head_dim = positive("head_dim", head_dim)
+        self.max_seq = positive("max_seq", max_seq)
         if prefill_kernel is not None:
             variants = {**(variants or {}), "prefill": prefill_kernel}
-        self.kernels = _Kernels(kv, head_dim, variants)
+        self.kernels = CacheKernels(kv, head_dim, variants)
         lay = self.kernels.layout
         self.RING_ROWS, self.SINK_ROWS = (lay.ring_rows, lay.sink_rows) if self.fmt.shadows \
             else (0, 0)
         self.sink, self.win = self._shadow_counts(sink, win)
-        if not self.fmt.tensor_scales and (k_scale, v_scale) != (1.0, 1.0):
+        if not self.fmt.tensor_scales and (k_scale, v_scale) != _NO_SCALES:
             raise ContractError("KVCache", "scales", f"kv = {kv} has no per-tensor scales")
-        self.k_scale = _finite32("k_scale", k_scale, positive=True)
-        self.v_scale = _finite32("v_scale", v_scale, positive=True)
+        self.k_scale = param("k_scale", k_scale)
+        self.v_scale = param("v_scale", v_scale)
         self.length = 0  # positions [0, length) hold keys
-        self.scratch = _Scratch()
+        self.scratch = Scratch()
         self._pos = None  # device copy of decode's position (the device-position path)
-        self._steps: dict[tuple, _Step] = {}  # decode's call signatures seen (see decode)
+        self._steps: dict[tuple, replay.Step] = {}  # decode's call signatures seen (see decode)
         self.last_plan: tuple[int, int, str] | None = None  # (kps, cap, given/tuned/default)
         self.last_prefill: str | None = None  # the kernel the last prefill ran
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
@@ -355,7 +100,7 @@ class KVCache:
 
     def _shadow_counts(self, sink, win) -> tuple[int, int]:
         for name, v in (("sink", sink), ("win", win)):
-            if not _is_int(v) or v < 0:
+            if not is_int(v) or v < 0:
                 raise ContractError("KVCache", "range", f"{name} must be an integer >= 0, "
                                     f"not {v!r}")
         if not self.fmt.shadows and (sink or win):
@@ -395,7 +140,7 @@ class KVCache:
             raise ContractError("KVCache", "shape", f"{name} has {x.shape[0]} rows, not {rows}")
 
     def _check_span(self, pos0: int, n: int, name: str = "pos0") -> None:
-        if not _is_int(pos0):
+        if not is_int(pos0):
             raise ContractError("KVCache", "range", f"{name} must be an integer, not {pos0!r}")
         if pos0 < 0 or pos0 + n > self.max_seq:
             raise ContractError("KVCache", "range", f"positions [{pos0}, {pos0} + {n}) must "
@@ -465,7 +210,7 @@ class KVCache:
             raise ContractError("KVCache", "non-causal batch", f"a non-causal prefill sees "
                                 "every row of its batch, so it runs in one launch: at most "
                                 f"{self.max_prefill_chunk()} rows with this window ring")
-        cp = _cp()
+        cp = device.cupy()
         out = cp.empty(q.shape, cp.float32)
         for lo in range(0, n, step):
             hi = min(lo + step, n)
@@ -503,15 +248,13 @@ class KVCache:
         key = None
         if sinks is None:
             try:
-                key = (q.shape, kps, splits_cap, attn_sink, attn_win, scale, window, softcap,
-                       copysign(1.0, softcap), type(kps), type(splits_cap), type(attn_sink),
-                       type(attn_win), type(scale), type(softcap), type(window),
-                       *(map(type, window) if type(window) is tuple else ()))
+                key = replay.signature(q, kps, splits_cap, attn_sink, attn_win, scale, window,
+                                       softcap)
                 step = self._steps.get(key)
             except (AttributeError, TypeError):
                 key = step = None
             if step is not None and type(pos) is int:
-                out = self._replay(step, q, k_new, v_new, pos, stream)
+                out = replay.replay(self, step, q, k_new, v_new, pos, stream)
                 if out is not None:
                     return out
         G = self._check_decode(q, k_new, v_new)
@@ -522,103 +265,32 @@ class KVCache:
         if tuned:
             kps, splits_cap = self._tuned_plan(G, pos + 1)
             source = "default" if kps is None else "tuned"
-        kps = _positive("kps", 256 if kps is None else kps)
-        splits_cap = _positive("splits_cap", 16 if splits_cap is None else splits_cap)
+        kps = positive("kps", DEFAULT_KPS if kps is None else kps)
+        splits_cap = positive("splits_cap", DEFAULT_SPLITS_CAP if splits_cap is None
+                              else splits_cap)
         self.last_plan = (kps, splits_cap, source)
         needs = {r: opts.needs(r) for r in ("decode_dev", "combine_dev")}
         if self.kernels.has("decode_dev", "append_dev", "combine_dev", groups=G, needs=needs):
-            cp = _cp()
+            cp = device.cupy()
             if self._pos is None:
                 self._pos = cp.zeros(1, cp.int32)
-            _stage(self._pos, pos, stream)
+            replay.stage(self._pos, pos, stream)
             version, calls = self.kernels.version, []
             out = self._device_step(q, k_new, v_new, self._pos, kps, splits_cap, opts, None,
                                     False, stream, calls)
             self.length = max(self.length, pos + 1)
             if key is not None:
-                self._remember_step(key, q, k_new, v_new, G, tuned, self.last_plan, version,
-                                    calls)
+                replay.remember(self, key, q, k_new, v_new, G, tuned, self.last_plan, version,
+                                calls)
             return out
         return self._decode_host(q, k_new, v_new, pos, kps, splits_cap, G, opts, stream)
-
-    def _replay(self, s: _Step, q, k_new, v_new, pos: int, stream):
-        """A step like the one ``s`` remembers, or None where anything differs (the
-        caller then checks and binds in full)."""
-        nd = s.ndarray
-        if not (0 <= pos < self.max_seq and q.__class__ is nd and k_new.__class__ is nd
-                and v_new.__class__ is nd and q.dtype is _F32 and k_new.dtype is _F32
-                and v_new.dtype is _F32 and k_new.shape == s.row and v_new.shape == s.row):
-            return None
-        if s.tuned:
-            c = tune.tuned(self.kv, self.head_dim, s.groups, pos + 1)
-            if c is None:
-                p = s.plans.get(_DEFAULT_PLAN)
-            elif type(c.kps) is int and type(c.splits_cap) is int:
-                self.kernels.prefer("decode", c.kernel, s.groups)
-                p = s.plans.get((c.kps, c.splits_cap, "tuned"))
-            else:
-                return None
-        else:
-            p = s.plan
-        if (p is None or p.version != self.kernels.version or self.k is not p.k
-                or self.v is not p.v or self.shadows is not p.shadows or self._pos is not p.pos
-                or self.scratch.m is not p.scratch or self.sink is not p.sink
-                or self.win is not p.win or self.k_scale is not p.k_scale
-                or self.v_scale is not p.v_scale):
-            return None
-        out = p.empty(p.out_shape, _F32)
-        arrays = p.replay.check((k_new, v_new, q, out))
-        if arrays is None:
-            return None
-        self.last_plan = p.last_plan
-        _stage(p.pos, pos, stream)
-        p.replay.run(arrays, stream)
-        if pos >= self.length:
-            self.length = pos + 1
-        return out
-
-    def _remember_step(self, key: tuple, q, k_new, v_new, groups: int, tuned: bool,
-                       last_plan: tuple, version: int, calls: list) -> None:
-        """Keep what a device-position step derived, for the next step like it."""
-        cp = _cp()
-        nd = cp.ndarray
-        if not (q.__class__ is nd and k_new.__class__ is nd and v_new.__class__ is nd
-                and q.dtype is _F32 and k_new.dtype is _F32 and v_new.dtype is _F32):
-            return
-        fns = [_function(fn, b) for fn, b in calls]
-        if None in fns or version != self.kernels.version:
-            return
-        bound = [(b, f) for (_, b), f in zip(calls, fns, strict=True)]
-        swap = ((0, "k_new"), (0, "v_new"), (1, "q"), (2, "out"))  # append, decode, combine
-        try:
-            replay = launching.Replay(bound, swap, cp.cuda.runtime.getDevice())
-        except (TypeError, ValueError):  # an argument not a cupy array, or not there
-            return
-        p = _Plan()
-        p.version, p.last_plan, p.replay = version, last_plan, replay
-        p.k, p.v, p.shadows, p.pos = self.k, self.v, self.shadows, self._pos
-        p.scratch = self.scratch.m
-        p.sink, p.win, p.k_scale, p.v_scale = self.sink, self.win, self.k_scale, self.v_scale
-        p.empty, p.out_shape = cp.empty, (q.shape[0], self.head_dim)
-        s = self._steps.get(key)
-        if s is None or s.ndarray is not nd:
-            if len(self._steps) >= STEPS_LIMIT:
-                self._steps.clear()
-            s = self._steps[key] = _Step(nd, (1, self.n_head_kv, self.head_dim), groups,
-                                         tuned)
-        if tuned:
-            s.plans[last_plan] = p
-        else:
-            s.plan = p
 
     def _prefill_kernel(self, groups: int, rows: int, needs: tuple):
         """The prefill kernel for batches of ``rows``: a named variant, else the one
         `kgen tune` stored for the class (when no option is asked for), else the
         kernel ranked first."""
         if not needs and "prefill" not in self.kernels.variants:
-            from kgen.tune import search as tune
-
-            c = tune.tuned_prefill(self.kv, self.head_dim, groups, rows)
+            c = store.tuned_prefill(self.kv, self.head_dim, groups, rows)
             if c is not None:
                 hit = self.kernels.named("prefill", groups, c.kernel)
                 if hit is not None:
@@ -628,7 +300,7 @@ class KVCache:
     def _tuned_plan(self, groups: int, seq_len: int) -> tuple[int | None, int | None]:
         """(kps, splits_cap) stored by `kgen tune`, adopting its variant for decode
         (and the device-position sibling of that variant) unless variants were named."""
-        c = tune.tuned(self.kv, self.head_dim, groups, seq_len)
+        c = store.tuned(self.kv, self.head_dim, groups, seq_len)
         if c is None:
             return None, None
         self.kernels.prefer("decode", c.kernel, groups)
@@ -636,7 +308,7 @@ class KVCache:
 
     def _decode_host(self, q, k_new, v_new, pos, kps, splits_cap, G, opts, stream):
         """The host-plan form: split kernel over the live plan + combine."""
-        cp = _cp()
+        cp = device.cupy()
         kdec, fdec = self.kernels.get("decode", G, needs=opts.needs("decode"))
         kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
         plan = decode_plan(pos + 1, kps, splits_cap, kdec.tile_keys)
@@ -650,15 +322,16 @@ class KVCache:
         fcomb(m, l, acc, out, *opts.combine_arrays(kc), n_splits=plan.n_splits, stream=stream)
         return out
 
-    def decode_device(self, q, k_new, v_new, pos_dev, kps: int = 256, splits_cap: int = 16,
-                      attn_sink: int = 0, attn_win: int = 0, scale: float | None = None,
+    def decode_device(self, q, k_new, v_new, pos_dev, kps: int = DEFAULT_KPS,
+                      splits_cap: int = DEFAULT_SPLITS_CAP, attn_sink: int = 0,
+                      attn_win: int = 0, scale: float | None = None,
                       window: tuple[int, int] | None = None, softcap: float = 0.0,
                       sinks=None, out=None, validate_pos: bool = True, stream=None):
         """decode with the position in device memory (capturable in a CUDA graph):
         every launch argument and grid is position-invariant."""
         self._check_decode(q, k_new, v_new)
         opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
-        kps, splits_cap = _positive("kps", kps), _positive("splits_cap", splits_cap)
+        kps, splits_cap = positive("kps", kps), positive("splits_cap", splits_cap)
         return self._device_step(q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
                                  validate_pos, stream)
 
@@ -666,7 +339,7 @@ class KVCache:
                      validate_pos, stream, calls: list | None = None):
         """The three device-position launches; ``calls`` collects (launcher, Launch)
         of each."""
-        cp = _cp()
+        cp = device.cupy()
         G = self._groups(q)
         kdec, fdec = self.kernels.get("decode_dev", G, needs=opts.needs("decode_dev"))
         _, fapp = self.kernels.get("append_dev")
@@ -690,7 +363,7 @@ class KVCache:
 def allocate(fmt, lead: tuple[int, ...], max_seq: int, head_dim: int, ring_rows: int,
              sink_rows: int) -> list:
     """Zeroed body (K, V) and shadow arrays in ``fmt``'s layout, argument order."""
-    cp = _cp()
+    cp = device.cupy()
     if not fmt.accepts_head_dim(head_dim):
         raise ContractError("KVCache", "row format", f"head_dim = {head_dim} is not whole "
                             f"{fmt.name} blocks of {fmt.block}")
@@ -708,7 +381,7 @@ class SlotKVCache:
                  kv: str = DEFAULT_KV, sink: int = 0, win: int = 0,
                  variants: dict[str, str] | None = None, k_scale: float = 1.0,
                  v_scale: float = 1.0):
-        self.nslots = _positive("nslots", nslots)
+        self.nslots = positive("nslots", nslots)
         # Slot 0 as a plain cache validates every argument and fixes the layout.
         probe = KVCache(n_head_kv, head_dim, max_seq, kv, sink, win, variants,
                         buffers=(None, None), k_scale=k_scale, v_scale=v_scale)
@@ -718,7 +391,7 @@ class SlotKVCache:
         self.sink, self.win = probe.sink, probe.win
         self.RING_ROWS, self.SINK_ROWS = probe.RING_ROWS, probe.SINK_ROWS
         self.variants = variants
-        self.scratch = _Scratch()
+        self.scratch = Scratch()
         self.k, self.v, *shadows = allocate(self.fmt, (nslots, n_head_kv), max_seq, head_dim,
                                             self.RING_ROWS, self.SINK_ROWS)
         self.shadows = tuple(shadows)
@@ -729,7 +402,7 @@ class SlotKVCache:
         """Slot ``u``'s rings as a single-sequence KVCache (views, no copy): its
         slice of the per-slot layout is laid out exactly like one sequence's cache,
         so prefill (chunked) and append run on it unchanged."""
-        if not _is_int(u) or not 0 <= u < self.nslots:
+        if not is_int(u) or not 0 <= u < self.nslots:
             raise IndexError(f"slot {u!r} of {self.nslots} (slots are 0..{self.nslots - 1})")
         bufs = (self.k[u], self.v[u], *(s[u] for s in self.shadows))
         return KVCache(self.n_head_kv, self.head_dim, self.max_seq, kv=self.kv, sink=self.sink,
@@ -751,7 +424,7 @@ class SlotKVCache:
             raise ContractError("SlotKVCache", "shape",
                                 f"{len(listed)} positions for {self.nslots} slots")
         for u, p in enumerate(listed):
-            if not _is_int(p):
+            if not is_int(p):
                 raise ContractError("SlotKVCache", "range", f"pos[{u}] = {p!r} is not an "
                                     "integer")
             if not 0 <= p < self.max_seq:
@@ -778,15 +451,16 @@ class SlotKVCache:
         self._check_slot_rows("v_new", v_new)
         on_device = type(pos).__module__.split(".")[0] == "cupy"  # checked by the launcher
         host = None if on_device else self._positions(pos)
-        cp = _cp()
+        cp = device.cupy()
         if host is not None:
             pos = cp.asarray(host, dtype=cp.int32)
         _, fn = self.kernels.get("append_slots")
         fn(k_new, v_new, self.k, self.v, *self.shadows, pos, **self._shadow_args, stream=stream)
 
-    def decode(self, q, k_new, v_new, pos, kps: int = 256, splits_cap: int = 16,
-               attn_sink: int = 0, attn_win: int = 0, scale: float | None = None,
-               window: tuple[int, int] | None = None, softcap: float = 0.0, stream=None):
+    def decode(self, q, k_new, v_new, pos, kps: int = DEFAULT_KPS,
+               splits_cap: int = DEFAULT_SPLITS_CAP, attn_sink: int = 0, attn_win: int = 0,
+               scale: float | None = None, window: tuple[int, int] | None = None,
+               softcap: float = 0.0, stream=None):
         """Each slot appends its row at pos[slot] and attends its own ring.
 
         ``pos``: host ints (one per slot) or a device int32 array. Returns
@@ -804,8 +478,8 @@ class SlotKVCache:
         kdec, fdec = self.kernels.get("decode_slots", n_head // self.n_head_kv,
                                       needs=opts.needs("decode_slots"))
         _, fcomb = self.kernels.get("combine")
-        kps, splits_cap = _positive("kps", kps), _positive("splits_cap", splits_cap)
-        cp = _cp()
+        kps, splits_cap = positive("kps", kps), positive("splits_cap", splits_cap)
+        cp = device.cupy()
         width = max(decode_plan(p + 1, kps, splits_cap, kdec.tile_keys).n_splits
                     for p in pos_host)
         pos_dev = cp.asarray(pos_host, dtype=cp.int32)

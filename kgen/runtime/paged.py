@@ -17,17 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 from kgen.formats import FORMATS
+from kgen.ir.params import INT_MAX
+from kgen.runtime import device
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.kv import (
-    DEFAULT_KV,
-    INT_MAX,
-    Options,
-    _cp,
-    _finite32,
-    _Kernels,
-    _positive,
-    _Scratch,
-)
+from kgen.runtime.kv import DEFAULT_KV, Scratch
+from kgen.runtime.options import Options, param, positive
+from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP
+from kgen.runtime.roles import CacheKernels
 
 
 class PagedKVCache:
@@ -38,20 +34,20 @@ class PagedKVCache:
         if kv not in FORMATS:
             raise ContractError("PagedKVCache", "kv", f"kv must be one of {sorted(FORMATS)}")
         self.fmt, self.kv = FORMATS[kv], kv
-        self.num_blocks = _positive("num_blocks", num_blocks)
-        self.block_size = _positive("block_size", block_size)
-        self.n_head_kv = _positive("n_head_kv", n_head_kv)
-        self.head_dim = _positive("head_dim", head_dim)
-        self.max_blocks = _positive("max_blocks_per_seq", max_blocks_per_seq or num_blocks)
+        self.num_blocks = positive("num_blocks", num_blocks)
+        self.block_size = positive("block_size", block_size)
+        self.n_head_kv = positive("n_head_kv", n_head_kv)
+        self.head_dim = positive("head_dim", head_dim)
+        self.max_blocks = positive("max_blocks_per_seq", max_blocks_per_seq or num_blocks)
         if num_blocks * block_size > INT_MAX:
             raise ContractError("PagedKVCache", "range", "positions overflow int32")
-        self.k_scale = _finite32("k_scale", k_scale, positive=True)
-        self.v_scale = _finite32("v_scale", v_scale, positive=True)
-        self.kernels = _Kernels(kv, head_dim, variants, layout_role="append_paged")
+        self.k_scale = param("k_scale", k_scale)
+        self.v_scale = param("v_scale", v_scale)
+        self.kernels = CacheKernels(kv, head_dim, variants, layout_role="append_paged")
         if not self.fmt.accepts_head_dim(head_dim):
             raise ContractError("PagedKVCache", "row format", f"head_dim {head_dim} is not "
                                 f"whole {kv} blocks")
-        cp = _cp()
+        cp = device.cupy()
         shape = (num_blocks, block_size, n_head_kv, self.fmt.row_width(head_dim))
         self.k = cp.zeros(shape, self.fmt.dtype)
         self.v = cp.zeros(shape, self.fmt.dtype)
@@ -59,7 +55,7 @@ class PagedKVCache:
         self.tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}
         self._next = 0
-        self.scratch = _Scratch()
+        self.scratch = Scratch()
 
     # ---- sequences ---------------------------------------------------------------
 
@@ -124,7 +120,7 @@ class PagedKVCache:
     def append(self, sids: list[int], k_new, v_new, rows: list[int], stream=None) -> None:
         """Store ``rows[i]`` new rows of sequence ``sids[i]`` (k_new/v_new hold them in
         that order) at the end of each sequence: one reshape_and_cache launch."""
-        cp = _cp()
+        cp = device.cupy()
         for sid in sids:
             self._known(sid)
         if len(set(sids)) != len(sids) or len(rows) != len(sids):
@@ -147,7 +143,7 @@ class PagedKVCache:
         """A varlen batch: ``rows[i]`` new tokens of sequence ``sids[i]`` (q, k_new and
         v_new concatenated in that order) are appended, and each query row attends
         causally over its sequence, aligned to its end. Returns out [sum(rows)][H][hd]."""
-        cp = _cp()
+        cp = device.cupy()
         n = sum(rows)
         if getattr(q, "ndim", 0) != 3 or q.shape[0] != n or q.dtype != np.float32:
             raise ContractError("PagedKVCache", "shape", f"q must be float32 [{n}][n_head]"
@@ -165,19 +161,20 @@ class PagedKVCache:
            **opts.kwargs(kp, q.shape[1]), validate_pos=False, stream=stream)
         return out
 
-    def decode(self, sids: list[int], q, k_new, v_new, kps: int = 256, splits_cap: int = 16,
-               attn_sink: int = 0, attn_win: int = 0, scale: float | None = None,
-               window=None, softcap: float = 0.0, sinks=None, stream=None):
+    def decode(self, sids: list[int], q, k_new, v_new, kps: int = DEFAULT_KPS,
+               splits_cap: int = DEFAULT_SPLITS_CAP, attn_sink: int = 0, attn_win: int = 0,
+               scale: float | None = None, window=None, softcap: float = 0.0, sinks=None,
+               stream=None):
         """One new token per sequence, then every sequence attends at its own length
         (split decode + combine). q [len(sids)][n_head][hd]; returns the same shape."""
-        cp = _cp()
+        cp = device.cupy()
         R = len(sids)
         if getattr(q, "ndim", 0) != 3 or q.shape[0] != R or q.dtype != np.float32:
             raise ContractError("PagedKVCache", "shape", f"q must be float32 [{R}][n_head]"
                                 f"[{self.head_dim}]")
         n_head = q.shape[1]
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks, True)
-        kps, splits_cap = _positive("kps", kps), _positive("splits_cap", splits_cap)
+        kps, splits_cap = positive("kps", kps), positive("splits_cap", splits_cap)
         kd, fdec = self.kernels.get("decode_paged", n_head // self.n_head_kv,
                                     needs=opts.needs("decode_paged"))
         kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))

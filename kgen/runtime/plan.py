@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The plan a cache object decodes with when none is given and none is tuned.
+DEFAULT_KPS, DEFAULT_SPLITS_CAP = 256, 16
+
 
 @dataclass(frozen=True)
 class DecodePlan:

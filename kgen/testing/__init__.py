@@ -6,6 +6,11 @@ gpu         check_kernel / check_relation: NaN-poisoned outputs, every element
             against the float64 NumPy reference
 contracts   host_args / check_mutation: each launcher contract broken on purpose,
             refused before the GPU (so CI runs these)
+paged       the paged kernels' arguments and GPU checks
+keywords    what a case gives a kernel beyond its arrays (options, the format's
+            scalars, sink logits), for the launcher and for the reference
+device      arrays to the GPU, NaN-poisoned outputs, the comparison with the
+            reference
 """
 
 from kgen.testing.case import Case, rng

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kgen.ir.params import NO_WINDOW, PARAMS
+
 
 @dataclass(frozen=True)
 class Case:
@@ -47,17 +49,18 @@ class Case:
     def neutral(self) -> Case:
         """The case with every optional feature off (what a relation between a kernel
         with the feature and one without compares)."""
-        return replace(self, win_left=None, win_right=None, softcap=0.0, sinks=False,
-                       attn_sink=0, attn_win=0)
+        return replace(self, win_left=None, win_right=None, softcap=PARAMS["softcap"].neutral,
+                       sinks=False, attn_sink=PARAMS["attn_sink"].neutral,
+                       attn_win=PARAMS["attn_win"].neutral)
 
     @property
     def window(self) -> tuple[int, int] | None:
         """The exact window as the reference takes it (None: unbounded)."""
         if self.win_left is None and self.win_right is None:
             return None
-        big = 2**31 - 1
-        return (big if self.win_left is None else self.win_left,
-                big if self.win_right is None else self.win_right)
+        left, right = NO_WINDOW
+        return (left if self.win_left is None else self.win_left,
+                right if self.win_right is None else self.win_right)
 
 
 def rng() -> tuple[np.random.Generator, int]:

@@ -19,24 +19,15 @@ from kgen.ir.geometry import (
     tile_threads,
 )
 from kgen.ir.kernel import Kernel
+from kgen.ir.params import INT_MAX, PARAMS
 from kgen.ir.target import TARGET
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import ContractError
 from kgen.testing.case import Case
+from kgen.testing.keywords import options
 
-
-def options(k: Kernel, case: Case) -> dict:
-    """The window and soft-cap arguments a flash kernel takes, from the case."""
-    out: dict = {}
-    if k.window is Window.EXACT:
-        big = 2**31 - 1
-        out["win_left"] = big if case.win_left is None else case.win_left
-        out["win_right"] = big if case.win_right is None else case.win_right
-    else:
-        out["attn_win"] = case.attn_win
-    if k.softcap is SoftCap.TANH:
-        out["softcap"] = case.softcap
-    return out
+# The attention scalars every valid flash argument set passes: the plain path.
+_NEUTRAL = {name: PARAMS[name].neutral for name in ("attn_sink", "scale")}
 
 
 def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
@@ -50,7 +41,7 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
 
         a = paged_args(k, case, z, f32)
         if k.op is Op.FLASH:
-            a.update(attn_sink=0, scale=None, **options(k, case))
+            a.update(**_NEUTRAL, **options(k, case))
             if k.sinks is Sinks.LEARNED:
                 a["sinks"] = z((case.n_head,), f32)
         if k.fmt.tensor_scales:
@@ -83,7 +74,7 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
             a["pos"] = np.array(case.positions or (case.pos0,), dtype=np.int32)
         return a
     if k.op is Op.FLASH:
-        a.update(attn_sink=0, scale=None, **options(k, case))
+        a.update(**_NEUTRAL, **options(k, case))
         if k.sinks is Sinks.LEARNED:
             a["sinks"] = z((case.n_head,), f32)
         if k.mode is Mode.PREFILL:
@@ -289,10 +280,10 @@ MUTATIONS: dict[str, Mutation] = {
                                   k.position is not Position.SLOTS,
                                   _shape_only(n_head_kv=70000)),
     "max_seq_over_int": Mutation("max_seq", lambda k: k.op is Op.KV_APPEND and
-                                 k.position is Position.HOST, _shape_only(max_seq=2**31)),
+                                 k.position is Position.HOST, _shape_only(max_seq=INT_MAX + 1)),
     "int32_position": Mutation("int32 position", lambda k: k.op is Op.KV_APPEND and
                                k.position is Position.HOST, lambda k, c: {
-                                   **host_args(k, c), "pos0": 2**31 - 2}),
+                                   **host_args(k, c), "pos0": INT_MAX - 1}),
     "wrong_dtype": Mutation("dtype", lambda k: True, _wrong_dtype),
     "non_contiguous": Mutation("contiguous", lambda k: True, _non_contiguous),
     "qz_shape_mismatch": Mutation("shape", lambda k: k.op is Op.QZ_SPLIT, _set(

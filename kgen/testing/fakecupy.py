@@ -135,12 +135,12 @@ class FakeCupy:
 
     def install(self, monkeypatch) -> FakeCupy:
         """Make kgen's launch path and cache objects use this (pytest monkeypatch)."""
-        from kgen.runtime import kv, launch
+        from kgen.runtime import device, launch
 
         monkeypatch.setattr(launch, "_cupy", lambda: self)
         monkeypatch.setattr(launch, "_rt", None)
         monkeypatch.setattr(launch, "_memo", {})
         monkeypatch.setattr(launch, "_held", [0])
         monkeypatch.setattr(launch, "function", self.function)
-        monkeypatch.setattr(kv, "_cp", lambda: self)
+        monkeypatch.setattr(device, "cupy", lambda: self)
         return self

@@ -11,40 +11,21 @@ import numpy as np
 from kgen import numpy_ref as ref
 from kgen.ir.axes import (
     KStage,
-    Mask,
     Mode,
     Op,
     Position,
     QStage,
     RingFloor,
     Sinks,
-    SoftCap,
-    Window,
 )
 from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, rng
-
-RTOL, ATOL = 2e-4, 2e-5  # float32 accumulation in tile order vs float64
+from kgen.testing.device import ATOL, RTOL, assert_close, cupy, dev, poisoned
+from kgen.testing.keywords import options, ref_options, shadow_args, sink_logits
 
 
 def _rand(g: np.random.Generator, *shape) -> np.ndarray:
     return g.standard_normal(shape).astype(np.float32)
-
-
-def _cp():
-    import cupy
-
-    return cupy
-
-
-def _dev(x: np.ndarray):
-    return _cp().asarray(x)
-
-
-def _poisoned(shape, dtype=np.float32):
-    a = _cp().empty(shape, dtype)
-    a.fill(np.nan if np.dtype(dtype).kind == "f" else 0xAB)
-    return a
 
 
 def _cache(k: Kernel, case: Case, nslots: int | None = None) -> ref.HostCache:
@@ -63,23 +44,8 @@ def _filled(g, k: Kernel, case: Case, pos0: int, upto: int) -> ref.HostCache:
     return cache
 
 
-def _shadow_args(k: Kernel, case: Case) -> dict:
-    """The format's own scalar arguments: shadow rows in use, per-tensor scales."""
-    out = {"sink": case.sink, "win": case.win} if k.fmt.shadows else {}
-    if k.fmt.tensor_scales:
-        out.update(k_scale=case.k_scale, v_scale=case.v_scale)
-    return out
-
-
 def _upload(cache: ref.HostCache):
-    return [_dev(x) for x in cache.arrays]
-
-
-def _assert_close(name, got, want, seed, rtol=RTOL, atol=ATOL):
-    got = np.asarray(got, dtype=np.float64)
-    assert not np.isnan(got).any(), f"{name}: NaN left in output (unwritten element) seed={seed}"
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol,
-                               err_msg=f"{name} differs from the NumPy reference, seed={seed}")
+    return [dev(x) for x in cache.arrays]
 
 
 # ---- per-op checks -------------------------------------------------------------
@@ -97,9 +63,9 @@ def check_kernel(k: Kernel, fn, case: Case) -> None:
 def _check_qz(k, fn, case):
     g, seed = rng()
     qg = _rand(g, case.n, case.n_head, 2 * case.head_dim)
-    q, z = _poisoned((case.n, case.n_head, case.head_dim)), _poisoned(
+    q, z = poisoned((case.n, case.n_head, case.head_dim)), poisoned(
         (case.n, case.n_head, case.head_dim))
-    fn(_dev(qg), q, z)
+    fn(dev(qg), q, z)
     want_q, want_z = ref.qz_split(qg, case.head_dim)
     assert np.array_equal(q.get(), want_q) and np.array_equal(z.get(), want_z), f"seed={seed}"
 
@@ -115,19 +81,19 @@ def _check_append(k, fn, case):
     for a in cache.arrays:
         a[...] = g.integers(0, 256, a.shape, dtype=np.uint8) if a.dtype == np.uint8 else \
             _rand(g, *a.shape).astype(a.dtype)
-    dev = _upload(cache)
-    sw = _shadow_args(k, case)
+    bufs = _upload(cache)
+    sw = shadow_args(k, case)
     if k.position is Position.HOST:
-        fn(_dev(kn), _dev(vn), *dev, pos0=case.pos0, **sw)
+        fn(dev(kn), dev(vn), *bufs, pos0=case.pos0, **sw)
         ref.append(kn, vn, cache, case.pos0, case.sink, case.win)
     elif k.position is Position.DEVICE:
-        fn(_dev(kn), _dev(vn), *dev, _dev(pos), **sw)
+        fn(dev(kn), dev(vn), *bufs, dev(pos), **sw)
         ref.append_dev(kn, vn, cache, pos, case.sink, case.win)
     else:
-        fn(_dev(kn), _dev(vn), *dev, _dev(pos), **sw)
+        fn(dev(kn), dev(vn), *bufs, dev(pos), **sw)
         ref.append_slots(kn, vn, cache, pos, case.sink, case.win)
     names = ["k_cache", "v_cache", *cache.shadows]
-    for name, got, want in zip(names, dev, cache.arrays, strict=True):
+    for name, got, want in zip(names, bufs, cache.arrays, strict=True):
         assert np.array_equal(got.get().view(np.uint8), want.view(np.uint8)), \
             f"{name} bytes differ from the {k.fmt.name} model, seed={seed}"
 
@@ -140,32 +106,6 @@ def _narrow(k: Kernel):
     def q_round(x):
         return x.astype(np.float16).astype(np.float32) if k.q_stage is QStage.F16 else x
     return k_round, q_round
-
-
-def sink_logits(g, case: Case, heads: int) -> np.ndarray:
-    """Learned sink logits of every q head: random when the case turns sinks on, else
-    -inf (a sink that changes no bit)."""
-    if case.sinks:
-        return (_rand(g, heads) * 2).astype(np.float32)
-    return np.full(heads, -np.inf, np.float32)
-
-
-def _options(k: Kernel, case: Case) -> dict:
-    """Launch keywords of the attention options this kernel has."""
-    from kgen.testing.contracts import options
-
-    return options(k, case)
-
-
-def _ref_options(k: Kernel, case: Case) -> dict:
-    """The same options as the NumPy reference takes them."""
-    big = 2**31 - 1  # an exact-window kernel with no window given sees every key
-    out = {"window": (case.window or (big, big)) if k.window is Window.EXACT else None}
-    if k.softcap is SoftCap.TANH:
-        out["softcap"] = case.softcap
-    if k.mode is Mode.PREFILL:
-        out["full"] = k.mask is Mask.FULL
-    return out
 
 
 def _flash_inputs(k: Kernel, case: Case, g):
@@ -196,15 +136,15 @@ def prefill_reference(k: Kernel, case: Case, q, cache, sinks=None) -> np.ndarray
              if k.ring_floor is RingFloor.BATCH else None)
     return ref.prefill_attention_cache(q_round(q), cache, G, case.pos0, case.sink, case.win,
                                        case.attn_sink, case.attn_win, scale, floor,
-                                       k_round=k_round, **_tiling(k), **_ref_options(k, case),
+                                       k_round=k_round, **_tiling(k), **ref_options(k, case),
                                        sinks=sinks if k.sinks is Sinks.LEARNED else None)
 
 
 def run_prefill(k: Kernel, fn, case: Case, q, cache, sinks=None):
-    out = _poisoned(q.shape)
-    extra = {"sinks": _dev(sinks)} if k.sinks is Sinks.LEARNED else {}
-    fn(_dev(q), *_upload(cache), out, pos0=case.pos0, attn_sink=case.attn_sink,
-       **_options(k, case), **_shadow_args(k, case), **extra)
+    out = poisoned(q.shape)
+    extra = {"sinks": dev(sinks)} if k.sinks is Sinks.LEARNED else {}
+    fn(dev(q), *_upload(cache), out, pos0=case.pos0, attn_sink=case.attn_sink,
+       **options(k, case), **shadow_args(k, case), **extra)
     return out.get()
 
 
@@ -224,36 +164,36 @@ def decode_reference(k: Kernel, case: Case, q, cache):
         m, l, acc, width = ref.decode_partials_slots(
             q, lambda u: rows(cache.slot(u), int(pos[u])), None, pos, G, case.kps, case.cap,
             case.attn_sink, case.attn_win, scale, launch_splits=case.extra.get("launch"),
-            **_tiling(k), **_ref_options(k, case))
+            **_tiling(k), **ref_options(k, case))
         return m, l, acc, ref.combine(m, l, acc, width), width
     n_splits, split_len = ref.decode_plan(case.seq_len, case.kps, case.cap, k.tile_keys)
     kr, vr = rows(cache, case.seq_len - 1)
     m, l, acc = ref.decode_partials(q, kr, vr, G, case.seq_len, n_splits, split_len,
                                     case.attn_sink, case.attn_win, scale, **_tiling(k),
-                                    **_ref_options(k, case))
+                                    **ref_options(k, case))
     return m, l, acc, ref.combine(m, l, acc, n_splits), n_splits
 
 
 def run_decode(k: Kernel, fn, case: Case, q, cache, width: int):
     """Launch the split kernel; returns (m, l, acc) trimmed to the live layout."""
-    cp = _cp()
+    cp = cupy()
     slots = k.position is Position.SLOTS
     heads = q.shape[0] * q.shape[1] if slots else q.shape[0]
     buf_w = case.cap if k.position is Position.DEVICE else width
-    m, l = _poisoned(heads * buf_w), _poisoned(heads * buf_w)
-    acc = _poisoned(heads * buf_w * case.head_dim)
-    common = dict(attn_sink=case.attn_sink, **_options(k, case), **_shadow_args(k, case))
+    m, l = poisoned(heads * buf_w), poisoned(heads * buf_w)
+    acc = poisoned(heads * buf_w * case.head_dim)
+    common = dict(attn_sink=case.attn_sink, **options(k, case), **shadow_args(k, case))
     if k.position is Position.HOST:
         n_splits, split_len = ref.decode_plan(case.seq_len, case.kps, case.cap, k.tile_keys)
-        fn(_dev(q), *_upload(cache), m, l, acc, seq_len=case.seq_len, n_splits=n_splits,
+        fn(dev(q), *_upload(cache), m, l, acc, seq_len=case.seq_len, n_splits=n_splits,
            split_len=split_len, **common)
     elif k.position is Position.DEVICE:
         pos = cp.asarray([case.seq_len - 1], dtype=cp.int32)
-        fn(_dev(q), *_upload(cache), m, l, acc, pos, kps=case.kps, splits_cap=case.cap,
+        fn(dev(q), *_upload(cache), m, l, acc, pos, kps=case.kps, splits_cap=case.cap,
            **common)
     else:
         pos = cp.asarray(case.positions, dtype=cp.int32)
-        fn(_dev(q), *_upload(cache), m, l, acc, pos, kps=case.kps, splits_cap=case.cap,
+        fn(dev(q), *_upload(cache), m, l, acc, pos, kps=case.kps, splits_cap=case.cap,
            launch_splits=width, **common)
     n = heads * width
     return m.get()[:n], l.get()[:n], acc.get()[: n * case.head_dim]
@@ -264,18 +204,18 @@ def _check_flash(k, fn, case):
     q, cache = _flash_inputs(k, case, g)
     if k.mode is Mode.PREFILL:
         sinks = sink_logits(g, case, case.n_head)
-        _assert_close(k.name, run_prefill(k, fn, case, q, cache, sinks),
-                      prefill_reference(k, case, q, cache, sinks), seed)
+        assert_close(k.name, run_prefill(k, fn, case, q, cache, sinks),
+                     prefill_reference(k, case, q, cache, sinks), seed)
         return
     m_ref, l_ref, acc_ref, out_ref, width = decode_reference(k, case, q, cache)
     m, l, acc = run_decode(k, fn, case, q, cache, width)
-    _assert_close(f"{k.name} m", m, m_ref.reshape(-1), seed)
-    _assert_close(f"{k.name} l", l, l_ref.reshape(-1), seed, rtol=RTOL * 4)
-    _assert_close(f"{k.name} acc", acc, acc_ref.reshape(-1), seed, rtol=RTOL * 4,
-                  atol=ATOL * 8)
+    assert_close(f"{k.name} m", m, m_ref.reshape(-1), seed)
+    assert_close(f"{k.name} l", l, l_ref.reshape(-1), seed, rtol=RTOL * 4)
+    assert_close(f"{k.name} acc", acc, acc_ref.reshape(-1), seed, rtol=RTOL * 4,
+                 atol=ATOL * 8)
     out = ref.combine(m.reshape(m_ref.shape), l.reshape(l_ref.shape),
                       acc.reshape(acc_ref.shape), width)
-    _assert_close(f"{k.name} combined", out, out_ref, seed)
+    assert_close(f"{k.name} combined", out, out_ref, seed)
 
 
 def _check_combine(k, fn, case):
@@ -288,16 +228,16 @@ def _check_combine(k, fn, case):
     acc = _rand(g, heads, S, hd)
     if S > 1:  # an empty split (window-skipped or off-plan) must weigh exactly 0
         m[0, S - 1], l[0, S - 1], acc[0, S - 1] = -np.inf, 0.0, 0.0
-    out = _poisoned((heads, hd))
+    out = poisoned((heads, hd))
     sinks = sink_logits(g, case, heads) if k.sinks is Sinks.LEARNED else None
-    extra = {"sinks": _dev(sinks)} if sinks is not None else {}
+    extra = {"sinks": dev(sinks)} if sinks is not None else {}
     if k.position is Position.HOST:
-        fn(_dev(m), _dev(l), _dev(acc), out, *extra.values(), n_splits=S)
+        fn(dev(m), dev(l), dev(acc), out, *extra.values(), n_splits=S)
     else:
-        pos = _cp().asarray([case.seq_len - 1], dtype=np.int32)
-        fn(_dev(m), _dev(l), _dev(acc), out, *extra.values(), pos, kps=case.kps,
+        pos = cupy().asarray([case.seq_len - 1], dtype=np.int32)
+        fn(dev(m), dev(l), dev(acc), out, *extra.values(), pos, kps=case.kps,
            splits_cap=case.cap)
-    _assert_close(k.name, out.get(), ref.combine(m, l, acc, S, sinks), seed)
+    assert_close(k.name, out.get(), ref.combine(m, l, acc, S, sinks), seed)
 
 
 # ---- relations between kernels ------------------------------------------------------
@@ -345,13 +285,13 @@ def _combine_relation(kind, tolerance, ka, fa, kb, fb, case, g, seed):
     sinks = sink_logits(g, case, heads)
     outs = []
     for k, fn in ((ka, fa), (kb, fb)):
-        out = _poisoned((heads, hd))
-        extra = [_dev(sinks)] if k.sinks is Sinks.LEARNED else []
+        out = poisoned((heads, hd))
+        extra = [dev(sinks)] if k.sinks is Sinks.LEARNED else []
         if k.position is Position.HOST:
-            fn(_dev(m), _dev(l), _dev(acc), out, *extra, n_splits=S)
+            fn(dev(m), dev(l), dev(acc), out, *extra, n_splits=S)
         else:
-            pos = _cp().asarray([case.seq_len - 1], dtype=np.int32)
-            fn(_dev(m), _dev(l), _dev(acc), out, *extra, pos, kps=case.kps,
+            pos = cupy().asarray([case.seq_len - 1], dtype=np.int32)
+            fn(dev(m), dev(l), dev(acc), out, *extra, pos, kps=case.kps,
                splits_cap=case.cap)
         outs.append(out.get())
     a, b = outs

@@ -10,7 +10,9 @@ import numpy as np
 from kgen import numpy_ref as ref
 from kgen.ir.axes import Mode, Op, Sinks
 from kgen.ir.kernel import Kernel
-from kgen.testing.case import Case
+from kgen.testing.case import Case, rng
+from kgen.testing.device import assert_close, dev, poisoned
+from kgen.testing.keywords import options, ref_options, shadow_args, sink_logits
 
 
 def layout(case: Case, shuffle=None) -> dict:
@@ -75,18 +77,9 @@ def _fill(g, k: Kernel, case: Case, lay: dict):
 def check(k: Kernel, fn, case: Case) -> None:
     """Launch a paged kernel on a random varlen batch and compare with the dense
     references of every request."""
-    from kgen.testing.case import rng
-    from kgen.testing.gpu import _assert_close as assert_close
-    from kgen.testing.gpu import _dev as dev
-    from kgen.testing.gpu import _options as options
-    from kgen.testing.gpu import _poisoned as poisoned
-    from kgen.testing.gpu import _ref_options as ref_options
-    from kgen.testing.gpu import _shadow_args as shadow_args
-    from kgen.testing.gpu import sink_logits
-
     g, seed = rng()
     if k.op is Op.KV_APPEND:
-        return _check_append(k, fn, case, g, seed, dev, shadow_args)
+        return _check_append(k, fn, case, g, seed)
     lay = layout(case, g)
     pages, dense = _fill(g, k, case, lay)
     G = case.n_head // case.n_head_kv
@@ -137,7 +130,7 @@ def check(k: Kernel, fn, case: Case) -> None:
                  atol=1.6e-4)
 
 
-def _check_append(k, fn, case, g, seed, dev, shadow_args):
+def _check_append(k, fn, case, g, seed):
     """reshape_and_cache: tokens to their slots (one skipped), everything else kept."""
     hk, hd, bs = case.n_head_kv, case.head_dim, case.block_size
     nb = -(-case.n // bs) + 2

@@ -8,16 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kgen.runtime import ContractError, kv
+from kgen.runtime import ContractError, kv, tuned
 from kgen.testing.fakecupy import FakeCupy
-from kgen.tune import search as tune
 
 HK, H, HD, MS = 2, 4, 256, 64
 
 
 @pytest.fixture
 def cp(monkeypatch):
-    monkeypatch.setattr(tune, "tuned", lambda *a: None)
+    monkeypatch.setattr(tuned, "tuned", lambda *a: None)
     return FakeCupy().install(monkeypatch)
 
 
@@ -123,17 +122,17 @@ def test_the_tuned_plan_is_asked_every_step(cp, full_steps, monkeypatch):
     cache = _cache("f32")
     q, k1, v1 = _step(cp)
     kernel = cache.kernels.get("decode", H // HK)[0].name
-    choice = tune.Choice(kernel, "sha", 32, 8, 1.0)
-    monkeypatch.setattr(tune, "tuned", lambda *a: choice)
+    choice = tuned.Choice(kernel, "sha", 32, 8, 1.0)
+    monkeypatch.setattr(tuned, "tuned", lambda *a: choice)
     for pos in (5, 6):
         cache.decode(q, k1, v1, pos)
         assert cache.last_plan == (32, 8, "tuned")
-    monkeypatch.setattr(tune, "tuned", lambda *a: None)
+    monkeypatch.setattr(tuned, "tuned", lambda *a: None)
     for pos in (7, 8):
         cache.decode(q, k1, v1, pos)
         assert cache.last_plan == (256, 16, "default")
     assert full_steps[0] == 2
-    monkeypatch.setattr(tune, "tuned", lambda *a: tune.Choice(kernel, "sha", 32.0, 8, 1.0))
+    monkeypatch.setattr(tuned, "tuned", lambda *a: tuned.Choice(kernel, "sha", 32.0, 8, 1.0))
     with pytest.raises(ContractError, match="kps"):
         cache.decode(q, k1, v1, 9)
 

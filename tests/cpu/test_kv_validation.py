@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kgen.runtime import ContractError, kv
+from kgen.runtime import ContractError, device, kv
 
 
 @pytest.fixture(autouse=True)
@@ -14,7 +14,7 @@ def no_gpu(monkeypatch):
     def touched():
         raise AssertionError("validation reached the GPU")
 
-    monkeypatch.setattr(kv, "_cp", touched)
+    monkeypatch.setattr(device, "cupy", touched)
     monkeypatch.setattr(kv, "allocate", lambda fmt, lead, *a: [None] * (
         2 + len(fmt.shadow_buffers())))
 

@@ -17,24 +17,25 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(autouse=True)
 def _fresh_store():
     """Each test reads its own store: nothing loaded before it, or kept after."""
-    from kgen.tune import search as tune
+    from kgen.runtime import tuned
 
-    tune._loaded.clear()
+    tuned._loaded.clear()
     yield
-    tune._loaded.clear()
+    tuned._loaded.clear()
 
 
 def test_a_tuned_plan_is_stored_and_used(tmp_path, monkeypatch):
     import cupy as cp
 
+    from kgen.runtime import tuned
     from kgen.runtime.kv import KVCache
     from kgen.tune import search as tune
 
     monkeypatch.setenv("KGEN_TUNE_DIR", str(tmp_path))
     path = tune.main(["f32"], [128], [2], [2048], say=lambda *_: None, prefill_rows=())
-    device, driver = tune._device()
-    stored = tune.load(device, driver)[tune.shape_key("f32", 128, 2, 2048)]
-    assert stored.source_sha256 == tune.module_sha(stored.kernel) and path.is_file()
+    device, driver = tuned.current_device()
+    stored = tuned.load(device, driver)[tuned.shape_key("f32", 128, 2, 2048)]
+    assert stored.source_sha256 == tuned.module_sha(stored.kernel) and path.is_file()
 
     g, seed = rng()
     hk, hd, n = 2, 128, 1500
@@ -57,8 +58,8 @@ def test_a_tuned_plan_is_stored_and_used(tmp_path, monkeypatch):
                                 1 / math.sqrt(hd), tile=kd.tile_keys)
     np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5, err_msg=f"seed={seed}")
     # A choice whose kernel source changed is stale and ignored.
-    tune._loaded.clear()
-    monkeypatch.setattr(tune, "module_sha", lambda name: "changed")
+    tuned._loaded.clear()
+    monkeypatch.setattr(tuned, "module_sha", lambda name: "changed")
     fresh = KVCache(hk, hd, 2048, kv="f32")
     fresh.append(cp.asarray(kn), cp.asarray(vn), pos0=0)
     fresh.decode(cp.asarray(q), cp.asarray(k1), cp.asarray(v1), pos=n)
@@ -71,14 +72,15 @@ def test_a_tuned_prefill_is_stored_and_used(tmp_path, monkeypatch):
     wins over it."""
     import cupy as cp
 
+    from kgen.runtime import tuned
     from kgen.runtime.kv import KVCache
     from kgen.tune import search as tune
 
     monkeypatch.setenv("KGEN_TUNE_DIR", str(tmp_path))
     tune.main(["f32"], [128], [4], [1024], say=lambda *_: None, prefill_rows=[256])
-    device, driver = tune._device()
-    stored = tune.load(device, driver)[tune.prefill_key("f32", 128, 4, 256)]
-    assert stored.source_sha256 == tune.module_sha(stored.kernel)
+    device, driver = tuned.current_device()
+    stored = tuned.load(device, driver)[tuned.prefill_key("f32", 128, 4, 256)]
+    assert stored.source_sha256 == tuned.module_sha(stored.kernel)
 
     g, seed = rng()
     hk, hd, n = 2, 128, 200  # a batch in the tuned bucket (129..256 rows)

@@ -1,0 +1,137 @@
+"""A cache call's arguments, checked as the kernels receive them, and its attention
+options translated: which option axes the kernels must have, and the launch
+arguments each kernel takes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kgen.ir.axes import Op
+from kgen.ir.params import INT_MAX, NO_WINDOW, PARAMS
+from kgen.runtime import device
+from kgen.runtime.contracts import ContractError
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_)
+
+
+def count(name: str, v, lo: int = 0, who: str = "KVCache", hi: int = INT_MAX) -> int:
+    """An integer the kernels receive as a C int, in [``lo``, ``hi``]."""
+    if not is_int(v) or not lo <= v <= hi:
+        raise ContractError(who, "range", f"{name} must be an integer in [{lo}, {hi}], "
+                            f"not {v!r}")
+    return int(v)
+
+
+def positive(name: str, v, who: str = "KVCache") -> int:
+    return count(name, v, 1, who)
+
+
+_NO_SINKS: dict[tuple[int, int], object] = {}
+
+
+def no_sinks(n_head: int):
+    """A device array of -inf sink logits (one per q head), made once per device."""
+    cp = device.cupy()
+    key = (n_head, cp.cuda.runtime.getDevice())
+    if key not in _NO_SINKS:
+        _NO_SINKS[key] = cp.full(n_head, -np.inf, cp.float32)
+    return _NO_SINKS[key]
+
+
+def finite32(name: str, v, positive: bool, lo: float = 0) -> float:
+    """A float scalar as the kernels receive it: finite in float32, > lo or >= lo."""
+    ok = isinstance(v, int | float | np.number) and not isinstance(v, bool | np.bool_)
+    if ok:
+        with np.errstate(over="ignore"):
+            f = float(np.float32(v))
+        ok = math.isfinite(f) and (f > lo if positive else f >= lo)
+    if not ok:
+        raise ContractError("KVCache", name, f"{name} must be finite in float32 and "
+                            f"{'>' if positive else '>='} {lo}, not {v!r}")
+    return float(v)
+
+
+def param(name: str, v, label: str | None = None):
+    """A parameter of kgen.ir.params as the kernels receive it, in its range
+    (``label``: how the message names it, if not by its name)."""
+    p = PARAMS[name]
+    if p.kind is int:
+        return count(label or name, v, p.lo, hi=p.hi)
+    return finite32(label or name, v, p.positive, p.lo)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The attention options of one call, checked; which option axes the kernels
+    must have for them, and the launch arguments each kernel takes."""
+
+    attn_sink: int = PARAMS["attn_sink"].default
+    attn_win: int = PARAMS["attn_win"].default
+    scale: float | None = PARAMS["scale"].default
+    window: tuple[int, int] | None = None  # (win_left, win_right); None: no window
+    softcap: float = PARAMS["softcap"].default
+    sinks: object = None
+    causal: bool = True
+
+    @classmethod
+    def checked(cls, n_head, attn_sink, attn_win, scale, window, softcap, sinks, causal):
+        attn_sink, attn_win = param("attn_sink", attn_sink), param("attn_win", attn_win)
+        if scale is not None:
+            scale = param("scale", scale)
+        if window is not None:
+            if not (isinstance(window, tuple | list) and len(window) == 2):
+                raise ContractError("KVCache", "window", "window is (left, right), distances "
+                                    f"from the query (FlashAttention's window_size), not "
+                                    f"{window!r}")
+            window = (param("win_left", window[0], "window left"),
+                      param("win_right", window[1], "window right"))
+            if attn_win:
+                raise ContractError("KVCache", "window", "give either window (key-exact) or "
+                                    "attn_win (tile-granular), not both")
+        softcap = param("softcap", softcap)
+        if sinks is not None and (getattr(sinks, "dtype", None) != np.float32 or
+                                  tuple(getattr(sinks, "shape", ())) != (n_head,)):
+            raise ContractError("KVCache", "sinks", f"sinks must be float32 [{n_head}] (one "
+                                f"logit per q head), not {getattr(sinks, 'dtype', sinks)!r} "
+                                f"{tuple(getattr(sinks, 'shape', ()))}")
+        return cls(attn_sink, attn_win, scale, window, softcap, sinks, bool(causal))
+
+    def needs(self, role: str) -> tuple[tuple[str, str], ...]:
+        """The option axes the kernel serving ``role`` must have."""
+        out = []
+        if role.startswith(("prefill", "decode")):  # *_dev, *_slots and *_paged too
+            if self.window is not None:
+                out.append(("window", "exact"))
+            if self.softcap > 0:
+                out.append(("softcap", "tanh"))
+        if role.startswith("prefill") and not self.causal:
+            out.append(("mask", "full"))
+        if self.sinks is not None and role in ("prefill", "prefill_paged", "combine",
+                                               "combine_dev"):
+            out.append(("sinks", "learned"))
+        return tuple(out)
+
+    def kwargs(self, k, n_head: int = 0) -> dict:
+        """The keyword arguments a flash kernel with ``k``'s axes takes (``n_head``: the
+        q heads, for the neutral sinks of a kernel that has them)."""
+        out = {"attn_sink": self.attn_sink, "scale": self.scale}
+        if k.window.value == "exact":
+            left, right = self.window or NO_WINDOW
+            out.update(win_left=left, win_right=right)
+        else:
+            out["attn_win"] = self.attn_win
+        if k.softcap.value == "tanh":
+            out["softcap"] = self.softcap
+        if k.sinks.value == "learned" and k.op is Op.FLASH:
+            # A kernel chosen for another option may carry sinks nobody asked for: -inf
+            # sinks change no bit.
+            out["sinks"] = self.sinks if self.sinks is not None else no_sinks(n_head)
+        return out
+
+    def combine_arrays(self, k) -> tuple:
+        return (self.sinks,) if k.sinks.value == "learned" else ()
