@@ -10,6 +10,7 @@ template file (``templates/kv/<name>.j2``, the macros listed in
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,11 @@ class KvFormat:
     def itemsize(self) -> int:
         return np.dtype(self.dtype).itemsize
 
+    @property
+    def blocked(self) -> bool:
+        """Rows are whole blocks of more than one value (head_dim a multiple of ``block``)."""
+        return self.block > 1
+
     def accepts_head_dim(self, head_dim: int) -> bool:
         return head_dim >= self.block and head_dim % self.block == 0
 
@@ -100,6 +106,15 @@ class KvFormat:
     def poison(self) -> object:
         """A fill value for rows nobody wrote: it decodes to NaN."""
         return np.nan if np.dtype(self.dtype).kind == "f" else 0xFF
+
+    @classmethod
+    def flags(cls) -> tuple[str, ...]:
+        """The yes/no properties of a format, by name: the fields and properties typed
+        ``bool`` (what ``formats where <flag>`` in a spec tests)."""
+        fields = [f.name for f in dataclasses.fields(cls) if f.type == "bool"]
+        props = [name for name, v in vars(KvFormat).items() if isinstance(v, property)
+                 and v.fget.__annotations__.get("return") == "bool"]
+        return (*fields, *props)
 
     @property
     def value(self) -> str:  # read like the other axes' enum values
