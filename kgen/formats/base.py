@@ -38,8 +38,9 @@ TENSOR_SCALES = ("k_scale", "v_scale")
 class KvFormat:
     name: str                   # the spec's spelling: kv = <name>
     doc: str
-    ctype: str                  # C element type of a cache row
-    dtype: str                  # NumPy dtype of the cache arrays
+    ctype: str                  # C element type of a cache row (the kernels' parameters)
+    dtype: str                  # NumPy dtype of those elements: the cache arrays' (the
+    #                             launchers check it; kgen.ir.signature asks it here)
     block: int = 1              # head_dim must be a multiple of this (elements per block)
     block_width: int = 1        # array elements one block occupies
     shadows: bool = False       # fp16 sink rows + recent-window ring beside the body
