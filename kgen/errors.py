@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import shlex
 import unicodedata
 from dataclasses import dataclass
@@ -43,6 +44,12 @@ class SpecError(KgenError):
             line, at = _shown_line(self.source_line, self.pos.col - 1)
             text += f"\n  {line}\n  {' ' * at}^"
         return text
+
+
+def did_you_mean(word: str, known: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``known``, or nothing."""
+    guess = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f" (did you mean '{guess[0]}'?)" if guess else ""
 
 
 # Longest source line shown under an error; longer ones show a window around the caret.

@@ -10,6 +10,7 @@ template file (``templates/kv/<name>.j2``, the macros listed in
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,8 +38,9 @@ TENSOR_SCALES = ("k_scale", "v_scale")
 class KvFormat:
     name: str                   # the spec's spelling: kv = <name>
     doc: str
-    ctype: str                  # C element type of a cache row
-    dtype: str                  # NumPy dtype of the cache arrays
+    ctype: str                  # C element type of a cache row (the kernels' parameters)
+    dtype: str                  # NumPy dtype of those elements: the cache arrays' (the
+    #                             launchers check it; kgen.ir.signature asks it here)
     block: int = 1              # head_dim must be a multiple of this (elements per block)
     block_width: int = 1        # array elements one block occupies
     shadows: bool = False       # fp16 sink rows + recent-window ring beside the body
@@ -66,6 +68,11 @@ class KvFormat:
     @property
     def itemsize(self) -> int:
         return np.dtype(self.dtype).itemsize
+
+    @property
+    def blocked(self) -> bool:
+        """Rows are whole blocks of more than one value (head_dim a multiple of ``block``)."""
+        return self.block > 1
 
     def accepts_head_dim(self, head_dim: int) -> bool:
         return head_dim >= self.block and head_dim % self.block == 0
@@ -100,6 +107,15 @@ class KvFormat:
     def poison(self) -> object:
         """A fill value for rows nobody wrote: it decodes to NaN."""
         return np.nan if np.dtype(self.dtype).kind == "f" else 0xFF
+
+    @classmethod
+    def flags(cls) -> tuple[str, ...]:
+        """The yes/no properties of a format, by name: the fields and properties typed
+        ``bool`` (what ``formats where <flag>`` in a spec tests)."""
+        fields = [f.name for f in dataclasses.fields(cls) if f.type == "bool"]
+        props = [name for name, v in vars(KvFormat).items() if isinstance(v, property)
+                 and v.fget.__annotations__.get("return") == "bool"]
+        return (*fields, *props)
 
     @property
     def value(self) -> str:  # read like the other axes' enum values

@@ -2,15 +2,16 @@
 
 Adding a value to an axis (a staging mode, window policy) is an entry here, a
 row in ``kgen/spellings.py`` and a template piece; the ``kv`` axis takes the
-names registered in ``kgen.formats``.
+names registered in ``kgen.formats``, which the built-in set ``formats`` holds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kgen.formats import KvFormatName
+from kgen.formats import FORMATS, KvFormat, KvFormatName
 
 
 class Op(StrEnum):
@@ -136,5 +137,23 @@ KEYS: dict[str, Key] = {
     "sink_rows": Key(int, 8, CACHE_OPS, "rows of the fp16 sink buffer"),
     "max_head_dim": Key(int, 1024, frozenset({Op.KV_APPEND}), "static staging bound"),
 }
+
+
+@dataclass(frozen=True)
+class BuiltinSet:
+    """A set a spec binds without declaring it: every registered object of an axis, in
+    registration order (``for kv in formats``); ``where`` filters them by ``flags``,
+    their yes/no properties (``formats where not shadows``)."""
+
+    key: str                       # the axis whose values it holds
+    members: Mapping[str, object]  # value -> its registered object
+    flags: tuple[str, ...]
+    doc: str
+
+
+SETS: dict[str, BuiltinSet] = {
+    "formats": BuiltinSet("kv", FORMATS, KvFormat.flags(), "every registered KV format"),
+}
+
 
 RESOURCES = ("registers", "stack_frame", "spill_stores", "spill_loads", "static_smem")

@@ -18,12 +18,6 @@ DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "
                      "block_size", "max_blocks", "num_reqs"})
 # The default of each parameter a caller may leave out (kgen.ir.params), as source.
 DEFAULTS = {name: repr(p.default) for name, p in PARAMS.items()}
-DTYPES = {
-    "const float *": "float32", "float *": "float32",
-    "const unsigned char *": "uint8", "unsigned char *": "uint8",
-    "const __half *": "float16", "__half *": "float16",
-    "const int *": "int32",
-}
 
 
 @dataclass(frozen=True)
@@ -46,7 +40,7 @@ def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
         if p.name in DERIVED:
             continue
         if p.is_pointer:
-            arrays.append(PyArg(p.name, "cupy.ndarray", dtype=DTYPES[p.ctype]))
+            arrays.append(PyArg(p.name, "cupy.ndarray", dtype=p.dtype))
         else:
             ann = "float | None" if p.ctype == "float" else "int"
             scalars.append(PyArg(p.name, ann, DEFAULTS.get(p.name)))

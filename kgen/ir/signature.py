@@ -11,11 +11,16 @@ from dataclasses import dataclass
 from kgen.ir.axes import Mode, Op, Position, Sinks, SoftCap, Window
 from kgen.ir.kernel import Kernel
 
+# NumPy dtypes of the element types of the arrays every kernel of an op takes; a KV
+# cache array's elements are its format's (``KvFormat.ctype``, ``KvFormat.dtype``).
+ELEMENT_DTYPES = {"float": "float32", "__half": "float16", "int": "int32"}
+
 
 @dataclass(frozen=True)
 class Param:
     name: str
     ctype: str  # e.g. "const float *", "int"
+    dtype: str | None = None  # a pointer's NumPy element dtype (what the launcher checks)
 
     @property
     def is_pointer(self) -> bool:
@@ -28,7 +33,16 @@ class Param:
 
 
 def _p(ctype: str, *names: str) -> list[Param]:
-    return [Param(n, ctype) for n in names]
+    """Parameters of a fixed C type (an array's elements in ``ELEMENT_DTYPES``)."""
+    element = ctype.removeprefix("const ").removesuffix("*").rstrip()
+    dtype = ELEMENT_DTYPES[element] if ctype.endswith("*") else None
+    return [Param(n, ctype, dtype) for n in names]
+
+
+def _cache(k: Kernel, const: str) -> list[Param]:
+    """The K and V cache arrays: rows of the kernel's format."""
+    fmt = k.fmt
+    return [Param(n, f"{const}{fmt.ctype} *", fmt.dtype) for n in ("k_cache", "v_cache")]
 
 
 def _position(k: Kernel, host: list[Param]) -> list[Param]:
@@ -60,7 +74,7 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _p("const float *", "qg") + _p("float *", "q", "z") + _p("int", "head_dim", "total")
     elif k.op is Op.KV_APPEND:
         out += _p("const float *", "k_new", "v_new")
-        out += _p(f"{fmt.ctype} *", "k_cache", "v_cache")
+        out += _cache(k, "")
         out += _p("__half *", *shadows)
         if k.position is Position.PAGED:  # reshape_and_cache
             out += _p("const int *", "slot_mapping") + _p("int", "n_head_kv", "head_dim")
@@ -71,7 +85,7 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _p("float", *scales)
     elif k.op is Op.FLASH:
         out += _p("const float *", "q")
-        out += _p(f"const {fmt.ctype} *", "k_cache", "v_cache")
+        out += _cache(k, "const ")
         out += _p("const __half *", *shadows)
         if k.mode is Mode.PREFILL:
             out += _p("float *", "out")

@@ -31,7 +31,7 @@ FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 KEYWORDS = ("kernel", "abstract", "expect", "bit_exact", "close_to", "with", "within", "drop",
-            "for", "in")
+            "for", "in", "set", "where", "not")
 ENUM_VALUES = sorted({m.value for k in KEYS.values()
                       if isinstance(k.type, type) and issubclass(k.type, Enum) for m in k.type})
 PUNCT = ("{", "}", ":", "=", "<=", "==", ">=", "#", '"', "-", ".", "\n", "\t", "\r", " ", "[", "]",
@@ -305,7 +305,8 @@ def test_generated_kernels(spec):
     got = ast.kernels[len(ast.kernels) - len(parsed):]
     for k, (abstract, name, parent, stmts, family) in zip(got, parsed, strict=True):
         assert (k.abstract, k.name, k.parent) == (abstract, name, parent)
-        assert tuple((b.key, tuple(v.value for v in b.values)) for b in k.family) == family
+        assert tuple((b.key, tuple(v.value for v in b.values.values)) for b in k.family) \
+            == family
         back = [("assign", a.key, a.value) for a in k.assigns]
         back += [("resource", e.resource, e.op, e.value) if hasattr(e, "resource")
                  else (e.kind, e.other) if e.kind == "bit_exact"

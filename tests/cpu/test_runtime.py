@@ -4,6 +4,7 @@ launchers, C header and manifest agree with the specs they came from."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import subprocess
@@ -59,6 +60,22 @@ def test_every_spec_kernel_has_a_launcher_with_the_same_axes(spec_kernels, launc
             (s.name, eval(s.default) if s.default is not None else inspect.Parameter.empty)
             for s in scalars] + [("stream", None)], name
         assert fn.kernel is launched[name] and fn.fatbin == BUILT.fatbin(name), name
+
+
+def test_a_cache_array_has_its_formats_dtype(spec_kernels, monkeypatch):
+    """The launcher asks the format for its rows' dtype: a format of any element type
+    (here ``unsigned short`` rows) gets its arrays checked as such."""
+    for k in spec_kernels.values():
+        arrays = {a.name: a.dtype for a in py_args(k)[0]}
+        if "k_cache" in arrays:
+            assert arrays["k_cache"] == arrays["v_cache"] == k.fmt.dtype, k.name
+    k = spec_kernels["attn_f16_decode_host"]
+    monkeypatch.setitem(FORMATS, "f16", dataclasses.replace(FORMATS["f16"],
+                                                            ctype="unsigned short",
+                                                            dtype="uint16"))
+    arrays = {a.name: a.dtype for a in py_args(dataclasses.replace(k))[0]}
+    assert (arrays["k_cache"], arrays["v_cache"], arrays["q"]) == ("uint16", "uint16",
+                                                                   "float32")
 
 
 @pytest.mark.parametrize("name, groups, head_dim, expected", [

@@ -4,7 +4,9 @@ Every ``tests/fixtures/invalid/NAME.kspec`` holds one mistake; ``NAME.err`` next
 the exact stderr of ``kgen check tests/fixtures/invalid/NAME.kspec`` run from the project
 root: ``path:line:col: error: message``, then the offending line and a caret under the
 column. To add a case, write the .kspec, run kgen check on it, read the output critically
-and save it as the .err.
+and save it as the .err. Where the message lists every registered KV format, or every
+yes/no property of a format, the .err says ``<every registered format>`` or ``<every format
+flag>`` instead, so a new format or property changes no fixture.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import pytest
 from kgen.cli import main
 from kgen.compiler.pipeline import checked, parse
 from kgen.compiler.spec.check import CHECKS
+from kgen.compiler.spec.expand import SET_CHECKS
 from kgen.compiler.spec.parser import parse_spec
 from kgen.errors import SHOWN_LINE_MAX, SourcePos, SpecError
+from kgen.formats import FORMATS, KvFormat
 
 ROOT = Path(__file__).resolve().parents[2]
 INVALID = Path("tests/fixtures/invalid")  # relative to ROOT: the paths errors print
@@ -39,8 +43,16 @@ def kgen_check(capsys, *args: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
+# In a .err: the registry's names, and a format's yes/no properties, in their order.
+EVERY = {"<every registered format>": ", ".join(FORMATS),
+         "<every format flag>": ", ".join(KvFormat.flags())}
+
+
 def expected_err(fixture: Path) -> str:
-    return fixture.with_suffix(".err").read_text(encoding="utf-8")
+    text = fixture.with_suffix(".err").read_text(encoding="utf-8")
+    for said, names in EVERY.items():
+        text = text.replace(said, names)
+    return text
 
 
 def test_fixtures_are_paired():
@@ -84,7 +96,7 @@ def test_expected_err_is_well_formed(fixture: Path):
 
 def test_every_contract_has_a_fixture():
     cited = {m for p in FIXTURES for m in re.findall(r"\[(check_\w+)\]", expected_err(p))}
-    assert cited == {fn.__name__ for fn in CHECKS}
+    assert cited == {fn.__name__ for fn in (*CHECKS, *SET_CHECKS)}
 
 
 def test_did_you_mean_fixtures():
@@ -96,7 +108,8 @@ def test_did_you_mean_fixtures():
         ("unknown_parent", "base"), ("check_expectations_unknown_kernel", "fixture_prefill"),
         ("check_expectations_resource", "registers"), ("text_crlf", "decode"),
         ("syntax_misspelled_drop", "drop"), ("family_bad_value", "q4"),
-        ("family_unknown_key", "kv"),
+        ("family_unknown_key", "kv"), ("set_unknown", "formats"),
+        ("set_where_unknown_flag", "shadows"), ("syntax_misspelled_where", "where"),
     ]:
         first = expected_err(ROOT / INVALID / f"{stem}.kspec").split("\n")[0]
         first = re.sub(r" \[check_\w+\]$", "", first)

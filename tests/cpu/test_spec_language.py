@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
+from pathlib import Path
 
-from kgen.compiler.pipeline import checked
+import pytest
+
+from kgen.compiler.pipeline import checked, parse
 from kgen.compiler.spec.parser import parse_spec
-from kgen.errors import SourcePos
-from kgen.formats import KvFormatName
-from kgen.ir.axes import Position
+from kgen.errors import SourcePos, SpecError
+from kgen.formats import FORMATS, KvFormatName
+from kgen.ir.axes import Mode, Op, Position
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE = """\
 abstract kernel base {
@@ -185,3 +190,84 @@ kernel k_{max_groups}_{kv} : grouped_{max_groups} for max_groups in [4, 8], kv i
 def test_braces_in_a_string_outside_a_family_are_text():
     (k,) = kernels(BASE + 'kernel k : base { doc = "a {literal} brace" }\n').values()
     assert k.doc == "a {literal} brace"
+
+
+# -- sets -----------------------------------------------------------------------------
+
+def kv_of(ks: dict, prefix: str) -> list[str]:
+    return [k.kv.value for name, k in ks.items() if name.startswith(prefix)]
+
+
+def test_formats_is_every_registered_format_in_registry_order():
+    ks = kernels(BASE + "kernel k_{kv} : base for kv in formats { }\n")
+    assert list(ks) == [f"k_{name}" for name in FORMATS]
+    written = kernels(BASE + f"kernel k_{{kv}} : base for kv in [{', '.join(FORMATS)}] {{ }}\n")
+    assert ks == written
+
+
+def test_where_keeps_the_members_with_or_without_a_property_in_order():
+    ks = kernels(BASE + """
+kernel plain_{kv} : base for kv in formats where not shadows { }
+kernel shadowed_{kv} : base for kv in formats where shadows { }
+kernel both_{kv} : base for kv in formats where not shadows where not blocked { }
+""")
+    assert kv_of(ks, "plain_") == [n for n, f in FORMATS.items() if not f.shadows]
+    assert kv_of(ks, "shadowed_") == [n for n, f in FORMATS.items() if f.shadows]
+    assert kv_of(ks, "both_") == [n for n, f in FORMATS.items()
+                                  if not f.shadows and not f.blocked]
+
+
+def test_minus_takes_values_out_and_keeps_the_left_order():
+    ks = kernels(BASE + """
+kernel a_{kv} : base for kv in formats - [q4] { }
+kernel b_{kv} : base for kv in formats - [q4] - [f32] { }
+kernel c_{max_groups} : base for max_groups in [8, 4, 2] - [4] { }
+""")
+    assert kv_of(ks, "a_") == [n for n in FORMATS if n != "q4"]
+    assert kv_of(ks, "b_") == [n for n in FORMATS if n not in ("q4", "f32")]
+    assert [k.max_groups for name, k in ks.items() if name.startswith("c_")] == [8, 2]
+
+
+def test_declared_sets_serve_every_family_of_their_file_and_later_sets():
+    ks = kernels("""
+set plain = formats where not shadows
+set few = plain - [f32]
+set groups = [4, 8]
+""" + BASE + """
+kernel p_{kv} : base for kv in plain { }
+kernel f_{kv}_{max_groups} : base for kv in few, max_groups in groups { }
+""")
+    plain = [n for n, f in FORMATS.items() if not f.shadows]
+    assert kv_of(ks, "p_") == plain
+    assert [n for n in ks if n.startswith("f_")] == [
+        f"f_{kv}_{g}" for kv in plain if kv != "f32" for g in (4, 8)]
+
+
+def test_a_set_bound_value_comes_from_its_binding():
+    text = BASE + "set plain = formats where not shadows\n" \
+        "kernel p_{kv} : base for kv in plain { }\n"
+    k = kernels(text)["p_f16"]
+    line = text.split("\n").index("kernel p_{kv} : base for kv in plain { }")
+    head = text.split("\n")[line]
+    assert k.where("kv") == SourcePos("t.kspec", line + 1, head.index("kv in") + 1)
+
+
+def test_a_declared_set_belongs_to_its_file():
+    decl = parse_spec("set plain = formats where not shadows\n" + BASE, "a.kspec")
+    use = parse_spec("kernel p_{kv} : base for kv in plain { }\n", "b.kspec")
+    with pytest.raises(SpecError, match=r"unknown set 'plain'"):
+        checked([decl, use])
+
+
+def test_every_format_serves_every_head_size_family():
+    """The real specs: a registered format has the narrow-tile kernels (head_dim 64 and
+    up) of prefill and of decode at every dense position form, and every format
+    without shadows has the paged kernels."""
+    real = checked(parse([ROOT / "specs"]))
+    for name, fmt in FORMATS.items():
+        ours = [k for k in real if k.kv.value == name and k.op is Op.FLASH]
+        assert any(k.mode is Mode.PREFILL and k.tile_keys == 4 for k in ours), name
+        for pos in (Position.HOST, Position.DEVICE, Position.SLOTS):
+            assert any(k.mode is Mode.DECODE and k.position is pos and k.tile_keys == 4
+                       for k in ours), (name, pos)
+        assert any(k.position is Position.PAGED for k in ours) != fmt.shadows, name

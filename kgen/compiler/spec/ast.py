@@ -61,13 +61,62 @@ class Bound:
 
 
 @dataclass(frozen=True)
+class SetList:
+    """``[f32, q4]``: the values written out, in order."""
+
+    values: tuple[Bound, ...]
+    pos: SourcePos = field(compare=False)  # the '['
+
+
+@dataclass(frozen=True)
+class SetRef:
+    """``formats``: a built-in set, or one the file declares with ``set``."""
+
+    name: str
+    pos: SourcePos = field(compare=False)
+
+
+@dataclass(frozen=True)
+class SetMinus:
+    """``formats - [q4]``: the left set without the right one's values, in the left's
+    order."""
+
+    left: SetExpr
+    right: SetExpr
+    pos: SourcePos = field(compare=False)  # the '-'
+
+
+@dataclass(frozen=True)
+class SetWhere:
+    """``formats where not shadows``: the members whose yes/no property ``flag`` is
+    true (false with ``not``), in the set's order."""
+
+    base: SetExpr
+    flag: str
+    negated: bool
+    pos: SourcePos = field(compare=False)  # the 'where'
+    flag_pos: SourcePos = field(compare=False)
+
+
+SetExpr = SetList | SetRef | SetMinus | SetWhere
+
+
+@dataclass(frozen=True)
+class SetDef:
+    """``set pageable = formats where not shadows``: a set its file's families may bind."""
+
+    name: str
+    expr: SetExpr
+    pos: SourcePos = field(compare=False)
+
+
+@dataclass(frozen=True)
 class Binding:
-    """``kv in [f32, q4]`` in a family's ``for`` clause."""
+    """``kv in [f32, q4]`` or ``kv in formats`` in a family's ``for`` clause."""
 
     key: str
-    values: tuple[Bound, ...]
+    values: SetExpr
     pos: SourcePos = field(compare=False)
-    list_pos: SourcePos = field(compare=False)
 
 
 @dataclass(frozen=True)
@@ -88,3 +137,4 @@ class SpecFile:
     path: str
     kernels: tuple[KernelDef, ...]
     lines: tuple[str, ...] = field(compare=False, repr=False, default=())
+    sets: tuple[SetDef, ...] = ()  # declared sets; none once the file is expanded

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kgen.compiler.spec.names import kernel_name_problem, module_name_problem
-from kgen.compiler.spec.resolve import did_you_mean
-from kgen.errors import SourcePos, SpecError
+from kgen.errors import SourcePos, SpecError, did_you_mean
 from kgen.ir.axes import (
     KEYS,
     RESOURCES,

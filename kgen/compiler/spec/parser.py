@@ -33,6 +33,11 @@ from kgen.compiler.spec.ast import (
     ExpectRelation,
     ExpectResource,
     KernelDef,
+    SetDef,
+    SetList,
+    SetMinus,
+    SetRef,
+    SetWhere,
     SpecFile,
 )
 from kgen.errors import SourcePos, SpecError
@@ -47,14 +52,15 @@ _TERMINAL_WORDS = {
     "KERNEL": "'kernel'", "EXPECT": "'expect'", "ABSTRACT": "'abstract'", "WITH": "'with'",
     "WITHIN": "'within'", "BIT_EXACT": "'bit_exact'", "CLOSE_TO": "'close_to'",
     "DROP": "'drop'", "FOR": "'for'", "IN": "'in'", "LIST_OPEN": "'['", "RSQB": "']'",
-    "COMMA": "','", "$END": "end of file",
+    "COMMA": "','", "SET": "'set'", "WHERE": "'where'", "NOT": "'not'", "MINUS": "'-'",
+    "$END": "end of file",
 }
 
 # Keyword terminals, for "did you mean" on a misspelled keyword.
 _KEYWORDS = {
     "KERNEL": "kernel", "ABSTRACT": "abstract", "EXPECT": "expect", "WITH": "with",
     "WITHIN": "within", "BIT_EXACT": "bit_exact", "CLOSE_TO": "close_to", "DROP": "drop",
-    "FOR": "for", "IN": "in",
+    "FOR": "for", "IN": "in", "SET": "set", "WHERE": "where", "NOT": "not",
 }
 
 # The keyword a word before an unexpected token may have been meant to be, by what the
@@ -145,9 +151,25 @@ class _Build(Transformer):
     def parent(self, name):
         return name
 
-    def binding(self, key, list_open, *values):
-        bound = tuple(Bound(v, pos) for v, pos in values)
-        return Binding(str(key), bound, self._pos(key), self._pos(list_open))
+    def binding(self, key, values):
+        return Binding(str(key), values, self._pos(key))
+
+    def set_list(self, list_open, *values):
+        return SetList(tuple(Bound(v, pos) for v, pos in values), self._pos(list_open))
+
+    def set_ref(self, name):
+        return SetRef(str(name), self._pos(name))
+
+    def set_minus(self, left, minus, right):
+        return SetMinus(left, right, self._pos(minus))
+
+    @v_args(inline=False)
+    def set_where(self, items):
+        base, where, *negated, flag = items
+        return SetWhere(base, str(flag), bool(negated), self._pos(where), self._pos(flag))
+
+    def set_def(self, name, expr):
+        return SetDef(str(name), expr, self._pos(name))
 
     @v_args(inline=False)
     def family(self, bindings):
@@ -174,8 +196,9 @@ class _Build(Transformer):
         )
 
     @v_args(inline=False)
-    def start(self, kernels):
-        return tuple(kernels)
+    def start(self, items):
+        return (tuple(d for d in items if isinstance(d, KernelDef)),
+                tuple(d for d in items if isinstance(d, SetDef)))
 
 
 def _acceptable(exc: UnexpectedInput) -> set[str]:
@@ -283,12 +306,12 @@ def parse_spec(text: str, path: str = "<spec>", cache_dir: Path | None = None) -
     except UnexpectedInput as exc:
         raise _syntax_error(exc, text, lines, err) from None
     try:
-        kernels = _Build(path, lines).transform(tree)
+        kernels, sets = _Build(path, lines).transform(tree)
     except VisitError as exc:
         if isinstance(exc.orig_exc, SpecError):
             raise exc.orig_exc from None
         raise
-    return SpecFile(path, kernels, lines)
+    return SpecFile(path, kernels, lines, sets)
 
 
 def parse_file(path: Path, shown: str | None = None, cache_dir: Path | None = None) -> SpecFile:

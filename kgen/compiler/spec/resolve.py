@@ -6,13 +6,12 @@ unknown keys and values (each with a "did you mean").
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import replace
 from enum import Enum
 
 from kgen.compiler.spec.ast import Assign, ExpectRelation, ExpectResource, KernelDef, SpecFile
 from kgen.compiler.spec.expand import expand
-from kgen.errors import SourcePos, SpecError
+from kgen.errors import SourcePos, SpecError, did_you_mean
 from kgen.ir.axes import KEYS
 from kgen.ir.kernel import Kernel
 
@@ -27,11 +26,6 @@ class _Lines:
         lines = self.by_path.get(pos.path, ())
         src = lines[pos.line - 1] if 0 < pos.line <= len(lines) else None
         return SpecError(pos, msg, src)
-
-
-def did_you_mean(word: str, known: list[str]) -> str:
-    guess = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
-    return f" (did you mean '{guess[0]}'?)" if guess else ""
 
 
 def _convert(a: Assign, lines: _Lines) -> object:
