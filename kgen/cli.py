@@ -86,7 +86,7 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
     from kgen.compiler.atomic import lock, recover, replace_dirs
     from kgen.toolchain.compile import clean_workdirs
 
-    outputs_dirs = [settings.generated, settings.tests_generated]
+    outputs_dirs = [settings.generated]
     with lock(outputs_dirs, say):
         for msg in recover(outputs_dirs):
             say(msg)

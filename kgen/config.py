@@ -18,7 +18,6 @@ DEFAULTS = {
     "templates": "templates",
     "generated": "generated",
     "golden": "golden",
-    "tests_generated": "tests/generated",
 }
 
 
@@ -40,7 +39,6 @@ class Settings:
     templates: Path
     generated: Path
     golden: Path
-    tests_generated: Path
     cache_dir: Path
     # Modules whose fatbins the C header embeds (None: every module). The others are
     # loaded from their .fatbin files; embedding every variant would make a header of
@@ -71,7 +69,6 @@ class Settings:
             templates=path("templates"),
             generated=path("generated"),
             golden=path("golden"),
-            tests_generated=path("tests_generated"),
             cache_dir=Path(cache),
             c_header_modules=(tuple(table["c_header_modules"])
                               if "c_header_modules" in table else None),

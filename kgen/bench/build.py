@@ -51,8 +51,7 @@ def main() -> int:
         original = edited.read_text(encoding="utf-8")
         for r in range(ROUNDS):
             env = {**os.environ, "KGEN_CACHE_DIR": str(scratch / f"cache{r}"),
-                   "KGEN_GENERATED": str(scratch / f"gen{r}"),
-                   "KGEN_TESTS_GENERATED": str(scratch / f"tests{r}")}
+                   "KGEN_GENERATED": str(scratch / f"gen{r}")}
             times["nvcc"].append(_run(
                 [tc.nvcc, "-cubin", f"-arch={TARGET_ARCH}", "-Wno-deprecated-gpu-targets",
                  str(s.reference), "-o", str(scratch / "ref.cubin")], tc.env(), scratch))

@@ -32,10 +32,8 @@ from kgen import __version__
 from kgen.compiler.golden import Golden, golden_files, load_golden
 from kgen.compiler.render import (
     Module,
-    groups,
     render_batch,
     render_c_header,
-    render_tests,
     render_units,
     spec_rel,
 )
@@ -431,7 +429,9 @@ def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context) -> dict[str, 
                           for a in scalars),
             fatbin=fatbin_path, fatbin_sha256=sha256(b.fatbin),
             source=source, source_sha256=sha256(m.source.encode()),
-            resources=resources.parse(b.ptxas_log)[k.name].as_dict())
+            resources=resources.parse(b.ptxas_log)[k.name].as_dict(),
+            relations=tuple({"kind": r.kind, "other": r.other, "tolerance": r.tolerance}
+                            for r in k.relations))
     embed = s.c_header_modules
     fatbins = {b.module.name: b.fatbin for b in builds}
     embedded = [(e.module, e.name, fatbins[e.name]) for e in entries.values()
@@ -444,15 +444,8 @@ def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context) -> dict[str, 
 
 
 def outputs(work: Work, ctx: Context) -> Work:
-    """The new contents of generated/ and tests/generated/ (the command writes them
-    together)."""
-    s = ctx.settings
-    mods = [Module(g, tuple(ks), "", g) for g, ks in groups(work.own_kernels).items()]
-    tests = render_tests(mods, s.templates, s.root, ctx.cache_dir, related=work.kernels)
-    return replace(work, outputs={
-        s.generated: generated_files(work.builds, ctx),
-        s.tests_generated: {n: t.encode() for n, t in tests.items()},
-    })
+    """The new contents of generated/ (the command writes it at once)."""
+    return replace(work, outputs={ctx.settings.generated: generated_files(work.builds, ctx)})
 
 
 def verdicts(work: Work, ctx: Context) -> Work:
@@ -488,7 +481,7 @@ STAGES: dict[str, Stage | ModuleStage] = {
     "fatbin": fatbin,               # PTX + cubin     -> fatbin: sm_37 SASS + PTX (fatbinary)
     "sass": sass,                   # cubin           -> SASS listing (cuobjdump)
     "budgets": budgets,             # ptxas report    vs each kernel's expect budgets
-    "outputs": outputs,             # everything      -> generated/ + tests/generated/ files
+    "outputs": outputs,             # everything      -> generated/ files (fatbins, manifest)
     "verify": verdicts,             # compiled        -> verdicts vs golden/   (compiler.verify)
     "golden": golden_tree,          # compiled ref.   -> golden/ files         (compiler.golden)
 }

@@ -62,8 +62,6 @@ def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Enviro
     memory and as bytecode under the kgen cache (``cache_dir``, by default the
     settings'), so unchanged templates are not recompiled by the next process."""
     from kgen.config import Settings
-    from kgen.ir.pyapi import py_args
-    from kgen.runtime.record import axes_of
 
     bytecode = Path(cache_dir or Settings.load().cache_dir) / "jinja"
     bytecode.mkdir(parents=True, exist_ok=True)
@@ -77,9 +75,7 @@ def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Enviro
         bytecode_cache=jinja2.FileSystemBytecodeCache(str(bytecode)),
     )
     env.filters["signature"] = signature
-    env.filters["py_docstring"] = _py_docstring
-    env.globals.update(convert=convert, NEG_INF=NEG_INF, py_args=py_args, pos_off=pos_off,
-                       axes=lambda k: _py_dict(axes_of(k.k)), case_literal=_case_literal)
+    env.globals.update(convert=convert, NEG_INF=NEG_INF, pos_off=pos_off)
     return env
 
 
@@ -184,18 +180,6 @@ def render_batch(group: str, kernels: list[Kernel], templates: Path, root: Path,
     return render_module(environment(templates, cache_dir), group, kernels, root)
 
 
-def _py_docstring(text: str) -> str:
-    """Text inside a generated triple-quoted docstring: backslashes escaped, so
-    ``C:\\users`` or ``\\N`` read as written (the spec checks keep it one printable
-    line without double quotes)."""
-    return text.replace("\\", "\\\\")
-
-
-def _py_dict(d: dict) -> str:
-    """A dict literal, one key per line (black-style), for generated Python."""
-    return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in d.items()) + "}"
-
-
 C_BYTES_PER_LINE = 16
 _C_BYTE = tuple(f"0x{b:02x}" for b in range(256))
 
@@ -215,42 +199,3 @@ def render_c_header(kernels: list[tuple[str, str, bytes]], templates: Path,
              for m, n, fb in kernels]
     return env.get_template("c/kernels_header.h.j2").render(
         kernels=items, modules=sorted({m for m, _, _ in kernels}), kgen_version=__version__)
-
-
-def _case_literal(c) -> str:
-    """A Case as the Python expression that rebuilds it (non-default fields only)."""
-    from dataclasses import fields
-
-    from kgen.testing import Case
-
-    default = Case("x")
-    parts = [repr(c.name)]
-    for f in fields(Case):
-        if f.name in ("name", "extra"):
-            continue
-        v = getattr(c, f.name)
-        if v != getattr(default, f.name):
-            parts.append(f"{f.name}={v!r}")
-    return "Case(" + ", ".join(parts) + ")"
-
-
-def render_tests(modules: list[Module], templates: Path, root: Path,
-                 cache_dir: Path | None = None,
-                 related: tuple[Kernel, ...] | list[Kernel] = ()) -> dict[str, str]:
-    """tests/generated/test_<module>.py for every module (``related``: kernels of other
-    modules the relations may name)."""
-    from kgen.testing import mutations_for
-    from kgen.testing.testgen import cases, plan_cases, shared_cases
-
-    env = environment(templates, cache_dir)
-    by_name = {k.name: k for k in related}
-    by_name.update({k.name: k for m in modules for k in m.kernels})
-    out = {}
-    for m in modules:
-        out[f"test_{m.name}.py"] = env.get_template("tests/test_module.py.j2").render(
-            module=m.name, kernels=list(m.kernels), kgen_version=__version__,
-            cases=cases, plan_cases=plan_cases, shared_cases=shared_cases,
-            mutations_for=mutations_for,
-            by_name=by_name,
-            spec_paths=sorted({spec_rel(k.spec_path, root) for k in m.kernels}))
-    return out

@@ -47,7 +47,9 @@ class Entry:
     fatbin_sha256: str
     source: str
     source_sha256: str
-    resources: dict  # ptxas's report: registers, shared_bytes, stack_frame, ...
+    resources: dict  # ptxas's report: registers, stack_frame, spills, static_smem
+    relations: tuple[dict, ...] = ()  # the spec's `expect <kind> with <other>`: kind, other,
+    #                                   tolerance (the kernel tests check them on the GPU)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,8 @@ def read(directory: Path) -> Manifest:
                         axes=dict(e["axes"]), arrays=_args(e["arrays"]),
                         scalars=_args(e["scalars"]), fatbin=e["fatbin"],
                         fatbin_sha256=e["fatbin_sha256"], source=e["source"],
-                        source_sha256=e["source_sha256"], resources=dict(e["resources"]))
+                        source_sha256=e["source_sha256"], resources=dict(e["resources"]),
+                        relations=tuple(dict(r) for r in e["relations"]))
             for name, e in data["kernels"].items()
         }
         return Manifest(Path(directory), data["generator"], dict(data["toolchain"]), kernels,
@@ -115,7 +118,7 @@ def dump(m: Manifest) -> bytes:
                      "arrays": args(e.arrays), "scalars": args(e.scalars),
                      "fatbin": e.fatbin, "fatbin_sha256": e.fatbin_sha256,
                      "source": e.source, "source_sha256": e.source_sha256,
-                     "resources": e.resources}
+                     "resources": e.resources, "relations": list(e.relations)}
             for e in m.kernels.values()
         },
     }

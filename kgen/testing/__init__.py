@@ -1,4 +1,5 @@
-"""Harness for the generated kernel tests (tests/generated/, from templates/tests/).
+"""Harness of the kernel tests (tests/kernels/test_kernels.py, a collection over the
+build's manifest).
 
 case        the Case a test runs, and fresh random inputs (the seed goes into
             every failure message)

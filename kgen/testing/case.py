@@ -1,4 +1,4 @@
-"""One launch shape for the generated tests, and their random inputs."""
+"""One launch shape for the kernel tests, and their random inputs."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Which shapes each kernel's generated tests run, chosen from its axes.
+"""Which shapes each kernel's tests run, chosen from its axes.
 
 Every kernel gets the shapes :func:`required` derives from its axes (its
 smallest legal head_dim, with one group and with its largest group count, over
 a partial last tile), then the candidates below. Each is bound
-(kgen.runtime.bind) against the kernel at build time; a candidate it refuses is
-retried at its smallest head_dim, and one still refused is listed with the
-contract it breaks in the generated test file. The coverage the candidates aim
+(kgen.runtime.bind) against the kernel; a candidate it refuses is retried at its
+smallest head_dim, and one still refused is listed with the contract it breaks
+among the kernel tests (skipped, with the reason). The coverage the candidates aim
 at: partial last tiles, lengths off the tile grid, chunked prefill with
 pos0 > 0, many group counts, windows on and off, ragged slot positions, long
 contexts, and an fp16 window ring lapped by a long batch.
@@ -17,6 +17,7 @@ from kgen.errors import SpecError
 from kgen.ir.axes import Mode, Op, Position, Sinks, SoftCap, Window
 from kgen.ir.geometry import min_head_dim
 from kgen.ir.kernel import Kernel
+from kgen.ir.signature import params
 from kgen.runtime.bind import bind, shape_refusal
 from kgen.runtime.contracts import ContractError
 from kgen.testing import Case, host_args
@@ -246,7 +247,7 @@ def plan_cases(k: Kernel) -> tuple[list[Case], list[tuple[str, str]]]:
 
     A candidate written for the common head_dim is retried at the kernel's
     smallest head_dim before it counts as refused; refused candidates are listed
-    in the generated test file, never dropped silently."""
+    among the kernel tests (skipped, with the reason), never dropped silently."""
     out: list[Case] = []
     refused: list[tuple[str, str]] = []
     seen: set[str] = set()
@@ -298,3 +299,13 @@ def shared_cases(a: Kernel, b: Kernel) -> list[Case]:
         if not same and refusal(b, c) is None:
             out.append(c)
     return out
+
+
+def contract_class(k: Kernel) -> tuple:
+    """Kernels whose launch contracts are the same checks: the same parameters, and the
+    same op, position, format and options (what decides which arguments a launcher
+    takes and the rules on each). Tile shapes and staging change only the numbers the
+    shared formulas give, so a contract is refused once per class, by the first kernel
+    of the class it applies to."""
+    return (tuple((p.name, p.ctype) for p in params(k)), k.op, k.mode, k.position, k.kv,
+            k.window, k.mask, k.softcap, k.sinks, k.ring_floor)

@@ -2,7 +2,8 @@
 # Every GPU check in one call, for a machine that has a GPU, CuPy, NumPy and pytest
 # but no toolchain: kgen and its kernels come from the wheel `make dist` wrote
 # (dist/kgen-*.whl), installed into a venv of its own that sees the machine's CuPy;
-# the tests are this checkout's (tests/, and tests/generated/ from `kgen build`).
+# the tests are this checkout's (tests/kernels collects every built kernel's tests from
+# the wheel's manifest).
 #   bash tests/gpu/run_on_device.sh [pytest args]
 #   SANITIZE=memcheck|racecheck bash tests/gpu/run_on_device.sh   # under compute-sanitizer
 #   WHEEL=path/to/kgen.whl bash tests/gpu/run_on_device.sh         # another wheel
@@ -34,7 +35,7 @@ EOF
 "$venv/bin/python" -I -m kgen doctor || true  # which image each fatbin loads on this GPU
 # -I: isolated, so the checkout (the working directory) never shadows the wheel.
 run=("$venv/bin/python" -I -m pytest -p no:cacheprovider -m gpu --rootdir "$PWD"
-     tests/generated tests/gpu "$@")
+     tests/kernels tests/gpu "$@")
 if [ -n "${SANITIZE:-}" ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   run=("$cs" --tool "$SANITIZE" --error-exitcode 3 --print-limit 20 "${run[@]}")

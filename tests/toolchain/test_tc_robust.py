@@ -17,7 +17,7 @@ import pytest
 from tc_helpers import REPO
 
 from kgen.compiler import pipeline
-from kgen.compiler.atomic import JOURNAL_SUFFIX, read_tree
+from kgen.compiler.atomic import JOURNAL_SUFFIX
 
 pytestmark = pytest.mark.toolchain
 
@@ -46,7 +46,7 @@ def tiny(ws):
         spec.write_text(t, encoding="utf-8")
         r = ws.kgen("build", "-q")
         assert r.rc == 0, r.text
-        trees[v] = (ws.tree("generated"), read_tree(Path(os.environ["KGEN_TESTS_GENERATED"])))
+        trees[v] = ws.tree("generated")
     return ws, spec, variants, trees
 
 
@@ -61,13 +61,13 @@ def results(ps):
 
 
 def trees_now(ws):
-    return ws.tree("generated"), read_tree(Path(os.environ["KGEN_TESTS_GENERATED"]))
+    return ws.tree("generated")
 
 
 def test_fifty_concurrent_build_pairs(tiny):
     """50 pairs of builds of one checkout, in waves of 10 pairs at once: each pair
     builds spec sets A (specs/) and B (a copy with another doc), so every build really
-    writes. All succeed, and after each wave both trees are whole and of one variant."""
+    writes. All succeed, and after each wave the tree is whole and of one variant."""
     ws, spec, variants, trees = tiny
     spec.write_text(variants["A"], encoding="utf-8")
     other = ws.root / "specs_b"
@@ -94,7 +94,7 @@ def test_fifty_concurrent_build_pairs(tiny):
     assert trees_now(ws) == trees[v]
 
 
-SWAP_POINTS = ["staged", "journal", "old-0", "new-0", "old-1", "new-1", "swapped"]
+SWAP_POINTS = ["staged", "journal", "old-0", "new-0", "swapped"]
 
 
 @pytest.mark.parametrize("point", SWAP_POINTS)
@@ -108,18 +108,17 @@ def test_a_build_killed_in_the_swap_is_finished_by_the_next(tiny, point):
     after = trees_now(ws)
     if point in ("staged",):
         assert after == trees["A"]  # nothing renamed: the old trees, whole
-    # Whatever the crash left, the next build (or its recovery) makes both trees B.
+    # Whatever the crash left, the next build (or its recovery) makes the tree B.
     r = ws.kgen("build", "-q")
     assert r.rc == 0, r.text
     assert trees_now(ws) == trees["B"]
     assert scratch(ws.generated.parent) == []
-    assert scratch(Path(os.environ["KGEN_TESTS_GENERATED"]).parent) == []
     r = ws.kgen("build")
     assert r.rc == 0 and "up to date" in r.out, r.text
 
 
 def test_a_journal_is_replayed_even_by_a_no_op_build(tiny):
-    """Killed between the two trees' renames, with the stamp of the new inputs already
+    """Killed between the renames of the swap, with the stamp of the new inputs already
     recorded by an earlier build: the next build still finishes the swap first."""
     ws, spec, variants, trees = tiny
     spec.write_text(variants["B"], encoding="utf-8")
@@ -159,7 +158,6 @@ def test_stale_scratch_and_tool_dirs_are_removed(tiny):
 def test_build_one_file_writes_its_kernels_and_the_set_comes_back_from_the_store(ws):
     assert ws.kgen("build", "-q").rc == 0
     whole = ws.tree("generated")
-    tests_whole = read_tree(Path(os.environ["KGEN_TESTS_GENERATED"]))
     for name in ("prefill", "decode", "heads", "util"):
         spec = ws.specs / f"{name}.kspec"
         r = ws.kgen("build", "--json", str(spec))
@@ -174,7 +172,6 @@ def test_build_one_file_writes_its_kernels_and_the_set_comes_back_from_the_store
     r = ws.kgen("build", "--json")
     assert r.rc == 0 and json.loads(r.out)["compiled"] == [], r.text  # all from the store
     assert ws.tree("generated") == whole
-    assert read_tree(Path(os.environ["KGEN_TESTS_GENERATED"])) == tests_whole
     # A change in one kernel's spec compiles that kernel alone.
     ws.edit(ws.specs / "util.kspec", UTIL_DOC, 'doc = "changed"')
     r = ws.kgen("build", "--json")

@@ -38,7 +38,6 @@ class _Ctx:
         self.lines = lines
         self.contract = ""  # the check_* running now; its name ends every message
         self.modules: dict[str, Kernel] = {}  # module name, lowercased -> first kernel
-        self.generated: dict[tuple[str, str], Kernel] = {}  # (module, test name) -> kernel
 
     def error(self, pos: SourcePos, msg: str) -> SpecError:
         src = self.lines.get(pos.path, ())
@@ -78,19 +77,6 @@ def check_module_name(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(k.where("module"), f"module '{k.module}' differs from module "
                         f"'{first.module}' ({first.where('module')}) only in case (the C "
                         "header and case-insensitive file systems would mix them up)")
-
-
-def check_generated_names(k: Kernel, ctx: _Ctx) -> None:
-    """The names the generated test module defines per kernel (test functions, case
-    lists) must not collide with another kernel's in the same module."""
-    names = [f"test_{k.name}", f"test_{k.name}_refuses", f"{k.name.upper()}_CASES",
-             *(f"test_{k.name}_{r.kind}_{r.other}" for r in k.relations)]
-    for name in names:
-        first = ctx.generated.setdefault((k.module, name), k)
-        if first is not k:
-            raise ctx.error(k.pos, f"kernel '{k.name}' and kernel '{first.name}' "
-                            f"({first.pos}) both generate '{name}' in "
-                            f"tests/generated/test_{k.module}.py")
 
 
 def check_doc_comment(k: Kernel, ctx: _Ctx) -> None:
@@ -334,7 +320,6 @@ CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
     check_keys_apply_to_op,
     check_kernel_name,
     check_module_name,
-    check_generated_names,
     check_doc_comment,
     check_limits,
     check_mode_position,

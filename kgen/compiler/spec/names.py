@@ -1,14 +1,14 @@
 """The names a kernel or module may not take, and why.
 
 A kernel name becomes an ``extern "C" __global__`` symbol (so a C/C++ identifier no
-header nvcc includes declares), a PTX ``.entry`` name, a Python function in
-``generated/<module>.py`` and part of the test names in ``tests/generated/``. A
-module name becomes a file in both trees, a Python module of the ``kgen_kernels``
-package and a C identifier in ``attention_ptx.h``.
+header nvcc includes declares), a PTX ``.entry`` name, a file name under generated/, a
+Python function of the ``kgen_kernels`` package and part of the kernel tests' ids. A
+module name becomes a Python module of the ``kgen_kernels`` package and a C
+identifier.
 
-``GENERATED_PY_NAMES`` are the module-level names the generated Python binds or
-reads; tests/cpu/test_names.py derives them from the generated files and fails when
-a template starts using a name that is not listed here.
+``GENERATED_PY_NAMES`` are the names the kgen_kernels package and its modules bind;
+tests/cpu/test_names.py derives them from a built package and fails when one is
+bound that is not listed here.
 """
 
 from __future__ import annotations
@@ -21,16 +21,10 @@ def _words(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-# Names the Python kgen makes binds or reads at module level (the kgen_kernels package
-# and its modules, kgen.runtime.kernels; templates/tests/test_module.py.j2): a kernel or
-# module of that name would replace one of them.
+# Names the kgen_kernels package and its modules bind (kgen/kgen_kernels/__init__.py,
+# kgen.runtime.kernels): a kernel or module of that name would replace one of them.
 GENERATED_PY_NAMES = frozenset({
-    # kgen_kernels and kgen_kernels.<module>
     "MANIFEST", "MODULES", "ROOT", "KERNELS", "FATBINS", "Path", "expose",
-    # tests/generated/test_<module>.py
-    "pytest", "Case", "check_kernel", "check_mutation", "check_relation", "mod", "K", "related",
-    # builtins the generated code reads (test ids)
-    "str",
 })
 
 C_KEYWORDS = _words("""
