@@ -24,6 +24,12 @@ FORBIDDEN = {
         # loadcheck reads a fatbin's images and their ELF headers: pure readers.
         "except": ("kgen.toolchain.fatbin", "kgen.toolchain.elf"),
     },
+    # The compiler makes kernels; testing, timing and tuning them sit above it.
+    "kgen.compiler": {
+        "imports": ("kgen.testing", "kgen.tune", "kgen.bench", "kgen.numpy_ref", "kgen.cli",
+                    "kgen.doctor"),
+        "except": (),
+    },
 }
 
 
