@@ -104,6 +104,13 @@ class KvFormat:
         """Cache rows ``[..., row_width]`` -> the float32 values a kernel computes with."""
         raise NotImplementedError
 
+    def round_trip_bound(self, x: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The format's error model: (target, bound) such that every element of
+        ``dequantize_rows(rows)``, with ``rows = quantize_rows(x)``, lies within ``bound``
+        of ``target`` (float64 arrays of x's shape; target is +-inf where the format
+        overflows, x where it does not saturate). tests/cpu/test_formats.py checks it."""
+        raise NotImplementedError
+
     def poison(self) -> object:
         """A fill value for rows nobody wrote: it decodes to NaN."""
         return np.nan if np.dtype(self.dtype).kind == "f" else 0xFF

@@ -14,6 +14,14 @@ class _F16(KvFormat):
         with np.errstate(over="ignore"):
             return np.asarray(x, dtype=np.float32).astype(np.float16)
 
+    def round_trip_bound(self, x, rows):
+        """Round to nearest: half an ulp (2^-11 relative for normals, 2^-25 below);
+        overflow to inf past the half-way point above 65504."""
+        x = np.asarray(x, dtype=np.float64)
+        ax = np.abs(x)
+        target = np.where(ax >= 65520, np.copysign(np.inf, x), x)
+        return target, np.maximum(ax * 2.0**-11, 2.0**-25)
+
     def dequantize_rows(self, rows: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return np.asarray(rows, dtype=np.float16).astype(np.float32)  # exact
 

@@ -56,6 +56,13 @@ class _Fp8E4M3(KvFormat):
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             return encode(np.asarray(x, dtype=np.float32) / np.float32(scale))
 
+    def round_trip_bound(self, x, rows):
+        """Half a step of 3 mantissa bits (2^-4 relative) in the normal range, half of
+        2^-9 below 2^-6, and saturation to +-448 beyond it."""
+        x = np.asarray(x, dtype=np.float64)
+        a = np.minimum(np.abs(x), 448)
+        return np.clip(x, -448, 448), np.maximum(a * 2.0**-4, 2.0**-10) * (1 + 1e-6)
+
     def dequantize_rows(self, rows: np.ndarray, scale: float = 1.0) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
             return (decode(rows) * np.float32(scale)).astype(np.float32)

@@ -156,6 +156,22 @@ class _Q4(KvFormat):
     def quantize_rows(self, x: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return quantize_rows(x)
 
+    def round_trip_bound(self, x, rows):
+        """Half a step of rounding, plus up to 8 steps of the fp16 scale's error
+        (|code| <= 8); x / d >= 7.5 rounds to code 16 and clamps to 15 (only negative
+        x, as d < 0): a full step there."""
+        x = np.asarray(x, dtype=np.float64)
+        blocks = x.reshape(x.shape[:-1] + (-1, BLOCK))
+        d32 = block_scales(x.astype(np.float32)).astype(np.float64)[..., None]  # negative
+        blk = np.asarray(rows, dtype=np.uint8).reshape(blocks.shape[:-1] + (BLOCK_BYTES,))
+        bits = blk[..., 0].astype(np.uint16) | (blk[..., 1].astype(np.uint16) << 8)
+        d16 = np.ascontiguousarray(bits).view(np.float16).astype(np.float64)[..., None]
+        step = np.abs(d32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            clamped = blocks / d32 >= 7.49
+        bound = np.where(clamped, step, 0.5 * step) * (1 + 1e-6) + 8 * np.abs(d32 - d16)
+        return x, bound.reshape(x.shape)
+
     def dequantize_rows(self, rows: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return dequantize_rows(rows)
 

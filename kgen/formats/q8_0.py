@@ -70,9 +70,28 @@ def dequantize_rows(rows: np.ndarray) -> np.ndarray:
         return (codes * d[..., None]).reshape(lead + (nb * BLOCK,))
 
 
+def block_fp16_scales(rows: np.ndarray) -> np.ndarray:
+    """The binary16 scale of every block of rows, as float64 ``[..., blocks]``."""
+    blk = np.asarray(rows, dtype=np.uint8)
+    blk = blk.reshape(blk.shape[:-1] + (-1, BLOCK_BYTES))
+    bits = blk[..., 0].astype(np.uint16) | (blk[..., 1].astype(np.uint16) << 8)
+    return np.ascontiguousarray(bits).view(np.float16).astype(np.float64)
+
+
 class _Q8_0(KvFormat):
     def quantize_rows(self, x: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return quantize_rows(x)
+
+    def round_trip_bound(self, x, rows):
+        """Half a step (amax / 254) of rounding, plus up to 127 times the fp16 scale's
+        error (amax / 254 alone does not bound it when d is not a binary16 value)."""
+        x = np.asarray(x, dtype=np.float64)
+        blocks = x.reshape(x.shape[:-1] + (-1, BLOCK))
+        amax = np.abs(blocks).max(-1, keepdims=True)
+        d32 = (amax.astype(np.float32) / np.float32(127)).astype(np.float64)
+        d16 = block_fp16_scales(rows)[..., None]
+        bound = amax / 254 * (1 + 1e-5) + 127 * np.abs(d32 - d16)
+        return x, np.broadcast_to(bound, blocks.shape).reshape(x.shape)
 
     def dequantize_rows(self, rows: np.ndarray, scale: float = 1.0) -> np.ndarray:
         return dequantize_rows(rows)
