@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from kgen.formats import f16, f32, fp8_e4m3, q4, q8_0
+from kgen.formats import bf16, f16, f32, fp8_e4m3, q4, q8_0
 from kgen.formats.base import KvFormat, Shadow
 
 # Registration: the one place that lists the formats.
-FORMATS: dict[str, KvFormat] = {m.FORMAT.name: m.FORMAT for m in (f32, q4, f16, q8_0, fp8_e4m3)}
+FORMATS: dict[str, KvFormat] = {m.FORMAT.name: m.FORMAT
+                                for m in (f32, q4, f16, q8_0, fp8_e4m3, bf16)}
 
 
 class _FormatName(StrEnum):
