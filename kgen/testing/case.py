@@ -85,3 +85,9 @@ def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
                 and np.array_equal(a.view(np.uint32)[~na], b.view(np.uint32)[~nb]))
 
 
+
+
+def random_bits(g: np.random.Generator, a: np.ndarray) -> np.ndarray:
+    """Random bytes shaped and typed as ``a`` (old cache contents of a format stored as
+    integers: every bit pattern, not the few a cast of small floats gives)."""
+    return g.integers(0, 256, a.nbytes, dtype=np.uint8).view(a.dtype).reshape(a.shape)

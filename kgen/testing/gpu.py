@@ -19,7 +19,7 @@ from kgen.ir.axes import (
     Sinks,
 )
 from kgen.ir.kernel import Kernel
-from kgen.testing.case import Case, rng
+from kgen.testing.case import Case, random_bits, rng
 from kgen.testing.device import ATOL, RTOL, assert_close, cupy, dev, poisoned
 from kgen.testing.keywords import options, ref_options, shadow_args, sink_logits
 
@@ -77,9 +77,10 @@ def _check_append(k, fn, case):
     kn, vn = _rand(g, n, hk, hd), _rand(g, n, hk, hd)
     pos = np.array(case.positions or (case.pos0,), dtype=np.int32)
     cache = _cache(k, case, nslots=n if slots else None)
-    # Old contents (random bytes / values) must survive outside the written rows.
+    # Old contents (random values; random bits for a format stored as integers) must
+    # survive outside the written rows.
     for a in cache.arrays:
-        a[...] = g.integers(0, 256, a.shape, dtype=np.uint8) if a.dtype == np.uint8 else \
+        a[...] = random_bits(g, a) if a.dtype.kind in "ui" else \
             _rand(g, *a.shape).astype(a.dtype)
     bufs = _upload(cache)
     sw = shadow_args(k, case)

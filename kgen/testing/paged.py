@@ -10,7 +10,7 @@ import numpy as np
 from kgen import numpy_ref as ref
 from kgen.ir.axes import Mode, Op, Sinks
 from kgen.ir.kernel import Kernel
-from kgen.testing.case import Case, rng
+from kgen.testing.case import Case, random_bits, rng
 from kgen.testing.device import assert_close, dev, poisoned
 from kgen.testing.keywords import options, ref_options, shadow_args, sink_logits
 
@@ -136,8 +136,8 @@ def _check_append(k, fn, case, g, seed):
     nb = -(-case.n // bs) + 2
     pages = ref.PagedCache.empty(k.fmt, nb, bs, hk, hd, case.k_scale, case.v_scale)
     for a in (pages.k, pages.v):  # old contents must survive
-        a[...] = g.integers(0, 256, a.shape, dtype=np.uint8).view(a.dtype).reshape(a.shape) \
-            if a.dtype.itemsize == 1 else g.standard_normal(a.shape).astype(a.dtype)
+        a[...] = random_bits(g, a) if a.dtype.kind in "ui" else \
+            g.standard_normal(a.shape).astype(a.dtype)
     slots = g.permutation(nb * bs)[: case.n].astype(np.int32)
     slots[case.n // 2] = -1  # graph padding: skipped
     kn = g.standard_normal((case.n, hk, hd)).astype(np.float32)

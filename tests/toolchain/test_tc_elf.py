@@ -15,9 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.toolchain
-def test_text_sections_are_the_listed_encodings(tmp_path):
-    ctx = repo_context(tmp_path / "cache")
-    work = pipeline.run(("read", "ptx", "cubin", "sass"), pipeline.Work(), ctx)
+def test_text_sections_are_the_listed_encodings(session_cache):
+    ctx = repo_context(session_cache)
+    work = pipeline.run(("parse", "context", "check", "render", "ptx", "cubin", "sass"),
+                        pipeline.Work(inputs=(ctx.settings.specs,)), ctx)
     assert work.builds
     for b in work.builds:
         code = elf.kernel_code(b.cubin)
