@@ -1,4 +1,6 @@
-"""Changing one spec recompiles only the module it feeds; the rest are cache hits."""
+"""Changing one spec recompiles only the kernels it defines; the rest are store hits.
+A kernel is its own compile unit: the misses of a module share one nvcc run, and
+ptxas runs per kernel."""
 
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ COMPILE = ("parse", "check", "render", "ptx", "cubin")
 
 
 @pytest.mark.toolchain
-def test_one_spec_change_recompiles_only_its_module(tmp_path, monkeypatch):
+def test_one_spec_change_recompiles_only_its_kernels(tmp_path, monkeypatch):
     specs = tmp_path / "specs"
     shutil.copytree(ROOT / "specs", specs)
     ctx = repo_context(tmp_path / "cache")
-    modules = {k.module for k in pipeline.checked(pipeline.parse([specs]))}
+    kernels = pipeline.checked(pipeline.parse([specs]))
+    modules = {k.module for k in kernels}
+    alone = {m for m in modules if sum(k.module == m for k in kernels) == 1}
 
     def build() -> list[str]:
         calls: list[str] = []
@@ -36,10 +40,20 @@ def test_one_spec_change_recompiles_only_its_module(tmp_path, monkeypatch):
         monkeypatch.undo()
         return calls
 
-    assert len(build()) == 2 * len(modules)  # cold: nvcc + ptxas for each module
-    assert build() == []  # unchanged: every stage is a cache hit
+    cold = build()
+    # cold: one nvcc run per module (a batch, or the kernel alone) and ptxas per kernel
+    assert sorted(c for c in cold if c in modules) == sorted(modules - alone)
+    assert len(cold) == len(modules) + len(kernels)
+    assert build() == []  # unchanged: every stage is a store hit
     util = specs / "util.kspec"
     util.write_text(util.read_text().replace("split the joint", "split the fused"))
-    # Only attn_util's source changed, so only its nvcc runs; the edit is a comment,
-    # the PTX comes out the same and ptxas is a cache hit too.
-    assert build() == ["attn_util"]
+    # Only fc_attn_qz_split's source changed, so only its nvcc runs; the edit is a
+    # comment, the PTX comes out the same and ptxas is a store hit too.
+    assert build() == ["fc_attn_qz_split"]
+    # A kernel added to the largest module compiles that kernel alone.
+    biggest = max(modules, key=lambda m: sum(k.module == m for k in kernels))
+    parent = next(k.name for k in kernels if k.module == biggest)
+    (specs / "zz_one_more.kspec").write_text(
+        f"kernel zz_one_more : {parent} {{\n    doc = \"one more\"\n    max_groups = 2\n}}\n",
+        encoding="utf-8")
+    assert build() == ["zz_one_more", "zz_one_more"]  # its nvcc, its ptxas
