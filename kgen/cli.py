@@ -266,14 +266,24 @@ def cmd_check(args, settings: Settings, say: Reporter) -> int:
     return 0
 
 
+def _resources(settings: Settings, args) -> dict[str, dict]:
+    """ptxas's report of every spec kernel, through the store."""
+    from kgen.compiler import pipeline
+
+    work = pipeline.run(("parse", "context", "check", "render", "ptx", "cubin"),
+                        pipeline.Work(inputs=(settings.specs,)), _context(settings, args))
+    return {n: c.resources.as_dict() for n, c in work.compiled.items()}
+
+
 def cmd_list(args, settings: Settings, say: Reporter) -> int:
     from kgen.compiler import coverage
     from kgen.runtime.record import axes_of
 
     kernels = _kernels(settings, args)
     if args.json:
-        print(json.dumps([{"name": k.name, "axes": axes_of(k), **coverage.limits(k)}
-                          for k in kernels], indent=1))
+        res = _resources(settings, args) if args.resources else {}
+        print(json.dumps([{"name": k.name, "axes": axes_of(k),
+                           **coverage.limits(k, res.get(k.name))} for k in kernels], indent=1))
         return 0
     w = max(len(k.name) for k in kernels)
     for k in kernels:
@@ -399,7 +409,11 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", parents=[common], help="validate specs without building")
     c.add_argument("specs", nargs="*")
     c.set_defaults(fn=cmd_check)
-    sub.add_parser("list", parents=[common], help="list kernels").set_defaults(fn=cmd_list)
+    li = sub.add_parser("list", parents=[common], help="list kernels")
+    li.add_argument("--resources", action="store_true",
+                    help="with --json: each kernel's ptxas resources and sm_37 occupancy "
+                    "(compiles what the store lacks)")
+    li.set_defaults(fn=cmd_list)
     t = sub.add_parser("tune", parents=[common],
                        help="on a GPU: choose decode plans and variants per shape class")
     t.add_argument("--kv", default="", help="formats (comma-separated; default: every "

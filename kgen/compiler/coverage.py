@@ -5,6 +5,7 @@ coverage without a GPU: `kgen list --json`."""
 from __future__ import annotations
 
 from kgen.ir.axes import Op
+from kgen.ir.geometry import block_threads, flash_shared_bytes
 from kgen.ir.kernel import Kernel
 from kgen.ir.target import TARGET
 from kgen.runtime.bind import shape_refusal
@@ -40,8 +41,28 @@ def runs(values: list[int]) -> str:
     return ",".join(map(str, values))
 
 
-def limits(k: Kernel) -> dict:
-    """The shape limits of one kernel, as data."""
+OCCUPANCY_HEAD_DIMS = (64, 128, 256, 512)  # the sizes `kgen list --json` reports occupancy at
+
+
+def occupancy(k: Kernel, resources: dict, dims: list[int]) -> dict:
+    """sm_37 occupancy of a flash kernel at the head sizes it serves among
+    OCCUPANCY_HEAD_DIMS (its smallest if none), each at the most groups it allows:
+    threads, shared bytes, and blocks and warps resident per multiprocessor, from
+    ptxas's registers and static shared memory and the launch geometry."""
+    out = {}
+    for hd in [d for d in OCCUPANCY_HEAD_DIMS if d in dims] or dims[:1]:
+        g = groups_by_head_dim(k, [hd])[hd]
+        threads = block_threads(k, hd)
+        shared = flash_shared_bytes(k, g, hd) + resources.get("static_smem", 0)
+        blocks, warps = TARGET.occupancy(threads, resources["registers"], shared)
+        out[str(hd)] = {"groups": g, "threads": threads, "shared_bytes": shared,
+                        "blocks_per_sm": blocks, "warps_per_sm": warps}
+    return out
+
+
+def limits(k: Kernel, resources: dict | None = None) -> dict:
+    """The shape limits of one kernel, as data; with ptxas's ``resources`` for it, its
+    registers, stack frame and sm_37 occupancy too."""
     dims = head_dims(k)
     out: dict = {"head_dims": dims}
     if k.op is Op.FLASH:
@@ -51,4 +72,10 @@ def limits(k: Kernel) -> dict:
         out["dot_lanes"] = k.dot_lanes
     if k.fmt.shadows and k.op in (Op.FLASH, Op.KV_APPEND):
         out["sink_rows"], out["ring_rows"] = k.sink_rows, k.ring_rows
+    if resources is not None:
+        sm = {"registers": resources["registers"], "stack_frame": resources["stack_frame"],
+              "spill_stores": resources["spill_stores"]}
+        if k.op is Op.FLASH and dims:
+            sm["occupancy"] = occupancy(k, resources, dims)
+        out["sm_37"] = sm
     return out

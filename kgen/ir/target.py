@@ -18,6 +18,15 @@ class Target:
     registers_per_thread: int
     grid_x_max: int
     grid_yz_max: int
+    # One multiprocessor (what occupancy is counted against) and the chip.
+    sms: int                  # multiprocessors of one die (a K80 board holds two dies)
+    threads_per_sm: int
+    blocks_per_sm: int
+    registers_per_sm: int
+    registers_per_block: int
+    shared_per_sm: int        # bytes, with the L1 split that gives shared memory the most
+    register_unit: int        # registers are allocated per warp in units of this many
+    shared_unit: int          # bytes of shared memory are allocated in units of this
 
     @property
     def max_shadow_rows(self) -> int:
@@ -29,9 +38,29 @@ class Target:
     def fits_block(self, threads: int) -> bool:
         return 1 <= threads <= self.max_threads
 
+    def occupancy(self, threads: int, registers: int, shared_bytes: int) -> tuple[int, int]:
+        """(blocks, warps) resident on one multiprocessor for blocks of ``threads``
+        threads using ``registers`` registers each and ``shared_bytes`` of shared memory
+        (dynamic and static); (0, 0) when one block does not fit."""
+        warps = -(-threads // self.warp)
+        per_warp = -(-max(registers, 1) * self.warp // self.register_unit) * self.register_unit
+        if (threads > self.max_threads or per_warp * warps > self.registers_per_block
+                or shared_bytes > self.shared_per_block):
+            return 0, 0
+        shared = -(-shared_bytes // self.shared_unit) * self.shared_unit
+        blocks = min(self.blocks_per_sm, self.threads_per_sm // (warps * self.warp),
+                     self.registers_per_sm // (per_warp * warps),
+                     self.shared_per_sm // shared if shared else self.blocks_per_sm)
+        return blocks, blocks * warps
 
-# Kepler GK210 (Tesla K80), compute capability 3.7.
+
+# Kepler GK210 (one die of a Tesla K80), compute capability 3.7: 13 SMs, each with 2048
+# threads, 16 blocks, 128K 32-bit registers (64K to one block) and 112 KB of shared
+# memory (48 KB to one block).
 SM_37 = Target(arch="sm_37", warp=32, max_threads=1024, shared_per_block=48 * 1024,
-               registers_per_thread=255, grid_x_max=2**31 - 1, grid_yz_max=65535)
+               registers_per_thread=255, grid_x_max=2**31 - 1, grid_yz_max=65535,
+               sms=13, threads_per_sm=2048, blocks_per_sm=16, registers_per_sm=128 * 1024,
+               registers_per_block=64 * 1024, shared_per_sm=112 * 1024, register_unit=256,
+               shared_unit=256)
 
 TARGET = SM_37

@@ -49,3 +49,22 @@ def test_small_rings_are_tested_with_what_they_hold(small):
 def test_refused_shapes_are_listed(small):
     _, refused = plan_cases(small[0])
     assert refused and all("[contract:" in why for _, why in refused)
+
+
+@pytest.mark.parametrize("threads, registers, shared, want", [
+    # (blocks, warps) per sm_37 multiprocessor, by the rules of the CUDA occupancy
+    # calculator for compute 3.7: registers in 256-register units per warp, shared
+    # memory in 256-byte units, 2048 threads, 16 blocks, 128K registers, 112 KB.
+    (256, 32, 0, (8, 64)),          # threads bound: 2048 / 256
+    (64, 32, 0, (16, 32)),          # the 16-block bound
+    (256, 62, 26720, (4, 32)),      # shared memory bound: 112 KB / 26880
+    (256, 192, 0, (2, 16)),         # registers: 6144 a warp, 8 warps a block
+    (128, 255, 0, (4, 16)),         # 8160 -> 8192 a warp
+    (1024, 64, 0, (2, 64)),
+    (1024, 65, 0, (0, 0)),          # 72 registers a thread: more than 64K to one block
+    (256, 32, 48 * 1024 + 1, (0, 0)),  # more shared memory than one block may use
+])
+def test_sm37_occupancy(threads, registers, shared, want):
+    from kgen.ir.target import TARGET
+
+    assert TARGET.occupancy(threads, registers, shared) == want
