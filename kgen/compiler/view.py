@@ -29,6 +29,7 @@ from kgen.ir.geometry import (
     ScoreScatter,
     flash_regions,
     out_cols,
+    p_stride,
     row_groups,
     row_lanes,
     score_scatter,
@@ -90,6 +91,10 @@ class KernelView:
     @property
     def out_cols(self) -> int:
         return out_cols(self.k)
+
+    @property
+    def p_stride(self) -> int:
+        return p_stride(self.k)
 
     @property
     def slots(self) -> bool:

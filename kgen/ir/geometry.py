@@ -56,6 +56,12 @@ def out_cols(k: Kernel) -> int:
     return -(-k.max_head_dim // row_lanes(k))
 
 
+def p_stride(k: Kernel) -> int:
+    """query_tile: floats per row of the shared P tile (a key of pad: no bank conflicts
+    between the rows a warp reads)."""
+    return k.tile_keys + 1
+
+
 def accumulators(k: Kernel) -> int:
     """query_tile: output accumulators a thread keeps in registers."""
     return k.micro_rows * out_cols(k)
@@ -141,7 +147,7 @@ def flash_regions(k: Kernel) -> tuple[Region, ...]:
                        lambda G, hd: k.tile_rows * (hd + k.k_pad)),
                 Region("kv_s", "float", "(size_t)TILE_KEYS * kstride",
                        lambda G, hd: T * (hd + k.k_pad)),
-                Region("p_s", "float", "", lambda G, hd: k.tile_rows * (T + 1)))
+                Region("p_s", "float", "", lambda G, hd: k.tile_rows * p_stride(k)))
     out = [Region("q_s", Q_ELEM[k.q_stage], "(size_t)G * head_dim", lambda G, hd: G * hd)]
     if streams(k):  # q group | the units' merge: acc [G][hd], then m, l [units][G]
         return tuple(out + [

@@ -349,8 +349,8 @@ def _flash(k: Kernel, c: Checker, a: dict):
         values.update(out=out, pos0=pos0)
         if k.rows_per_block > 1 or query_tiles(k):
             values["n_rows"] = n
-        if query_tiles(k):  # rows (query, q head) of a kv head are indexed in int
-            c.require(n * G <= INT_MAX, "int32 index",
+        if query_tiles(k):  # rows (query, q head) of a kv head, and a tile past them, in int
+            c.require(n * G <= INT_MAX - k.tile_rows, "int32 index",
                       lambda: f"{n} query rows x {G} q heads overflow the kernel's int row index")
         return prefill_grid(k, n, G, n_head_kv), (block_threads(k, hd), 1, 1), smem, values
 
