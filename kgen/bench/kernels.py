@@ -254,7 +254,8 @@ def _sdpa(q_np, k_np, v_np, G):
 
 def prefill_long_table(cp, g) -> list[dict]:
     """Causal prefill of LONG_N rows from position 0 (f32 and q4, head_dim 128 and
-    256, 8 q heads per kv head): every prefill kernel serving the shape, and SDPA."""
+    256, 8 q heads per kv head): every causal prefill kernel serving the shape (the
+    query_tile ones among them), and SDPA."""
     from kgen import numpy_ref as ref
     from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
@@ -279,7 +280,8 @@ def prefill_long_table(cp, g) -> list[dict]:
             for k, fn in generated():
                 if not (k.op is Op.FLASH and k.mode is Mode.PREFILL and k.kv.value == kv and
                         k.position is Position.HOST and shape_refusal(k, hd, H // HK) is None
-                        and k.window.value == "sink_recent" and k.sinks.value == "none"):
+                        and k.window.value == "sink_recent" and k.sinks.value == "none"
+                        and k.mask.value == "causal"):
                     continue
                 if cache.fmt.shadows and (k.ring_rows, k.sink_rows) != (cache.RING_ROWS,
                                                                         cache.SINK_ROWS):

@@ -24,7 +24,16 @@ from kgen.ir.axes import (
     VStage,
     Window,
 )
-from kgen.ir.geometry import Region, ScoreScatter, flash_regions, score_scatter
+from kgen.ir.geometry import (
+    Region,
+    ScoreScatter,
+    flash_regions,
+    out_cols,
+    p_stride,
+    row_groups,
+    row_lanes,
+    score_scatter,
+)
 from kgen.ir.kernel import Kernel
 from kgen.ir.signature import Param, params
 from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM, SHARED_SYMBOL
@@ -55,15 +64,37 @@ class KernelView:
 
     @property
     def template(self) -> str:
-        """The kernel template: one per op, and the flash op's warp_stream schedule
-        has its own skeleton (no shared tiles to share code with)."""
+        """The kernel template: one per op, and the flash op's warp_stream and
+        query_tile schedules have their own skeletons (over the same format macros)."""
         if self.stream:
             return "kernels/flash_stream.cu.j2"
+        if self.qtile:
+            return "kernels/flash_qtile.cu.j2"
         return f"kernels/{self.k.op.value}.cu.j2"
 
     @property
     def stream(self) -> bool:
         return self.k.op is Op.FLASH and self.k.schedule is Schedule.WARP_STREAM
+
+    @property
+    def qtile(self) -> bool:
+        return self.k.op is Op.FLASH and self.k.schedule is Schedule.QUERY_TILE
+
+    @property
+    def row_lanes(self) -> int:
+        return row_lanes(self.k)
+
+    @property
+    def row_groups(self) -> int:
+        return row_groups(self.k)
+
+    @property
+    def out_cols(self) -> int:
+        return out_cols(self.k)
+
+    @property
+    def p_stride(self) -> int:
+        return p_stride(self.k)
 
     @property
     def slots(self) -> bool:

@@ -62,6 +62,11 @@ class Schedule(StrEnum):
     #                              keys from global memory into registers (K and V of
     #                              keys_per_step keys in flight), with its own online
     #                              softmax; the units merge once, at the end
+    QUERY_TILE = "query_tile"    # prefill, FlashAttention-2 for SIMT FP32: a block owns
+    #                              tile_rows query rows (with GQA, the q heads of its kv
+    #                              head packed as rows), stages f32 K and V tiles of
+    #                              tile_keys keys once for all of them, and computes S and
+    #                              O in per-thread register micro-tiles
 
 
 class Window(StrEnum):
@@ -135,7 +140,13 @@ KEYS: dict[str, Key] = {
     "v_rounds": Key(int, 3, FLASH, "blockDim-strided rounds that stage the V tile"),
     "ring_rows": Key(int, 256, CACHE_OPS, "rows of the fp16 window ring (it laps here)"),
     "sink_rows": Key(int, 8, CACHE_OPS, "rows of the fp16 sink buffer"),
-    "max_head_dim": Key(int, 1024, frozenset({Op.KV_APPEND}), "static staging bound"),
+    "max_head_dim": Key(int, 1024, frozenset({Op.KV_APPEND, Op.FLASH}),
+                        "static staging bound (append); the widest head_dim a query_tile "
+                        "thread's output patch holds"),
+    "tile_rows": Key(int, 64, FLASH, "query_tile: rows (query position, q head) of a "
+                     "block's query tile"),
+    "micro_rows": Key(int, 2, FLASH, "query_tile: rows of a thread's score and output patch"),
+    "micro_keys": Key(int, 4, FLASH, "query_tile: keys of a thread's score patch"),
 }
 
 

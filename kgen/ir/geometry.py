@@ -24,9 +24,63 @@ def streams(k: Kernel) -> bool:
     return k.schedule is Schedule.WARP_STREAM
 
 
+def query_tiles(k: Kernel) -> bool:
+    return k.schedule is Schedule.QUERY_TILE
+
+
+# ---- schedule = query_tile (templates/kernels/flash_qtile.cu.j2) ----------------------
+# A block owns tile_rows rows of one kv head's (query position, q head) pairs, row r of
+# the kv head being query t = r / kv_groups, q head g = r % kv_groups (position major).
+# Thread tid = ty * row_lanes + tx holds the micro_rows x micro_keys patch of S of rows
+# ty + i * row_groups and keys tx + j * row_lanes of each tile, and the same rows' output
+# columns tx + c * row_lanes (out_cols of them): a row's row_lanes lanes are adjacent
+# lanes of one warp, so its max and sum reduce by shuffles.
+
+def row_lanes(k: Kernel) -> int:
+    """query_tile: the lanes sharing one row (tile_keys / micro_keys)."""
+    return k.tile_keys // k.micro_keys
+
+
+def row_groups(k: Kernel) -> int:
+    """query_tile: threads along the rows (tile_rows / micro_rows)."""
+    return k.tile_rows // k.micro_rows
+
+
+def qtile_threads(k: Kernel) -> int:
+    """query_tile: the block, one thread per micro-tile of the S tile."""
+    return row_groups(k) * row_lanes(k)
+
+
+def out_cols(k: Kernel) -> int:
+    """query_tile: output columns a thread holds per row (max_head_dim over its row's lanes)."""
+    return -(-k.max_head_dim // row_lanes(k))
+
+
+def p_stride(k: Kernel) -> int:
+    """query_tile: floats per row of the shared P tile (a key of pad: no bank conflicts
+    between the rows a warp reads)."""
+    return k.tile_keys + 1
+
+
+def accumulators(k: Kernel) -> int:
+    """query_tile: output accumulators a thread keeps in registers."""
+    return k.micro_rows * out_cols(k)
+
+
+def prefill_grid(k: Kernel, n: int, groups: int, n_head_kv: int) -> tuple[int, int, int]:
+    """The grid of a contiguous (position = host) prefill of ``n`` query rows: a block
+    per query tile of each kv head (query_tile), else per rows_per_block query rows."""
+    if query_tiles(k):
+        return (-(-n * groups // k.tile_rows), n_head_kv, 1)
+    return (-(-n // k.rows_per_block), n_head_kv, 1)
+
+
 def tile_threads(k: Kernel) -> int:
     """Threads that score one tile: every key of a tile has its own dot lanes. A
-    warp_stream block needs one unit of dot lanes (each unit streams its own keys)."""
+    warp_stream block needs one unit of dot lanes (each unit streams its own keys); a
+    query_tile block is its micro-tiles."""
+    if query_tiles(k):
+        return qtile_threads(k)
     return k.dot_lanes if streams(k) else k.tile_keys * k.dot_lanes
 
 
@@ -40,7 +94,10 @@ def padded(k: Kernel) -> bool:
 
 
 def block_threads(k: Kernel, head_dim: int) -> int:
-    """Threads of a flash block: one per output dim, or that rounded up to whole warps."""
+    """Threads of a flash block: one per output dim, or that rounded up to whole warps;
+    a query_tile block is fixed by its tile shape."""
+    if query_tiles(k):
+        return qtile_threads(k)
     if padded(k):
         return -(-head_dim // TARGET.warp) * TARGET.warp
     return head_dim
@@ -49,7 +106,10 @@ def block_threads(k: Kernel, head_dim: int) -> int:
 def head_dim_step(k: Kernel) -> int:
     """head_dim must be a multiple of this: whole warps (the dot shuffles use
     full-warp masks) or, in a padded block, whole dot chunks; and whole blocks of
-    the format."""
+    the format. A query_tile block takes any head_dim up to max_head_dim (its loops
+    over dims are guarded): whole blocks of the format only."""
+    if query_tiles(k):
+        return k.fmt.block
     base = k.dot_lanes if padded(k) else TARGET.warp
     return math.lcm(base, k.fmt.block)
 
@@ -79,9 +139,15 @@ ELEM_BYTES = {"float": 4, "__half": 2, "unsigned int": 4}
 
 def flash_regions(k: Kernel) -> tuple[Region, ...]:
     """q group | K tile | scores [G][T] | probs [T][G] | m, l, corr [G] | V tile (or,
-    warp_stream, q group | merge): the one table the launch geometry sums and the
-    flash templates carve."""
+    warp_stream, q group | merge; query_tile, q tile | K-then-V tile | probs): the one
+    table the launch geometry sums and the flash templates carve."""
     T = k.tile_keys
+    if query_tiles(k):  # rows of head_dim + k_pad floats; K and V take turns in kv_s
+        return (Region("q_s", "float", "(size_t)TILE_ROWS * kstride",
+                       lambda G, hd: k.tile_rows * (hd + k.k_pad)),
+                Region("kv_s", "float", "(size_t)TILE_KEYS * kstride",
+                       lambda G, hd: T * (hd + k.k_pad)),
+                Region("p_s", "float", "", lambda G, hd: k.tile_rows * p_stride(k)))
     out = [Region("q_s", Q_ELEM[k.q_stage], "(size_t)G * head_dim", lambda G, hd: G * hd)]
     if streams(k):  # q group | the units' merge: acc [G][hd], then m, l [units][G]
         return tuple(out + [

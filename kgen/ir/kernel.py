@@ -58,6 +58,9 @@ class Kernel:
     sink_rows: int
     max_head_dim: int
     keys_per_step: int
+    tile_rows: int
+    micro_rows: int
+    micro_keys: int
     budgets: tuple[ExpectResource, ...] = ()
     relations: tuple[ExpectRelation, ...] = ()
     lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.ir.axes import Mode, Op, Position, Sinks, SoftCap, Window
+from kgen.ir.axes import Mode, Op, Position, Schedule, Sinks, SoftCap, Window
 from kgen.ir.kernel import Kernel
 
 # NumPy dtypes of the element types of the arrays every kernel of an op takes; a KV
@@ -103,7 +103,7 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         elif k.mode is Mode.PREFILL:
             out += _p("int", "kv_groups", "head_dim", "max_seq")
             out += _p("int", "pos0")
-            if k.rows_per_block > 1:
+            if k.rows_per_block > 1 or k.schedule is Schedule.QUERY_TILE:
                 out += _p("int", "n_rows")
         else:
             out += _p("int", "kv_groups", "head_dim", "max_seq")

@@ -14,7 +14,16 @@ from typing import NamedTuple
 import numpy as np
 
 from kgen.ir.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
-from kgen.ir.geometry import block_threads, flash_shared_bytes, padded, tile_threads
+from kgen.ir.geometry import (
+    block_threads,
+    flash_shared_bytes,
+    out_cols,
+    padded,
+    prefill_grid,
+    query_tiles,
+    row_lanes,
+    tile_threads,
+)
 from kgen.ir.kernel import Kernel
 from kgen.ir.params import INT_MAX, PARAMS
 from kgen.ir.signature import params
@@ -216,7 +225,18 @@ def _positions(k: Kernel, c: Checker, a: dict, count: int, max_seq: int, rows: i
 
 def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
     """The block is head_dim threads (or that in whole warps); every tile key is
-    scored by its own dot lanes."""
+    scored by its own dot lanes. A query_tile block is fixed by its tile shape and
+    takes any head_dim its threads' output patches cover."""
+    if query_tiles(k):
+        c.require(1 <= hd <= k.max_head_dim, "head_dim range",
+                  lambda: f"head_dim = {hd}: each thread holds its rows' outputs for head_dim "
+                  f"up to max_head_dim = {k.max_head_dim} (in {out_cols(k)} columns of "
+                  f"{row_lanes(k)} lanes a row)")
+        fmt = k.fmt
+        c.require(fmt.accepts_head_dim(hd), "row format",
+                  lambda: f"head_dim = {hd} must be a multiple of {fmt.block} (whole {fmt.name} "
+                  "blocks)")
+        return
     threads = block_threads(k, hd)
     c.require(TARGET.fits_block(threads), "block size",
               lambda: f"head_dim = {hd}: a block is {threads} threads, at most "
@@ -327,11 +347,12 @@ def _flash(k: Kernel, c: Checker, a: dict):
                   lambda: f"query rows read cache rows [0, pos0 + n) = [0, {pos0 + n}) without "
                   f"wrapping; max_seq = {max_seq}")
         values.update(out=out, pos0=pos0)
-        if k.rows_per_block > 1:
+        if k.rows_per_block > 1 or query_tiles(k):
             values["n_rows"] = n
-            return ((n + k.rows_per_block - 1) // k.rows_per_block, n_head_kv, 1), \
-                (block_threads(k, hd), 1, 1), smem, values
-        return (n, n_head_kv, 1), (block_threads(k, hd), 1, 1), smem, values
+        if query_tiles(k):  # rows (query, q head) of a kv head, and a tile past them, in int
+            c.require(n * G <= INT_MAX - k.tile_rows, "int32 index",
+                      lambda: f"{n} query rows x {G} q heads overflow the kernel's int row index")
+        return prefill_grid(k, n, G, n_head_kv), (block_threads(k, hd), 1, 1), smem, values
 
     heads = (lead_q[0] if slots else 1) * n_head
     if k.position is Position.HOST:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.ir.axes import KEYS, KStage, Mode, Op, Position, QStage
-from kgen.ir.geometry import padded, streams, tile_threads
+from kgen.ir.axes import KEYS, KStage, Mode, Op, Position, QStage, Schedule
+from kgen.ir.geometry import padded, tile_threads
 from kgen.ir.kernel import Kernel
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
@@ -67,12 +67,14 @@ def rank(k: Kernel) -> tuple:
     """Preference among kernels that serve a shape (smaller first): exact staging
     before fp16 q or K tiles, then the fewest options nobody asked for, then the
     tiled schedule (the engine's default plan is sized for it; a warp_stream
-    decode is chosen by `kgen tune` or by name), then the widest tile (the most of
-    the block scoring keys: fewer tile steps), then a block with no idle threads."""
+    decode or a query_tile prefill is chosen by `kgen tune` or by name), then the
+    widest tile (the most of the block scoring keys: fewer tile steps), then a block
+    with no idle threads."""
     if k.op is not Op.FLASH:
         return (options(k),)
     lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
-    return (lossy, options(k), streams(k), -tile_threads(k), padded(k))
+    return (lossy, options(k), k.schedule is not Schedule.BLOCK_TILE, -tile_threads(k),
+            padded(k))
 
 
 def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,

@@ -16,6 +16,7 @@ from kgen.ir.geometry import (
     head_dim_step,
     min_head_dim,
     padded,
+    query_tiles,
     tile_threads,
 )
 from kgen.ir.kernel import Kernel
@@ -137,11 +138,17 @@ def _below_tile(k) -> int | None:
     return hd if hd >= step else None
 
 
+def _head_dim_threads(k) -> bool:
+    """A flash block sized by head_dim (not a query_tile block, sized by its tile)."""
+    return _flash(k) and not query_tiles(k)
+
+
 def _partial_warp(k) -> int | None:
     """A head_dim above the tile that is whole format blocks but not whole warps
     (a block of head_dim threads only)."""
     hd = -(-tile_threads(k) // TARGET.warp) * TARGET.warp + TARGET.warp // 2
-    return hd if k.fmt.accepts_head_dim(hd) and not padded(k) else None
+    return hd if (k.fmt.accepts_head_dim(hd) and not padded(k)
+                  and _head_dim_threads(k)) else None
 
 
 def _partial_chunk(k) -> int | None:
@@ -158,8 +165,18 @@ def _over_chunk(k) -> int | None:
 
 
 def _over_shared(k) -> bool:
+    """A launch whose shared memory grows past a block's (a query_tile kernel's is
+    bounded by max_head_dim, which the spec checks fit)."""
     return (k.k_stage is not KStage.REGISTERS and k.v_stage is VStage.GLOBAL and
+            not query_tiles(k) and
             flash_shared_bytes(k, k.max_groups, TARGET.max_threads) > TARGET.shared_per_block)
+
+
+def _over_tile_width(k) -> int | None:
+    """query_tile: the first head_dim of whole format blocks past max_head_dim (no
+    wider than a block may be threads, which is refused as such)."""
+    hd = (k.max_head_dim // k.fmt.block + 1) * k.fmt.block
+    return hd if _flash(k) and query_tiles(k) and hd <= TARGET.max_threads else None
 
 
 def _args_with(**case_kw):
@@ -272,8 +289,15 @@ MUTATIONS: dict[str, Mutation] = {
     "sinks_wrong_size": Mutation("shape", lambda k: k.sinks is Sinks.LEARNED and
                                  k.op in (Op.FLASH, Op.DECODE_COMBINE), lambda k, c: {
                                      **host_args(k, c), "sinks": np.zeros(1, np.float32)}),
-    "head_dim_over_block": Mutation("block size", lambda k: k.op is not Op.QZ_SPLIT,
-                                    _big_head_dim),
+    "head_dim_over_block": Mutation("block size", lambda k: k.op is not Op.QZ_SPLIT
+                                    and not (_flash(k) and query_tiles(k)), _big_head_dim),
+    "head_dim_over_tile": Mutation(
+        "head_dim range", lambda k: _over_tile_width(k) is not None,
+        lambda k, c: host_args(k, c.with_(head_dim=_over_tile_width(k), n_head=2,
+                                          n_head_kv=2))),
+    "qtile_int32_rows": Mutation("int32 index", lambda k: _flash(k) and query_tiles(k),
+                                 _shape_only(n=2**28 + 1, n_head=16, n_head_kv=2,
+                                             max_seq=2**28 + 1, pos0=0)),
     "qz_int32_index": Mutation("int32 index", lambda k: k.op is Op.QZ_SPLIT,
                                _shape_only(n=2**16, n_head=2**8, head_dim=2**8)),
     "grid_y_over_limit": Mutation("grid", lambda k: k.op is Op.KV_APPEND and

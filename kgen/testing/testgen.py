@@ -4,18 +4,19 @@ Every kernel gets the shapes :func:`required` derives from its axes (its
 smallest legal head_dim, with one group and with its largest group count, over
 a partial last tile), then the candidates below. Each is bound
 (kgen.runtime.bind) against the kernel; a candidate it refuses is retried at its
-smallest head_dim, and one still refused is listed with the contract it breaks
-among the kernel tests (skipped, with the reason). The coverage the candidates aim
-at: partial last tiles, lengths off the tile grid, chunked prefill with
-pos0 > 0, many group counts, windows on and off, ragged slot positions, long
-contexts, and an fp16 window ring lapped by a long batch.
+smallest head_dim (a query_tile kernel: its widest), and one still refused is listed
+with the contract it breaks among the kernel tests (skipped, with the reason). The
+coverage the candidates aim at: partial last tiles, lengths off the tile grid,
+chunked prefill with pos0 > 0, many group counts, windows on and off, ragged slot
+positions, long contexts, an fp16 window ring lapped by a long batch, and for
+query_tile batches that are no whole number of query tiles.
 """
 
 from __future__ import annotations
 
 from kgen.errors import SpecError
 from kgen.ir.axes import Mode, Op, Position, Sinks, SoftCap, Window
-from kgen.ir.geometry import min_head_dim
+from kgen.ir.geometry import min_head_dim, query_tiles
 from kgen.ir.kernel import Kernel
 from kgen.ir.signature import params
 from kgen.runtime.bind import bind, shape_refusal
@@ -108,6 +109,32 @@ PAGED_DECODE = [
 ]
 
 
+def query_tile_cases(k: Kernel) -> list[Case]:
+    """schedule = query_tile: at each of head_dim 64, 128 and 256 the kernel accepts,
+    batches that are no whole number of query tiles (rows = queries x groups), with 1,
+    4 and 8 q heads per kv head, chunked (pos0 > 0), a long context under a few
+    queries, and the tile-granular window (tiles no row of a block sees are skipped)."""
+    T, BM = k.tile_keys, k.tile_rows
+    out = []
+    for hd in (64, 128, 256):
+        if shape_refusal(k, hd, 1) is not None:
+            continue
+        n1 = BM + 5  # one q head per kv head: a full tile and a partial one
+        out += [
+            Case(f"qt_hd{hd}_g1_n{n1}_pos0", n=n1, n_head=2, n_head_kv=2, head_dim=hd,
+                 max_seq=n1 + 8, pos0=0),
+            Case(f"qt_hd{hd}_g4_n45_pos30", n=45, n_head=8, n_head_kv=2, head_dim=hd,
+                 max_seq=96, pos0=30),
+            Case(f"qt_hd{hd}_g8_n50_pos7", n=50, n_head=8, n_head_kv=1, head_dim=hd,
+                 max_seq=64, pos0=7),
+            Case(f"qt_hd{hd}_g2_n3_pos500_long", n=3, n_head=4, n_head_kv=2, head_dim=hd,
+                 max_seq=512, pos0=500),
+            Case(f"qt_hd{hd}_g4_n60_pos100_window", n=60, n_head=4, n_head_kv=1, head_dim=hd,
+                 max_seq=200, pos0=100, attn_sink=3, attn_win=2 * T + 5),
+        ]
+    return out
+
+
 def candidates(k: Kernel) -> list[Case]:
     if k.op is Op.QZ_SPLIT:
         return QZ
@@ -120,7 +147,7 @@ def candidates(k: Kernel) -> list[Case]:
     if k.op is Op.DECODE_COMBINE:
         return COMBINE
     if k.mode is Mode.PREFILL:
-        return PREFILL
+        return PREFILL + query_tile_cases(k) if query_tiles(k) else PREFILL
     return DECODE_SLOTS if k.position is Position.SLOTS else DECODE
 
 
@@ -131,6 +158,13 @@ def smallest_head_dim(k: Kernel) -> int:
     if k.op is Op.KV_APPEND:
         return k.fmt.block
     return 1
+
+
+def retry_head_dim(k: Kernel) -> int:
+    """The head_dim a candidate the kernel refuses is retried at: its smallest, or for
+    a query_tile kernel (which takes every head_dim up to max_head_dim) its widest, so
+    every thread's whole output patch is in use."""
+    return k.max_head_dim if query_tiles(k) else smallest_head_dim(k)
 
 
 def required(k: Kernel) -> list[Case]:
@@ -246,7 +280,8 @@ def plan_cases(k: Kernel) -> tuple[list[Case], list[tuple[str, str]]]:
     """(the cases ``k`` is tested at, the candidates it refuses with the reason).
 
     A candidate written for the common head_dim is retried at the kernel's
-    smallest head_dim before it counts as refused; refused candidates are listed
+    smallest head_dim (query_tile: its widest) before it counts as refused; refused
+    candidates are listed
     among the kernel tests (skipped, with the reason), never dropped silently."""
     out: list[Case] = []
     refused: list[tuple[str, str]] = []
@@ -254,9 +289,8 @@ def plan_cases(k: Kernel) -> tuple[list[Case], list[tuple[str, str]]]:
     for c in [*required(k), *candidates(k)]:
         c = _fit(k, c)
         why = refusal(k, c)
-        if why is not None and k.op is Op.FLASH and c.head_dim != smallest_head_dim(k):
-            alt = c.with_(name=f"{c.name}_hd{smallest_head_dim(k)}",
-                          head_dim=smallest_head_dim(k))
+        if why is not None and k.op is Op.FLASH and c.head_dim != retry_head_dim(k):
+            alt = c.with_(name=f"{c.name}_hd{retry_head_dim(k)}", head_dim=retry_head_dim(k))
             if refusal(k, alt) is None:
                 c, why = alt, None
         if why is not None:
@@ -304,8 +338,9 @@ def shared_cases(a: Kernel, b: Kernel) -> list[Case]:
 def contract_class(k: Kernel) -> tuple:
     """Kernels whose launch contracts are the same checks: the same parameters, and the
     same op, position, format and options (what decides which arguments a launcher
-    takes and the rules on each). Tile shapes and staging change only the numbers the
-    shared formulas give, so a contract is refused once per class, by the first kernel
-    of the class it applies to."""
+    takes and the rules on each) and the same schedule (whose block geometry decides
+    the shape rules). Tile shapes and staging change only the numbers the shared
+    formulas give, so a contract is refused once per class, by the first kernel of the
+    class it applies to."""
     return (tuple((p.name, p.ctype) for p in params(k)), k.op, k.mode, k.position, k.kv,
-            k.window, k.mask, k.softcap, k.sinks, k.ring_floor)
+            k.window, k.mask, k.softcap, k.sinks, k.ring_floor, k.schedule)

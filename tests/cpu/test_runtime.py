@@ -17,10 +17,11 @@ from kgen import __version__
 from kgen import numpy_ref as ref
 from kgen.compiler import pipeline
 from kgen.formats import FORMATS
-from kgen.ir.axes import Mode, Op, Position
+from kgen.ir.axes import Mode, Op, Position, Schedule
 from kgen.ir.geometry import flash_shared_bytes, min_head_dim
 from kgen.ir.pyapi import py_args
 from kgen.runtime import ContractError, bind, decode_plan
+from kgen.runtime.bind import shape_refusal
 from kgen.runtime.record import axes_of
 from kgen.testing import Case, host_args
 from kgen.testing.built import BUILT, GENERATED, needs_build
@@ -87,6 +88,10 @@ def test_a_cache_array_has_its_formats_dtype(spec_kernels, monkeypatch):
     ("fc_attn_flash_prefill_q4_kh", 8, 256, 18016),
     ("fc_attn_flash_prefill_q4_kqh", 8, 256, 13920),
     ("fc_attn_flash_prefill", 1, 512, 4 * (512 + 16 * 528 + 2 * 16 + 3)),
+    # query_tile: q tile, K-then-V tile (rows of head_dim + 1 floats) and P, any groups
+    ("qt_f32_causal", 8, 128, 4 * (64 * 129 + 16 * 129 + 64 * 17)),
+    ("qt_f32_causal", 1, 128, 4 * (64 * 129 + 16 * 129 + 64 * 17)),
+    ("qt_q8_0_full_d256", 4, 256, 4 * (32 * 257 + 8 * 257 + 32 * 9)),
 ])
 def test_shared_memory_formula(spec_kernels, name, groups, head_dim, expected):
     assert flash_shared_bytes(spec_kernels[name], groups, head_dim) == expected
@@ -108,6 +113,20 @@ def test_launch_geometry_follows_the_kernel_family(launched):
     assert bind(k, args).grid == (5, 2, 3)
     with pytest.raises(ContractError, match="slot plan coverage"):
         bind(k, {**args, "launch_splits": 4})
+
+    # query_tile: a block per 64 (query, q head) rows of a kv head, 128 threads whatever
+    # head_dim; the batch's row count is an argument, head_dim is bounded by the tile.
+    k = launched["qt_f32_causal"]
+    case = Case("t", n=37, n_head=16, n_head_kv=2, head_dim=96, max_seq=64, pos0=3)
+    b = bind(k, host_args(k, case))
+    assert (b.grid, b.block, b.shared_bytes) == ((math.ceil(37 * 8 / 64), 2, 1), (128, 1, 1),
+                                                 4 * (64 * 97 + 16 * 97 + 64 * 17))
+    assert b.arg("n_rows") == 37 and b.arg("kv_groups") == 8
+    assert shape_refusal(k, 128, 8) is None and shape_refusal(k, 1, 1) is None
+    assert "head_dim range" in shape_refusal(k, 160, 1)
+    assert "kv_groups" in shape_refusal(k, 64, 9)
+    assert "head_dim range" in shape_refusal(launched["qt_f32_causal_d256"], 288, 1)
+    assert "row format" in shape_refusal(launched["qt_q8_0_causal_d256"], 80, 1)
 
     k = launched["fc_attn_qz_split"]
     b = bind(k, host_args(k, Case("q", n=7, n_head=3, head_dim=40)))
@@ -226,11 +245,27 @@ def test_kernel_choice_follows_the_axes(spec_kernels):
             hd = max(min_head_dim(k) if k.op is Op.FLASH else fmt.block for k in have)
             k, _ = find(role, hd)
             assert role.matches(k) and k.name in {h.name for h in have}, (kv, role_name)
-    with pytest.raises(ContractError, match="no generated kernel serves"):
-        find(Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32"), head_dim=8)
+    with pytest.raises(ContractError, match="no generated kernel serves"):  # past every block
+        find(Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32"), head_dim=2048)
     with pytest.raises(ContractError, match="cannot serve"):
         find(Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32"), 256,
              variant=next(k.name for k in spec_kernels.values() if k.op is Op.KV_APPEND))
+
+
+def test_a_query_tile_prefill_is_chosen_by_name_only(spec_kernels):
+    """query_tile kernels serve the prefill role but rank after the tiled ones (a tuned
+    choice or a named variant picks them), so KVCache's default choice is unchanged."""
+    from kgen.runtime.select import Role, find
+
+    pool = [(k, None) for k in spec_kernels.values()]
+    role = Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32")
+    for hd, groups in ((64, 1), (128, 8), (256, 4)):
+        k, _ = find(role, hd, groups, kernels=pool)
+        assert k.schedule is not Schedule.QUERY_TILE, (hd, groups, k.name)
+    k, _ = find(role, 128, 8, variant="qt_f32_causal", kernels=pool)
+    assert k.name == "qt_f32_causal"
+    with pytest.raises(ContractError, match="head_dim range"):
+        find(role, 256, 8, variant="qt_f32_causal", kernels=pool)
 
 
 def test_decode_variants_pair_a_host_decode_with_its_device_sibling():

@@ -24,7 +24,15 @@ from kgen.ir.axes import (
     Sinks,
     VStage,
 )
-from kgen.ir.geometry import flash_shared_bytes, min_head_dim, tile_threads
+from kgen.ir.geometry import (
+    accumulators,
+    flash_shared_bytes,
+    min_head_dim,
+    qtile_threads,
+    query_tiles,
+    row_lanes,
+    tile_threads,
+)
 from kgen.ir.kernel import Kernel
 from kgen.ir.target import TARGET
 
@@ -175,8 +183,21 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
     """warp_stream runs over one contiguous sequence (a split decode at a host or
     device position, or a prefill row per block), its units reading K straight into
     registers and V from global memory; keys_per_step bounds the keys (and
-    registers) a unit has in flight."""
+    registers) a unit has in flight. query_tile is a contiguous prefill over a cache
+    whose keys read the same for every row, with f32 tiles of a shape that fits a
+    block (_check_query_tile); its shape keys mean nothing to the other schedules."""
     if k.op is not Op.FLASH:
+        return
+    if k.schedule is not Schedule.QUERY_TILE:
+        for key in QUERY_TILE_KEYS:
+            if key in k.explicit_keys:
+                raise ctx.error(k.where(key), f"{key} applies to a flash kernel of schedule = "
+                                "query_tile only")
+    if k.schedule is Schedule.QUERY_TILE:
+        if "keys_per_step" in k.explicit_keys:
+            raise ctx.error(k.where("keys_per_step"), "keys_per_step applies to schedule = "
+                            "warp_stream only")
+        _check_query_tile(k, ctx)
         return
     if k.schedule is not Schedule.WARP_STREAM:
         if "keys_per_step" in k.explicit_keys:
@@ -197,6 +218,67 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(k.where("keys_per_step"), f"keys_per_step = {k.keys_per_step}: "
                         "1 to 8 keys per unit in flight (each holds a K and a V chunk in "
                         "registers)")
+
+
+# The keys only a query_tile kernel reads (the tile shape and the head_dim bound of a
+# thread's output patch); max_head_dim is also the append kernels' staging bound.
+QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim")
+# Options a query_tile kernel does not have yet, and the staging axes it fixes itself.
+QUERY_TILE_NOT_YET = ("window", "softcap", "sinks", "ring_floor")
+QUERY_TILE_FIXED = ("q_stage", "k_stage", "v_stage", "threads", "rows_per_block")
+QUERY_TILE_MAX_ACCUMULATORS = 128  # output floats a thread keeps in registers
+
+
+def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
+    """schedule = query_tile: a contiguous prefill (position = host); every row of a
+    tile reads a key as the same value (no fp16 shadows, which a row picks by its own
+    position); the tile-granular window (window = sink_recent) and either mask, no
+    other option yet; f32 tiles in shared memory (the staging axes at their defaults);
+    micro-tiles that divide the tile, a row's lanes inside one warp (its max and sum
+    reduce by shuffles), whole warps, and an output patch that fits the registers."""
+    where = k.where("schedule")
+    if k.mode is not Mode.PREFILL or k.position is not Position.HOST:
+        raise ctx.error(where, "schedule = query_tile serves a contiguous prefill only "
+                        "(mode = prefill, position = host); its decode and paged forms are "
+                        "not supported yet")
+    if k.fmt.shadows:
+        raise ctx.error(k.where("kv"), f"schedule = query_tile does not support kv = "
+                        f"{k.fmt.name} yet: a key's fp16 shadow (sink rows, window ring) "
+                        "depends on the row's position, so the rows of a query tile cannot "
+                        "share one K/V tile")
+    for key in QUERY_TILE_NOT_YET:
+        if getattr(k, key) != KEYS[key].default:
+            raise ctx.error(k.where(key), f"schedule = query_tile does not combine with "
+                            f"{key} = {getattr(k, key).value} yet")
+    for key in QUERY_TILE_FIXED:
+        default = KEYS[key].default
+        if getattr(k, key) != default:
+            raise ctx.error(k.where(key), f"schedule = query_tile stages q, K and V as f32 "
+                            f"tiles in shared memory and sizes its own block: {key} keeps "
+                            f"its default ({getattr(default, 'value', default)})")
+    for whole, part in (("tile_rows", "micro_rows"), ("tile_keys", "micro_keys")):
+        if getattr(k, whole) % getattr(k, part):
+            raise ctx.error(k.where(part), f"{part} = {getattr(k, part)} must divide "
+                            f"{whole} = {getattr(k, whole)} (a thread's patch of the tile)")
+    lanes = row_lanes(k)
+    if lanes & (lanes - 1) or lanes > TARGET.warp:
+        raise ctx.error(k.where("micro_keys"), f"tile_keys / micro_keys = {lanes} lanes share "
+                        f"a row: a power of two no larger than the warp ({TARGET.warp}), so a "
+                        "row's max and sum reduce by shuffles inside one warp")
+    threads = qtile_threads(k)
+    if threads % TARGET.warp or not TARGET.fits_block(threads):
+        raise ctx.error(k.where("tile_rows"), f"(tile_rows / micro_rows) * (tile_keys / "
+                        f"micro_keys) = {threads} threads: a block of whole warps, at most "
+                        f"{TARGET.max_threads}")
+    if k.max_head_dim < k.fmt.block:
+        raise ctx.error(k.where("max_head_dim"), f"max_head_dim = {k.max_head_dim} admits no "
+                        f"head_dim: a kv = {k.fmt.name} row is whole blocks of "
+                        f"{k.fmt.block} values")
+    if accumulators(k) > QUERY_TILE_MAX_ACCUMULATORS:
+        raise ctx.error(k.where("max_head_dim"), f"micro_rows * max_head_dim / {lanes} lanes "
+                        f"= {accumulators(k)} output floats a thread: at most "
+                        f"{QUERY_TILE_MAX_ACCUMULATORS} stay in sm_37's registers (lower "
+                        "max_head_dim or micro_rows)")
 
 
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:
@@ -279,10 +361,11 @@ def check_shared_v(k: Kernel, ctx: _Ctx) -> None:
 
 def check_shared_budget(k: Kernel, ctx: _Ctx) -> None:
     """At least the smallest legal launch (one group, the smallest head_dim) must fit
-    the shared memory a block may use."""
+    the shared memory a block may use; a query_tile kernel, whose shared memory does
+    not depend on the groups, at every head_dim it accepts (up to max_head_dim)."""
     if k.op is not Op.FLASH:
         return
-    hd = min_head_dim(k)
+    hd = k.max_head_dim if query_tiles(k) else min_head_dim(k)  # query_tile: its widest
     need = flash_shared_bytes(k, 1, hd)
     limit = TARGET.shared_per_block
     if need > limit:
