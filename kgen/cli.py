@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kgen import __version__
 from kgen.config import Settings
-from kgen.errors import KgenError, SpecError
+from kgen.errors import KgenError, SpecError, UsageError
 
 # The compiler stages (lark, jinja2, numpy) are imported by the commands that
 # run them, so a no-op `kgen build` answers without loading them.
@@ -302,16 +302,24 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
 def cmd_tune(args, settings: Settings, say: Reporter) -> int:
     """Needs a GPU: search decode plans and variants and prefill variants, check each,
     store the fastest."""
+    from kgen.formats import FORMATS
     from kgen.tune import search as tune
 
-    def ints(text: str) -> list[int]:
-        return [int(x) for x in text.split(",") if x]
-
-    from kgen.formats import FORMATS
-
     kvs = [x for x in args.kv.split(",") if x] or list(FORMATS)
-    tune.main(kvs, ints(args.head_dim), ints(args.groups), ints(args.contexts), say=print,
-              prefill_rows=ints(args.prefill_rows))
+    unknown = [kv for kv in kvs if kv not in FORMATS]
+    if unknown:
+        raise UsageError(f"--kv {','.join(unknown)}: no such format (registered: "
+                        f"{', '.join(FORMATS)})")
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as exc:  # ImportError, a CUDA library that fails to load, no device
+        raise KgenError(f"kgen tune times kernels on a GPU: {type(exc).__name__}: {exc} "
+                        "(install the CuPy extra for this driver, see `kgen doctor`)") from None
+    tune.main(kvs, args.head_dim, args.groups, args.contexts, say=print,
+              prefill_rows=args.prefill_rows)
     return 0
 
 
@@ -374,6 +382,37 @@ def cmd_dist(args, settings: Settings, say: Reporter) -> int:
     return 0
 
 
+MAX_JOBS = 1024
+
+
+def _jobs(text: str) -> int:
+    """``-j N``: a positive count of parallel compiles (without -j: one per CPU)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if not 1 <= n <= MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"{n} is not in 1..{MAX_JOBS} (leave -j out for one "
+                                         "compile per CPU)")
+    return n
+
+
+def _positive_ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers (``128,256``)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise argparse.ArgumentTypeError(f"'{part}' is not a positive whole number "
+                                             "(expected a comma-separated list like 128,256)")
+        out.append(int(part))
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one value")
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kgen", description=__doc__)
     p.add_argument("--version", action="version", version=f"kgen {__version__}")
@@ -384,7 +423,8 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     common.add_argument("--json", action="store_true", help="machine-readable summary")
     common.add_argument("--no-cache", action="store_true", help="ignore the artifact cache")
-    common.add_argument("-j", "--jobs", type=int, default=0, help="parallel compiles")
+    common.add_argument("-j", "--jobs", type=_jobs, default=0,
+                        help="parallel compiles (default: one per CPU)")
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", parents=[common], help="render and compile specs into generated/")
     b.add_argument("specs", nargs="*", help="spec files or directories (default: specs/)")
@@ -418,11 +458,13 @@ def parser() -> argparse.ArgumentParser:
                        help="on a GPU: choose decode plans and variants per shape class")
     t.add_argument("--kv", default="", help="formats (comma-separated; default: every "
                    "registered format)")
-    t.add_argument("--head-dim", default="128,256", help="head dims (comma-separated)")
-    t.add_argument("--groups", default="8", help="q heads per kv head (comma-separated)")
-    t.add_argument("--contexts", default="4096,32768",
+    t.add_argument("--head-dim", default="128,256", type=_positive_ints,
+                   help="head dims (comma-separated)")
+    t.add_argument("--groups", default="8", type=_positive_ints,
+                   help="q heads per kv head (comma-separated)")
+    t.add_argument("--contexts", default="4096,32768", type=_positive_ints,
                    help="context lengths, one shape class each (comma-separated)")
-    t.add_argument("--prefill-rows", default="128,2048",
+    t.add_argument("--prefill-rows", default="128,2048", type=_positive_ints,
                    help="prefill batch rows, one shape class each (comma-separated)")
     t.set_defaults(fn=cmd_tune)
     s = sub.add_parser("show", parents=[common], help="one kernel's resolved axes")
@@ -436,8 +478,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unknown_command(argv: list[str], p: argparse.ArgumentParser) -> int | None:
+    """``kgen buld``: exit 2 naming the closest command, before argparse's list."""
+    from kgen.errors import did_you_mean
+
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is None or first in sub.choices:
+        return None
+    print(f"kgen: error: unknown command '{first}'"
+          + (did_you_mean(first, sorted(sub.choices)) or
+             f" (commands: {', '.join(sub.choices)})"), file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    bad = _unknown_command(argv, p)
+    if bad is not None:
+        return bad
+    args = p.parse_args(argv)
     say = Reporter(args.quiet, args.json)
     try:
         settings = Settings.load()

@@ -76,6 +76,12 @@ def _shown_line(source_line: str, at: int) -> tuple[str, int]:
     return head + line[start:end] + tail, at - start + len(head)
 
 
+class UsageError(KgenError):
+    """A command line that asks for something that does not exist (exit 2, as argparse)."""
+
+    exit_code = 2
+
+
 class ToolchainError(KgenError):
     """The CUDA 11.8 toolchain is missing or is not the version kgen pins."""
 

@@ -113,3 +113,52 @@ def test_list_and_show(capsys):
     assert "v_stage         = shared_q4" in out and "specs/prefill.kspec" in out
     assert "expect bit_exact with fc_attn_flash_prefill_q4" in out
     assert main(["show", "no_such_kernel"]) == 1
+
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:  # argparse refuses an argument with exit 2
+        rc = exc.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return rc, err
+
+
+def test_a_mistyped_command_gets_the_closest_one(capsys):
+    rc, err = _run(capsys, "buld", "specs/")
+    assert rc == 2 and "unknown command 'buld' (did you mean 'build'?)" in err
+    rc, err = _run(capsys, "xyzzy")
+    assert rc == 2 and "unknown command 'xyzzy' (commands: build, verify" in err
+
+
+@pytest.mark.parametrize("jobs", ["0", "-3", "100000", "many"])
+def test_jobs_must_be_a_sensible_count(capsys, jobs):
+    rc, err = _run(capsys, "check", "-j", jobs)
+    assert rc == 2 and "argument -j/--jobs" in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--head-dim", "abc"], "argument --head-dim: 'abc' is not a positive whole number"),
+    (["--groups", "0"], "argument --groups: '0' is not a positive whole number"),
+    (["--contexts", ","], "argument --contexts: expected at least one value"),
+    (["--kv", "nope"], "--kv nope: no such format"),
+])
+def test_tune_refuses_bad_arguments_before_looking_for_a_gpu(capsys, argv, said):
+    rc, err = _run(capsys, "tune", *argv)
+    assert rc == 2 and said in err
+
+
+def test_tune_without_a_gpu_is_a_one_line_error(capsys, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_cupy(name, *a, **k):
+        if name == "cupy":
+            raise ImportError("No module named 'cupy'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_cupy)
+    rc, err = _run(capsys, "tune")
+    assert rc != 0 and err.startswith("kgen: error: kgen tune times kernels on a GPU")
