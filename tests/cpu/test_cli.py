@@ -162,3 +162,13 @@ def test_tune_without_a_gpu_is_a_one_line_error(capsys, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_cupy)
     rc, err = _run(capsys, "tune")
     assert rc != 0 and err.startswith("kgen: error: kgen tune times kernels on a GPU")
+
+
+def test_a_spec_file_named_twice_is_read_once(capsys):
+    one = SPECS / "util.kspec"
+    rc, out, err = check(capsys, one, SPECS / "." / "util.kspec", SPECS.parent / "specs" /
+                         "util.kspec")
+    assert rc == 0, err
+    assert out.startswith("ok: 1 spec files, 1 kernels")
+    rc, out, err = check(capsys, SPECS, one)  # a file and its directory
+    assert rc == 0 and out.startswith(f"ok: {len(list(SPECS.glob('*.kspec')))} spec files"), err
