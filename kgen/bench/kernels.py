@@ -232,39 +232,126 @@ def variants_table(cp, g) -> list[dict]:
 LONG_N = 8192
 
 
+SGEMM_N = 8192
+SGEMM_ARM = f"cuBLAS SGEMM {SGEMM_N}^2 (TF32 off)"
+
+
+def _sgemm(cp):
+    """An arm multiplying two SGEMM_N x SGEMM_N f32 matrices (torch.matmul with TF32
+    off, else CuPy's cuBLAS, TF32 off by default), checked on a few entries first."""
+    g = np.random.default_rng(1)
+    a_np = g.standard_normal((SGEMM_N, SGEMM_N), dtype=np.float32)
+    b_np = g.standard_normal((SGEMM_N, SGEMM_N), dtype=np.float32)
+    want = a_np[:2].astype(np.float64) @ b_np.astype(np.float64)
+    try:
+        import torch
+        torch.backends.cuda.matmul.allow_tf32 = False
+        a, b = torch.as_tensor(a_np, device="cuda"), torch.as_tensor(b_np, device="cuda")
+        holder = {}
+
+        def run():
+            holder["c"] = torch.matmul(a, b)
+        run()
+        torch.cuda.synchronize()
+        got = holder["c"][:2].cpu().numpy()
+    except ImportError:
+        a, b = cp.asarray(a_np), cp.asarray(b_np)
+        holder = {}
+
+        def run():
+            holder["c"] = a @ b
+        run()
+        got = holder["c"][:2].get()
+    _check(SGEMM_ARM, got, want, 1e-3, 1e-2)
+    return run
+
+
 def _sdpa(q_np, k_np, v_np, G):
     """torch's scaled_dot_product_attention (f32, causal, GQA by repeat) on the same
-    data, as an arm; None when torch is not importable."""
+    data: {label: arm} for the backend torch picks by default (labelled with it:
+    flash and memory-efficient run f32 on tensor cores on sm80+) and the math path
+    (matmul with TF32 off, softmax: the SIMT f32 peer), plus a reader of each arm's
+    output; empty when torch is not importable."""
     try:
         import torch
     except ImportError:
-        return None, None
+        return {}
+    torch.backends.cuda.matmul.allow_tf32 = False
     q = torch.as_tensor(q_np, device="cuda").transpose(0, 1)[None]       # [1][H][N][hd]
     k = torch.as_tensor(k_np, device="cuda").repeat_interleave(G, 1).transpose(0, 1)[None]
     v = torch.as_tensor(v_np, device="cuda").repeat_interleave(G, 1).transpose(0, 1)[None]
     f = torch.nn.functional.scaled_dot_product_attention
-    holder = {}
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        SDPBackend = sdpa_kernel = None
+    picked = "default"
+    try:  # the backend the dispatcher picks for these inputs
+        choice = torch._fused_sdp_choice(q, k, v, is_causal=True)
+        picked = SDPBackend(choice).name.lower() if SDPBackend is not None else str(choice)
+    except Exception:  # noqa: BLE001 -- a private API: the label stays "default"
+        pass
+    core = {"flash_attention": "tensor-core", "efficient_attention": "tensor-core",
+            "cudnn_attention": "tensor-core", "math": "SIMT f32"}.get(picked, "?")
+    arms = {}
 
-    def run():
-        holder["out"] = f(q, k, v, is_causal=True)
-    run()
-    torch.cuda.synchronize()
-    return run, lambda: holder["out"][0].transpose(0, 1).cpu().numpy()
+    def arm(backend):
+        holder = {}
+
+        def run():
+            if backend is None:
+                holder["out"] = f(q, k, v, is_causal=True)
+            else:
+                with sdpa_kernel(backend):
+                    holder["out"] = f(q, k, v, is_causal=True)
+        run()
+        torch.cuda.synchronize()
+        return run, lambda: holder["out"][0].transpose(0, 1)[-2:].cpu().numpy()
+
+    arms[f"torch SDPA f32 {picked} ({core})"] = arm(None)
+    if sdpa_kernel is not None and picked != "math":
+        arms["torch SDPA f32 math (SIMT f32)"] = arm(SDPBackend.MATH)
+    return arms
+
+
+def _bench_kvs() -> tuple[str, ...]:
+    """prefill_long's formats: KGEN_BENCH_KV (comma-separated, e.g. f32), else f32, q4."""
+    return tuple(filter(None, os.environ.get("KGEN_BENCH_KV", "f32,q4").split(",")))
+
+
+def _bench_head_dims() -> tuple[int, ...]:
+    """prefill_long's head_dims: KGEN_BENCH_HEAD_DIMS (comma-separated), else 64, 128, 256."""
+    return tuple(int(x) for x in os.environ.get("KGEN_BENCH_HEAD_DIMS", "64,128,256").split(",")
+                 if x)
+
+
+def causal_tflops(n: int, hd: int, n_head: int, ms: float) -> float:
+    """TFLOP/s of a causal prefill of n rows from position 0: 2 * n^2 * hd * n_head FLOPs
+    (q.K and P.V, half the square each)."""
+    return 2.0 * n * n * hd * n_head / (ms * 1e-3) / 1e12
 
 
 def prefill_long_table(cp, g) -> list[dict]:
-    """Causal prefill of LONG_N rows from position 0 (f32 and q4, head_dim 128 and
-    256, 8 q heads per kv head): every causal prefill kernel serving the shape (the
-    query_tile ones among them), and SDPA."""
+    """Causal prefill of LONG_N rows from position 0 (f32 and q4 -- KGEN_BENCH_KV --,
+    head_dim 64, 128 and 256 -- KGEN_BENCH_HEAD_DIMS --, 8 q heads per kv head): every
+    causal prefill kernel serving the shape (the query_tile ones among them; a regex
+    KGEN_BENCH_MATCH keeps only the kernels it finds in the name), torch SDPA (its
+    default backend, and the math path) and an SGEMM timed beside them, so each arm
+    reports TFLOP/s and its fraction of the SGEMM's."""
+    import re
+
     from kgen import numpy_ref as ref
     from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.kv import KVCache
     from kgen.runtime.select import generated
 
+    match = os.environ.get("KGEN_BENCH_MATCH")
+    sgemm = _sgemm(cp)
+    sgemm_flops = 2.0 * SGEMM_N ** 3
     rows = []
-    for kv in ("f32", "q4"):
-        for hd in (128, 256):
+    for kv in _bench_kvs():
+        for hd in _bench_head_dims():
             cache = KVCache(HK, hd, LONG_N, kv=kv)
             kx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
             vx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
@@ -283,6 +370,8 @@ def prefill_long_table(cp, g) -> list[dict]:
                         and k.window.value == "sink_recent" and k.sinks.value == "none"
                         and k.mask.value == "causal"):
                     continue
+                if match and not re.search(match, k.name):
+                    continue
                 if cache.fmt.shadows and (k.ring_rows, k.sink_rows) != (cache.RING_ROWS,
                                                                         cache.SINK_ROWS):
                     continue
@@ -293,19 +382,28 @@ def prefill_long_table(cp, g) -> list[dict]:
                 lossy = k.k_stage.value == "shared_f16" or k.q_stage.value == "f16"
                 _check(k.name, out.get()[-2:], want, *((2e-2, 2e-3) if lossy else (RTOL, ATOL)))
                 arms[k.name] = replay([(fn, b)])
-            # SDPA in f32 on the same shapes (the unquantized rows), checked on its own.
-            sdpa, sdpa_out = _sdpa(q, kx, vx, H // HK)
-            if sdpa is not None:
+            # SDPA in f32 on the same shapes (the unquantized rows), each checked first.
+            peers = set()
+            sd = _sdpa(q, kx, vx, H // HK)
+            if sd:
                 dense = ref.prefill_attention(q[-2:], np.ascontiguousarray(kx.swapaxes(0, 1)),
                                               np.ascontiguousarray(vx.swapaxes(0, 1)),
                                               H // HK, LONG_N - 2, 0, 0, 1 / math.sqrt(hd))
-                _check("torch SDPA", sdpa_out()[-2:], dense, 1e-3, 1e-4)
-                arms["torch SDPA (f32)"] = sdpa
+                for label, (run, read) in sd.items():
+                    _check(label, read(), dense, 1e-3, 1e-4)
+                    arms[label] = run
+                    peers.add(label)
+            arms[SGEMM_ARM] = sgemm
             t = bench_slow(cp, arms)
-            best = min((v, n) for n, v in t.items() if n != "torch SDPA (f32)")
+            sgemm_tf = sgemm_flops / (t[SGEMM_ARM] * 1e-3) / 1e12
+            ours = [(v, n) for n, v in t.items() if n not in peers and n != SGEMM_ARM]
+            best = min(ours)[1] if ours else None
             for name, ms in t.items():
+                tf = sgemm_tf if name == SGEMM_ARM else causal_tflops(LONG_N, hd, H, ms)
                 rows.append({"kv": kv, "head_dim": hd, "kernel": name, "ms": ms,
-                             "best_kgen": name == best[1]})
+                             "TFLOPs": tf, "of_sgemm": tf / sgemm_tf,
+                             "peer": name in peers, "sgemm": name == SGEMM_ARM,
+                             "best_kgen": name == best})
             del cache, host
     return rows
 
@@ -586,14 +684,18 @@ def main() -> int:
             print(f"  {r['kv']:<5} {r['kernel']:<32} {r['us']:9.1f} us  {r['ratio']:5.2f}x{mark}")
     if "prefill_long" in record:
         print(f"\nprefill_long: causal prefill of {LONG_N} rows, {H} q heads, {HK} kv heads "
-              "(ms; ratio = SDPA time / kernel time)")
+              "(ms; TFLOP/s = 2 N^2 hd H / time; % of the SGEMM timed in the same rounds; "
+              "ratio = the first SDPA arm's time / the arm's)")
         for kv, hd in sorted({(r["kv"], r["head_dim"]) for r in record["prefill_long"]}):
             rs = [r for r in record["prefill_long"] if (r["kv"], r["head_dim"]) == (kv, hd)]
-            sd = next((r["ms"] for r in rs if r["kernel"].startswith("torch")), None)
+            sd = next((r["ms"] for r in rs if r.get("peer")), None)
             for r in rs:
-                ratio = f"  {sd / r['ms']:5.2f}x vs SDPA" if sd else ""
+                ratio = (f"  {sd / r['ms']:5.2f}x vs SDPA" if sd and not r.get("sgemm")
+                         else "")
                 best = " (best kgen)" if r["best_kgen"] else ""
-                print(f"  {kv:<4} hd{hd:<4} {r['kernel']:<32} {r['ms']:9.2f} ms{ratio}{best}")
+                print(f"  {kv:<4} hd{hd:<4} {r['kernel']:<40} {r['ms']:9.2f} ms "
+                      f"{r['TFLOPs']:6.2f} TFLOP/s {100 * r['of_sgemm']:5.1f}% SGEMM"
+                      f"{ratio}{best}")
     if "decode_long" in record:
         print("\ndecode_long: f32 decode at 32768 keys, head_dim 256 (GB/s of K+V read)")
         for r in record["decode_long"]:

@@ -30,6 +30,7 @@ from kgen.ir.geometry import (
     flash_regions,
     out_cols,
     p_stride,
+    qtile_vec4,
     row_groups,
     row_lanes,
     score_scatter,
@@ -69,7 +70,8 @@ class KernelView:
         if self.stream:
             return "kernels/flash_stream.cu.j2"
         if self.qtile:
-            return "kernels/flash_qtile.cu.j2"
+            return ("kernels/flash_qtile_vec4.cu.j2" if qtile_vec4(self.k)
+                    else "kernels/flash_qtile.cu.j2")
         return f"kernels/{self.k.op.value}.cu.j2"
 
     @property

@@ -90,6 +90,12 @@ class Sinks(StrEnum):
     LEARNED = "learned"  # one logit per q head joins the softmax denominator
 
 
+class QtileLoads(StrEnum):
+    SCALAR = "scalar"  # query_tile: 32-bit shared loads, keys and columns lane-strided
+    VEC4 = "vec4"      # query_tile: 128-bit shared loads along head_dim (q.K) and along
+    #                    keys / column quads (P.V); rows padded to whole float4s
+
+
 class RingFloor(StrEnum):
     NONE = "none"    # the fp16 window ring is trusted for every recent key
     BATCH = "batch"  # keys lapped by later rows of the same batch fall back to the body
@@ -147,6 +153,8 @@ KEYS: dict[str, Key] = {
                      "block's query tile"),
     "micro_rows": Key(int, 2, FLASH, "query_tile: rows of a thread's score and output patch"),
     "micro_keys": Key(int, 4, FLASH, "query_tile: keys of a thread's score patch"),
+    "qtile_loads": Key(QtileLoads, QtileLoads.SCALAR, FLASH, "query_tile: the width of "
+                       "its shared-memory loads (scalar, or vec4: float4 along head_dim)"),
 }
 
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.ir.axes import KStage, Schedule, Threads, VStage
+from kgen.ir.axes import KStage, QtileLoads, Schedule, Threads, VStage
 from kgen.ir.kernel import Kernel
 from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM
 from kgen.ir.target import TARGET
@@ -36,6 +36,12 @@ def query_tiles(k: Kernel) -> bool:
 # columns tx + c * row_lanes (out_cols of them): a row's row_lanes lanes are adjacent
 # lanes of one warp, so its max and sum reduce by shuffles.
 
+def qtile_vec4(k: Kernel) -> bool:
+    """query_tile, qtile_loads = vec4: float4 shared loads (q and K along head_dim, P
+    along keys, V along a thread's column quads 4 * (tx + c * row_lanes) + 0..3)."""
+    return query_tiles(k) and k.qtile_loads is QtileLoads.VEC4
+
+
 def row_lanes(k: Kernel) -> int:
     """query_tile: the lanes sharing one row (tile_keys / micro_keys)."""
     return k.tile_keys // k.micro_keys
@@ -52,14 +58,17 @@ def qtile_threads(k: Kernel) -> int:
 
 
 def out_cols(k: Kernel) -> int:
-    """query_tile: output columns a thread holds per row (max_head_dim over its row's lanes)."""
+    """query_tile: output columns a thread holds per row (max_head_dim over its row's
+    lanes; vec4: whole quads of columns)."""
+    if qtile_vec4(k):
+        return 4 * -(-k.max_head_dim // (4 * row_lanes(k)))
     return -(-k.max_head_dim // row_lanes(k))
 
 
 def p_stride(k: Kernel) -> int:
     """query_tile: floats per row of the shared P tile (a key of pad: no bank conflicts
-    between the rows a warp reads)."""
-    return k.tile_keys + 1
+    between the rows a warp reads; vec4: a float4 of pad, rows stay 16-byte aligned)."""
+    return k.tile_keys + (4 if qtile_vec4(k) else 1)
 
 
 def accumulators(k: Kernel) -> int:
@@ -109,7 +118,7 @@ def head_dim_step(k: Kernel) -> int:
     the format. A query_tile block takes any head_dim up to max_head_dim (its loops
     over dims are guarded): whole blocks of the format only."""
     if query_tiles(k):
-        return k.fmt.block
+        return math.lcm(k.fmt.block, 4) if qtile_vec4(k) else k.fmt.block
     base = k.dot_lanes if padded(k) else TARGET.warp
     return math.lcm(base, k.fmt.block)
 

@@ -18,6 +18,7 @@ from kgen.ir.axes import (
     Op,
     Position,
     QStage,
+    QtileLoads,
     RingFloor,
     Schedule,
     Sinks,
@@ -61,6 +62,7 @@ class Kernel:
     tile_rows: int
     micro_rows: int
     micro_keys: int
+    qtile_loads: QtileLoads
     budgets: tuple[ExpectResource, ...] = ()
     relations: tuple[ExpectRelation, ...] = ()
     lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)

@@ -29,6 +29,7 @@ from kgen.ir.geometry import (
     flash_shared_bytes,
     min_head_dim,
     qtile_threads,
+    qtile_vec4,
     query_tiles,
     row_lanes,
     tile_threads,
@@ -222,7 +223,7 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
 
 # The keys only a query_tile kernel reads (the tile shape and the head_dim bound of a
 # thread's output patch); max_head_dim is also the append kernels' staging bound.
-QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim")
+QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim", "qtile_loads")
 # Options a query_tile kernel does not have yet, and the staging axes it fixes itself.
 QUERY_TILE_NOT_YET = ("window", "softcap", "sinks", "ring_floor")
 QUERY_TILE_FIXED = ("q_stage", "k_stage", "v_stage", "threads", "rows_per_block")
@@ -274,6 +275,10 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(k.where("max_head_dim"), f"max_head_dim = {k.max_head_dim} admits no "
                         f"head_dim: a kv = {k.fmt.name} row is whole blocks of "
                         f"{k.fmt.block} values")
+    if qtile_vec4(k) and (k.k_pad % 4 or k.tile_keys % 4):
+        raise ctx.error(k.where("qtile_loads"), f"qtile_loads = vec4 reads float4s: k_pad = "
+                        f"{k.k_pad} and tile_keys = {k.tile_keys} must be multiples of 4 (rows "
+                        "of the q, K/V and P tiles 16-byte aligned)")
     if accumulators(k) > QUERY_TILE_MAX_ACCUMULATORS:
         raise ctx.error(k.where("max_head_dim"), f"micro_rows * max_head_dim / {lanes} lanes "
                         f"= {accumulators(k)} output floats a thread: at most "
