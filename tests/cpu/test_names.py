@@ -57,7 +57,8 @@ def test_reserved_names_are_what_the_generated_code_uses():
 
 
 @pytest.mark.parametrize("name", ["def", "None", "lambda", "FATBINS", "KERNELS", "MANIFEST",
-                                  "ROOT", "expose", "MODULES",
+                                  "ROOT", "expose", "MODULES", "std", "cudaMalloc", "uint4",
+                                  "size_t", "cudaStream_t", "ulonglong2", "int8_t",
                                   "int", "float", "return", "threadIdx", "printf", "_",
                                   "__x", "_Foo", "kgen_q4_quant_block", "WARP_SZ", "x" * 97])
 def test_refused_kernel_names(name):

@@ -43,11 +43,23 @@ requires static_assert static_cast template this thread_local throw true try typ
 typename using virtual wchar_t xor xor_eq
 """)
 
-# CUDA's built-in variables and the memory-space / function qualifiers' plain spellings.
-CUDA_BUILTINS = _words("""
-threadIdx blockIdx blockDim gridDim warpSize dim3 uint3 float2 float4 int2 int4 half
-__half __half2 nullptr_t
+# CUDA's built-in variables and types: the vector types (char1 .. double4, every width
+# and signedness cuda_runtime.h declares), dim3, half.
+_VECTORS = " ".join(f"{base}{w}" for base in ("char", "uchar", "short", "ushort", "int", "uint",
+                                              "long", "ulong", "longlong", "ulonglong",
+                                              "float", "double") for w in (1, 2, 3, 4))
+CUDA_BUILTINS = _words(f"""
+threadIdx blockIdx blockDim gridDim warpSize dim3 half __half __half2 nullptr_t {_VECTORS}
 """)
+
+# Types and namespaces the headers nvcc includes declare at global scope.
+C_TYPES = _words("""
+size_t ptrdiff_t ssize_t max_align_t int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t
+uint64_t intptr_t uintptr_t intmax_t uintmax_t std FILE
+""")
+
+# The CUDA runtime API (cudaMalloc, cudaStream_t, ...): cuda_runtime.h declares them all.
+_CUDA_API = re.compile(r"cuda[A-Z_]")
 
 # PTX: the predefined identifier WARP_SZ; an identifier made of one underscore (or
 # one of ``_$%`` followed by nothing) is not a PTX name.
@@ -100,6 +112,10 @@ def kernel_name_problem(name: str) -> str | None:
         return "is a C/C++ keyword (the kernel is an extern \"C\" __global__ function)"
     if name in CUDA_BUILTINS:
         return "is a CUDA built-in name"
+    if name in C_TYPES:
+        return "is a type or namespace the CUDA headers declare"
+    if _CUDA_API.match(name):
+        return "is a CUDA runtime API name (cuda_runtime.h declares cuda* names)"
     if _RESERVED_C.match(name):
         return "starts with '__' or '_' and a capital letter (reserved in C and C++)"
     if name in PTX_RESERVED or not _is_ptx_identifier(name):
