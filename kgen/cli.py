@@ -82,10 +82,18 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
     recording the no-op stamp happen under the lock, so the stamp always describes
     the tree it was recorded for. The trees hold exactly the kernels of the spec
     files named (every file of a named directory)."""
+    from dataclasses import replace
+
     from kgen.compiler import pipeline, stamp
     from kgen.compiler.atomic import lock, recover, replace_dirs
     from kgen.toolchain.compile import clean_workdirs
 
+    gen = settings.generated
+    if gen.is_symlink():  # a tree kept elsewhere (another disk): written where it points
+        settings = replace(settings, generated=Path(os.path.realpath(gen)))
+    elif gen.exists() and not gen.is_dir():
+        raise KgenError(f"{gen} is not a directory; kgen build writes its output tree there "
+                        "(remove it, or name another place with KGEN_GENERATED)")
     outputs_dirs = [settings.generated]
     with lock(outputs_dirs, say):
         for msg in recover(outputs_dirs):

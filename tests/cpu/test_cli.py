@@ -172,3 +172,13 @@ def test_a_spec_file_named_twice_is_read_once(capsys):
     assert out.startswith("ok: 1 spec files, 1 kernels")
     rc, out, err = check(capsys, SPECS, one)  # a file and its directory
     assert rc == 0 and out.startswith(f"ok: {len(list(SPECS.glob('*.kspec')))} spec files"), err
+
+
+def test_build_refuses_an_output_that_is_a_file(capsys, monkeypatch, tmp_path):
+    out = tmp_path / "generated"
+    out.write_text("mine\n")
+    monkeypatch.setenv("KGEN_GENERATED", str(out))
+    rc, err = _run(capsys, "build", "-q", str(SPECS / "util.kspec"))
+    assert rc == 1 and "is not a directory; kgen build writes its output tree there" in err
+    assert out.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "generated"]

@@ -17,7 +17,7 @@ import pytest
 from tc_helpers import REPO
 
 from kgen.compiler import pipeline
-from kgen.compiler.atomic import JOURNAL_SUFFIX
+from kgen.compiler.atomic import JOURNAL_SUFFIX, read_tree
 
 pytestmark = pytest.mark.toolchain
 
@@ -264,3 +264,19 @@ def test_cli_answers(ws):
                        text=True, cwd=ws.root)
     assert "``" not in r.stdout
     assert shutil.which  # keep the import used
+
+
+def test_a_symlinked_output_tree_is_written_where_it_points(tiny, monkeypatch):
+    ws, spec, variants, trees = tiny
+    spec.write_text(variants["A"], encoding="utf-8")
+    elsewhere = ws.root / "elsewhere"
+    elsewhere.mkdir()
+    link = ws.root / "out_link"
+    link.symlink_to(elsewhere)
+    monkeypatch.setenv("KGEN_GENERATED", str(link))
+    for _ in range(2):  # a build, then one that finds it up to date
+        r = ws.kgen("build", "-q")
+        assert r.rc == 0, r.text
+    assert link.is_symlink() and link.resolve() == elsewhere.resolve()
+    assert read_tree(elsewhere) == trees["A"]
+    assert scratch(ws.root) == [] and scratch(elsewhere.parent) == []
