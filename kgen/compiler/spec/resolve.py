@@ -79,6 +79,7 @@ def _definitions(files: list[SpecFile], lines: _Lines) -> dict[str, KernelDef]:
 def _chain(d: KernelDef, defs: dict[str, KernelDef], lines: _Lines) -> list[KernelDef]:
     """The kernel, its parent, ... up to a root."""
     seen = [d]
+    names = {d.name}  # a set of names: comparing definitions is slow and made check O(n^2)
     while seen[-1].parent is not None:
         cur = seen[-1]
         parent = defs.get(cur.parent)
@@ -88,10 +89,12 @@ def _chain(d: KernelDef, defs: dict[str, KernelDef], lines: _Lines) -> list[Kern
                 f"'{cur.name}' inherits from unknown kernel '{cur.parent}'"
                 + did_you_mean(cur.parent, sorted(defs)),
             )
-        if parent in seen:
-            cycle = " -> ".join([*(k.name for k in seen[seen.index(parent):]), parent.name])
+        if parent.name in names:
+            first = next(i for i, k in enumerate(seen) if k.name == parent.name)
+            cycle = " -> ".join([*(k.name for k in seen[first:]), parent.name])
             raise lines.error(cur.parent_pos or cur.pos, f"inheritance cycle: {cycle}")
         seen.append(parent)
+        names.add(parent.name)
     return seen
 
 
