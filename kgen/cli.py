@@ -526,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     except KgenError as exc:
         if args.debug:
             traceback.print_exc()
+        if args.json:
+            print(json.dumps({"error": {"message": str(exc), "exit_code": exc.exit_code}}))
         print(f"kgen: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:

@@ -182,3 +182,16 @@ def test_build_refuses_an_output_that_is_a_file(capsys, monkeypatch, tmp_path):
     assert rc == 1 and "is not a directory; kgen build writes its output tree there" in err
     assert out.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == [
         "generated"]
+
+
+@pytest.mark.parametrize("argv", [["show", "no_such_kernel"], ["freeze", "no_such_kernel"],
+                                  ["verify", "--diff", "no_such_kernel"]])
+def test_json_errors_are_json_on_stdout(capsys, argv):
+    import json
+
+    rc = main([*argv, "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    said = json.loads(out)["error"]
+    assert "no_such_kernel" in said["message"] and said["exit_code"] == 1
+    assert err.startswith("kgen: error: ")
