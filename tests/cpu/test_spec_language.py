@@ -292,3 +292,22 @@ def test_a_deep_inheritance_chain_resolves_in_linear_comparisons(monkeypatch):
     kernels = checked([parse_spec(text, "deep.kspec")])
     assert [k.name for k in kernels][-1] == f"c{n - 1}" and len(kernels[-1].lineage) == n
     assert calls[0] < 10 * n, calls[0]
+
+
+def test_an_inherited_combination_is_refused_at_the_line_that_made_it():
+    """The parent (another file) sets schedule = warp_stream; the child's position =
+    slots makes the combination the schedule refuses: the error is at the child's line."""
+    parent = parse_spec("kernel ws_parent { module = m op = flash mode = decode\n"
+                        "    schedule = warp_stream k_stage = registers dot_lanes = 32\n"
+                        "    kreg_max_chunk = 8 }\n", "parent.kspec")
+    child = parse_spec("kernel ws_child : ws_parent {\n    position = slots\n}\n",
+                       "child.kspec")
+    with pytest.raises(SpecError) as e:
+        checked([parent, child])
+    assert (e.value.pos.path, e.value.pos.line) == ("child.kspec", 2), e.value.render()
+    rows = parse_spec("kernel r_parent { module = m op = flash mode = prefill\n"
+                      "    rows_per_block = 2 }\n", "rows.kspec")
+    rchild = parse_spec("kernel r_child : r_parent {\n    window = exact\n}\n", "w.kspec")
+    with pytest.raises(SpecError, match="does not combine with window = exact yet") as e:
+        checked([rows, rchild])
+    assert (e.value.pos.path, e.value.pos.line) == ("w.kspec", 2)

@@ -172,12 +172,25 @@ def check_rows_per_block(k: Kernel, ctx: _Ctx) -> None:
     other = [key for key in ("window", "mask", "softcap", "sinks", "v_stage")
              if getattr(k, key) != KEYS[key].default]
     if other:
-        raise ctx.error(where, "rows_per_block > 1 is not combined with "
-                        + ", ".join(f"{key} = {getattr(k, key).value}" for key in other))
+        raise ctx.error(_blame(k, "rows_per_block", *other), "rows_per_block > 1 does not "
+                        "combine with " + ", ".join(f"{key} = {getattr(k, key).value}"
+                                                    for key in other)
+                        + " yet (not supported yet: the multi-row prefill has the plain "
+                        "options only)")
     if k.max_groups * k.rows_per_block > TARGET.warp:
         raise ctx.error(where, f"rows_per_block * max_groups = "
                         f"{k.max_groups * k.rows_per_block} > {TARGET.warp}: the fold runs one "
                         "thread per (row, head) inside the first warp")
+
+
+def _blame(k: Kernel, *keys: str):
+    """Where a combination of ``keys`` was chosen: the assignment the kernel's own
+    definition makes (the latest one), else the first key's, wherever it was set (an
+    inherited combination that the kernel itself changed is the kernel's line, not the
+    parent's in another file)."""
+    spots = [k.where(key) for key in keys]
+    own = [p for p in spots if p.path == k.pos.path and p.line >= k.pos.line]
+    return max(own, key=lambda p: (p.line, p.col)) if own else spots[0]
 
 
 def check_schedule(k: Kernel, ctx: _Ctx) -> None:
@@ -207,6 +220,7 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
         return
     where = k.where("schedule")
     if k.position not in (Position.HOST, Position.DEVICE):
+        where = _blame(k, "schedule", "position")
         raise ctx.error(where, "schedule = warp_stream reads one contiguous sequence from "
                         "a host or device position (position = host or device)")
     if k.rows_per_block != 1:
