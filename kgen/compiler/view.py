@@ -25,13 +25,11 @@ from kgen.ir.axes import (
     Window,
 )
 from kgen.ir.geometry import (
-    QTILE_CHUNK,
     Region,
     ScoreScatter,
     flash_regions,
     out_cols,
     p_stride,
-    qtile_chunked,
     qtile_vec4,
     row_groups,
     row_lanes,
@@ -72,8 +70,6 @@ class KernelView:
         if self.stream:
             return "kernels/flash_stream.cu.j2"
         if self.qtile:
-            if qtile_chunked(self.k):
-                return "kernels/flash_qtile_chunked.cu.j2"
             return ("kernels/flash_qtile_vec4.cu.j2" if qtile_vec4(self.k)
                     else "kernels/flash_qtile.cu.j2")
         return f"kernels/{self.k.op.value}.cu.j2"
@@ -101,10 +97,6 @@ class KernelView:
     @property
     def p_stride(self) -> int:
         return p_stride(self.k)
-
-    @property
-    def qtile_chunk(self) -> int:
-        return QTILE_CHUNK
 
     @property
     def slots(self) -> bool:

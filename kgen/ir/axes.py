@@ -94,9 +94,6 @@ class QtileLoads(StrEnum):
     SCALAR = "scalar"  # query_tile: 32-bit shared loads, keys and columns lane-strided
     VEC4 = "vec4"      # query_tile: 128-bit shared loads along head_dim (q.K) and along
     #                    keys / column quads (P.V); rows padded to whole float4s
-    CHUNKED = "chunked"  # vec4, and no shared q tile: q and K pass through shared memory
-    #                      in head_dim chunks of QTILE_CHUNK dims per K tile (an SGEMM's
-    #                      k-loop), which leaves the room to a whole V tile of more keys
 
 
 class RingFloor(StrEnum):

@@ -37,29 +37,9 @@ def query_tiles(k: Kernel) -> bool:
 # lanes of one warp, so its max and sum reduce by shuffles.
 
 def qtile_vec4(k: Kernel) -> bool:
-    """query_tile, qtile_loads = vec4 or chunked: float4 shared loads (q and K along
-    head_dim, P along keys, V along a thread's column quads 4 * (tx + c * row_lanes) +
-    0..3)."""
-    return query_tiles(k) and k.qtile_loads in (QtileLoads.VEC4, QtileLoads.CHUNKED)
-
-
-# qtile_loads = chunked (templates/kernels/flash_qtile_chunked.cu.j2): dims of the q and
-# K chunks that S = q.K^T reads from shared memory per step of its head_dim loop.
-QTILE_CHUNK = 32
-
-
-def qtile_chunked(k: Kernel) -> bool:
-    """query_tile, qtile_loads = chunked: no shared q tile; q [tile_rows][QTILE_CHUNK]
-    and K [tile_keys][QTILE_CHUNK] staged per chunk of head_dim, then the whole V tile
-    in the same floats."""
-    return query_tiles(k) and k.qtile_loads is QtileLoads.CHUNKED
-
-
-def qtile_chunk_floats(k: Kernel, head_dim: int) -> int:
-    """qtile_loads = chunked: floats of the shared region that holds a q and a K chunk
-    (rows of QTILE_CHUNK + k_pad), then the V tile (rows of head_dim + k_pad)."""
-    cs = QTILE_CHUNK + k.k_pad
-    return max((k.tile_rows + k.tile_keys) * cs, k.tile_keys * (head_dim + k.k_pad))
+    """query_tile, qtile_loads = vec4: float4 shared loads (q and K along head_dim, P
+    along keys, V along a thread's column quads 4 * (tx + c * row_lanes) + 0..3)."""
+    return query_tiles(k) and k.qtile_loads is QtileLoads.VEC4
 
 
 def row_lanes(k: Kernel) -> int:
@@ -171,10 +151,6 @@ def flash_regions(k: Kernel) -> tuple[Region, ...]:
     warp_stream, q group | merge; query_tile, q tile | K-then-V tile | probs): the one
     table the launch geometry sums and the flash templates carve."""
     T = k.tile_keys
-    if qtile_chunked(k):  # q and K chunks, then the V tile, in kv_s
-        return (Region("kv_s", "float", "(size_t)kv_floats",
-                       lambda G, hd: qtile_chunk_floats(k, hd)),
-                Region("p_s", "float", "", lambda G, hd: k.tile_rows * p_stride(k)))
     if query_tiles(k):  # rows of head_dim + k_pad floats; K and V take turns in kv_s
         return (Region("q_s", "float", "(size_t)TILE_ROWS * kstride",
                        lambda G, hd: k.tile_rows * (hd + k.k_pad)),
