@@ -28,7 +28,7 @@ from pathlib import Path
 from kgen import __version__
 from kgen.config import Settings
 from kgen.runtime import loadcheck, manifest
-from kgen.runtime.kernels import candidates
+from kgen.runtime.kernels import candidates, installed_dir
 from kgen.runtime.loadcheck import Device, v
 
 SMI_TIMEOUT_S = 20
@@ -182,15 +182,10 @@ def probe_gpus(cupy_info: CupyInfo) -> tuple[list[Gpu], Driver]:
 def _generated_dir(settings: Settings) -> Path:
     """The built tree kgen_kernels imports (kgen.runtime.kernels.locate's order), else
     the settings' generated/."""
-    for d in candidates(_installed_dir()):
+    for d in candidates(installed_dir()):
         if (d / manifest.MANIFEST).is_file():
             return d
     return settings.generated
-
-
-def _installed_dir() -> Path | None:
-    spec = importlib.util.find_spec("kgen_kernels")
-    return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
 def probe_toolchain() -> dict:

@@ -16,6 +16,7 @@ of them, importing ``kgen_kernels`` raises ImportError saying what to run.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import sys
 import types
@@ -27,6 +28,13 @@ from kgen.runtime.record import kernel
 
 PACKAGE = "kgen_kernels"
 CHECKOUT = Path(__file__).resolve().parents[2] / "generated"  # where `kgen build` writes
+
+
+def installed_dir() -> Path | None:
+    """The directory of the importable ``kgen_kernels`` package (its source in a
+    checkout, or an installed wheel with its artifacts), found without importing it."""
+    spec = importlib.util.find_spec(PACKAGE)
+    return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
 def candidates(package_dir: Path | None = None) -> list[Path]:

@@ -5,22 +5,15 @@ installed wheel, the checkout's generated/)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from kgen.runtime import manifest
-from kgen.runtime.kernels import locate
-
-
-def _package_dir() -> Path | None:
-    spec = importlib.util.find_spec("kgen_kernels")
-    return Path(spec.origin).parent if spec is not None and spec.origin else None
-
+from kgen.runtime.kernels import installed_dir, locate
 
 try:
-    BUILT: manifest.Manifest | None = locate(_package_dir())
+    BUILT: manifest.Manifest | None = locate(installed_dir())
 except ImportError:
     BUILT = None
 

@@ -123,9 +123,9 @@ def ptx(source: str, tc: Toolchain, cache: Cache, name: str = "module") -> str:
     """CUDA C++ -> PTX with nvcc's front end."""
     data = source.encode()
     job = ptx_job(source, tc)
-    hit = stored_ptx(source, tc, cache)
+    hit = cache.get(job.key, ("out.ptx",))
     if hit is not None:
-        return hit
+        return hit["out.ptx"].decode()
     with _workdir("ptx") as tmp:
         src = tmp / f"{name}.cu"
         out = tmp / f"{name}.ptx"
