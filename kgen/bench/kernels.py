@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import time
 from pathlib import Path
@@ -87,20 +88,21 @@ def _shadows(fmt) -> tuple[int, int]:
     return (4, 128) if fmt.shadows else (0, 0)
 
 
-def filled_cache(cp, g, kv: str, hd: int, seq: int = SEQ, variants=None):
-    """A KVCache holding ``seq`` positions and its host mirror (kgen.numpy_ref)."""
+def filled_cache(cp, g, kv: str, hd: int, seq: int = SEQ, variants=None, n_kv: int = HK):
+    """A KVCache of ``n_kv`` heads holding ``seq`` positions and its host mirror
+    (kgen.numpy_ref)."""
     from kgen import numpy_ref as ref
     from kgen.formats import FORMATS
     from kgen.runtime.kv import KVCache
 
     sink, win = _shadows(FORMATS[kv])
-    cache = KVCache(HK, hd, seq, kv=kv, sink=sink, win=win, variants=variants)
-    host = ref.HostCache.empty(cache.fmt, HK, seq, hd, cache.RING_ROWS, cache.SINK_ROWS)
+    cache = KVCache(n_kv, hd, seq, kv=kv, sink=sink, win=win, variants=variants)
+    host = ref.HostCache.empty(cache.fmt, n_kv, seq, hd, cache.RING_ROWS, cache.SINK_ROWS)
     step = cache.RING_ROWS or 1024
     for lo in range(0, seq, step):
         n = min(step, seq - lo)
-        kx = g.standard_normal((n, HK, hd), dtype=np.float32)
-        vx = g.standard_normal((n, HK, hd), dtype=np.float32)
+        kx = g.standard_normal((n, n_kv, hd), dtype=np.float32)
+        vx = g.standard_normal((n, n_kv, hd), dtype=np.float32)
         cache.append(cp.asarray(kx), cp.asarray(vx), pos0=lo)
         ref.append(kx, vx, host, lo, sink, win)
     return cache, host
@@ -338,8 +340,6 @@ def prefill_long_table(cp, g) -> list[dict]:
     KGEN_BENCH_MATCH keeps only the kernels it finds in the name), torch SDPA (its
     default backend, and the math path) and an SGEMM timed beside them, so each arm
     reports TFLOP/s and its fraction of the SGEMM's."""
-    import re
-
     from kgen import numpy_ref as ref
     from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
@@ -477,6 +477,124 @@ def decode_long_table(cp, g) -> list[dict]:
             gbps = cache_bytes / (ms * 1e-3) / 1e9
             rows.append({"arm": name, "us": ms * 1e3, "GBps": gbps,
                          "of_copy": gbps / copy_gbps})
+    return rows
+
+
+# ---- decode against the roofline ---------------------------------------------------
+
+GOAL_SHAPES = ((32, 8), (16, 2))          # (q heads, kv heads): GQA 4 and 8
+GOAL_SEQS = tuple(int(x) for x in os.environ.get("KGEN_BENCH_SEQS", "1024,4096,32768").split(",")
+                  if x)
+GOAL_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def _goal_kvs() -> tuple[str, ...]:
+    from kgen.formats import FORMATS
+
+    got = os.environ.get("KGEN_BENCH_KV")
+    return tuple(filter(None, got.split(","))) if got else tuple(FORMATS)
+
+
+def _limits(cp, sgemm) -> tuple[float, float]:
+    """(copy GB/s, SGEMM TFLOP/s), timed in interleaved rounds now."""
+    src = cp.empty(256 * 2**20 // 4, cp.float32)
+    dst = cp.empty_like(src)
+    t = bench_slow(cp, {"copy": lambda: cp.copyto(dst, src), SGEMM_ARM: sgemm})
+    return (2 * src.nbytes / (t["copy"] * 1e-3) / 1e9,
+            2.0 * SGEMM_N ** 3 / (t[SGEMM_ARM] * 1e-3) / 1e12)
+
+
+def decode_goals_table(cp, g) -> list[dict]:
+    """Split decode + combine against its roofline, for every format (KGEN_BENCH_KV),
+    head_dim 128 and 256 (KGEN_BENCH_HEAD_DIMS), GQA 4 and 8, 1k/4k/32k keys: the
+    kernel KVCache chooses under the plan it uses with an empty tune store, and every
+    kernel serving the shape (warp_stream and tiled) under a sweep of split counts.
+    roofline = max(cache bytes / copy rate, 4 hd H keys / SGEMM rate), both limits
+    timed in this run; a row per (shape, arm) with its fraction of the roofline."""
+    from kgen import numpy_ref as ref
+    from kgen.formats import FORMATS
+    from kgen.ir.axes import Mode, Op, Position, Schedule
+    from kgen.runtime.bind import shape_refusal
+    from kgen.runtime.plan import decode_plan, default_plan
+    from kgen.runtime.select import Role, generated
+
+    match = os.environ.get("KGEN_BENCH_MATCH")
+    sgemm = _sgemm(cp)
+    copy_gbps, sgemm_tf = _limits(cp, sgemm)
+    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["multiProcessorCount"]
+    rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf, "sms": sms}]
+    hds = tuple(h for h in _bench_head_dims() if h in (128, 256)) or (128, 256)
+    for kv in _goal_kvs():
+        fmt = FORMATS[kv]
+        for hd in hds:
+            if not fmt.accepts_head_dim(hd):
+                continue
+            for n_head, n_kv in GOAL_SHAPES:
+                G = n_head // n_kv
+                for seq in GOAL_SEQS:
+                    sink, win = _shadows(fmt)
+                    cache, host = filled_cache(cp, g, kv, hd, seq, n_kv=n_kv)
+                    kr, vr = ref.read_kv_rows(host, seq - 1, sink, win)
+                    q1 = cp.asarray(g.standard_normal((n_head, hd), dtype=np.float32))
+                    want = ref.decode_attention(q1.get(), kr, vr, G, seq, 256, 16, 0, 0,
+                                                1 / math.sqrt(hd))
+                    chosen, _ = cache.kernels.get("decode", G)
+                    _, fcomb = cache.kernels.get("combine")
+                    role = Role(Op.FLASH, Position.HOST, Mode.DECODE, kv)
+                    pool = [(k, f) for k, f in generated() if role.matches(k)
+                            and shape_refusal(k, hd, G) is None and k.window.value ==
+                            "sink_recent" and k.sinks.value == "none"
+                            and k.softcap.value == "none"
+                            and (not fmt.shadows or (k.ring_rows, k.sink_rows) ==
+                                 (cache.RING_ROWS, cache.SINK_ROWS))]
+                    if match:
+                        pool = [(k, f) for k, f in pool if k.name == chosen.name
+                                or re.search(match, k.name)]
+                    dkps, dcap = default_plan(sms, n_kv)
+                    arms, meta = {}, {}
+                    for k, fn in pool:
+                        plans = [(max(1, -(-seq // n)), n) for n in GOAL_SPLITS
+                                 if n <= max(1, seq // k.tile_keys)]
+                        if k.name == chosen.name:
+                            plans.append((dkps, dcap))
+                        for kps, cap in plans:
+                            plan = decode_plan(seq, kps, cap, k.tile_keys)
+                            m = cp.full(n_head * plan.n_splits, np.nan, cp.float32)
+                            l = cp.full(n_head * plan.n_splits, np.nan, cp.float32)  # noqa: E741
+                            acc = cp.full(n_head * plan.n_splits * hd, np.nan, cp.float32)
+                            out = cp.full((n_head, hd), np.nan, cp.float32)
+                            b1 = fn(q1, cache.k, cache.v, *cache.shadows, m, l, acc,
+                                    seq_len=seq, n_splits=plan.n_splits,
+                                    split_len=plan.split_len, **cache._shadow_args)
+                            b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
+                            name = f"{k.name} kps {kps} cap {cap} ({plan.n_splits} splits)"
+                            if (kps, cap) == (dkps, dcap) and k.name == chosen.name:
+                                name += " [default]"
+                            cp.cuda.runtime.deviceSynchronize()
+                            lossy = k.q_stage.value == "f16" or k.k_stage.value == "shared_f16"
+                            _check(f"{name} {kv} hd{hd} {n_head}/{n_kv} {seq}", out.get(),
+                                   want, *((2e-2, 2e-3) if lossy else (RTOL, ATOL)))
+                            arms[name] = replay([(fn, b1), (fcomb, b2)])
+                            meta[name] = (k, plan)
+                    t = bench(cp, arms)
+                    cache_bytes = 2 * n_kv * seq * fmt.row_bytes(hd)
+                    roof_us = max(cache_bytes / (copy_gbps * 1e9),
+                                  4.0 * hd * n_head * seq / (sgemm_tf * 1e12)) * 1e6
+                    best = min(t.values())
+                    print(f"decode_goals {kv} hd{hd} {n_head}/{n_kv} {seq}: best "
+                          f"{roof_us / (best * 1e3):.2f} of the roofline", flush=True)
+                    for name, ms in t.items():
+                        k, plan = meta[name]
+                        rows.append({"kv": kv, "head_dim": hd, "n_head": n_head, "n_kv": n_kv,
+                                     "seq": seq, "arm": name, "kernel": k.name,
+                                     "stream": k.schedule is Schedule.WARP_STREAM,
+                                     "splits": plan.n_splits, "us": ms * 1e3,
+                                     "roofline_us": roof_us, "of_roofline": roof_us / (ms * 1e3),
+                                     "default": name.endswith("[default]"),
+                                     "best": ms == best, "vs_best": ms / best})
+                    del cache, host
+    copy2, sgemm2 = _limits(cp, sgemm)
+    rows.append({"arm": "limits (end)", "copy_GBps": copy2, "sgemm_TFLOPs": sgemm2, "sms": sms})
     return rows
 
 
@@ -661,6 +779,7 @@ def main() -> int:
                         "kps": KPS, "splits_cap": CAP}}
     sections = (("heads", heads_table), ("variants", variants_table),
                 ("prefill_long", prefill_long_table), ("decode_long", decode_long_table),
+                ("decode_goals", decode_goals_table),
                 ("launch", launch_table))
     only = set(filter(None, os.environ.get("KGEN_BENCH_ONLY", "").split(",")))
     for name, fn in sections:
@@ -701,6 +820,23 @@ def main() -> int:
         for r in record["decode_long"]:
             share = f"  {r['of_copy'] * 100:5.1f}% of the copy" if "of_copy" in r else ""
             print(f"  {r['arm']:<64} {r['us']:9.1f} us {r['GBps']:8.1f} GB/s{share}")
+    if "decode_goals" in record:
+        lim = record["decode_goals"][0]
+        print(f"\ndecode_goals: split decode + combine vs roofline = max(bytes / copy "
+              f"{lim['copy_GBps']:.0f} GB/s, 4 hd H keys / SGEMM {lim['sgemm_TFLOPs']:.1f} "
+              f"TFLOP/s), {lim['sms']} SMs; best arm and the default (empty tune store)")
+        goal = [r for r in record["decode_goals"] if "kv" in r]
+        for key in sorted({(r["kv"], r["head_dim"], r["n_head"], r["n_kv"], r["seq"])
+                           for r in goal}):
+            rs = [r for r in goal if (r["kv"], r["head_dim"], r["n_head"], r["n_kv"],
+                                      r["seq"]) == key]
+            b = next(r for r in rs if r["best"])
+            d = next((r for r in rs if r["default"]), None)
+            dtxt = (f" | default {d['us']:8.1f} us {100 * d['of_roofline']:5.1f}% "
+                    f"({d['vs_best']:.2f}x best)" if d else "")
+            print(f"  {key[0]:<8} hd{key[1]:<3} {key[2]:>2}/{key[3]:<2} {key[4]:>6} keys: "
+                  f"roof {b['roofline_us']:7.1f} us | best {b['us']:8.1f} us "
+                  f"{100 * b['of_roofline']:5.1f}% {b['arm']}{dtxt}")
     if "launch" in record:
         print(f"\nlaunch: one f32 decode step at head_dim 256, 4k context, kps {LAUNCH_KPS} cap "
               f"{LAUNCH_CAP} (host and wall µs per call)")

@@ -34,6 +34,7 @@ from kgen.ir.geometry import (
     row_groups,
     row_lanes,
     score_scatter,
+    stream_hoisted,
 )
 from kgen.ir.kernel import Kernel
 from kgen.ir.signature import Param, params
@@ -77,6 +78,11 @@ class KernelView:
     @property
     def stream(self) -> bool:
         return self.k.op is Op.FLASH and self.k.schedule is Schedule.WARP_STREAM
+
+    @property
+    def hoisted(self) -> bool:
+        """warp_stream with stream_loads = hoisted (see kgen.ir.geometry.stream_hoisted)."""
+        return stream_hoisted(self.k)
 
     @property
     def qtile(self) -> bool:

@@ -96,6 +96,14 @@ class QtileLoads(StrEnum):
     #                    keys / column quads (P.V); rows padded to whole float4s
 
 
+class StreamLoads(StrEnum):
+    GUARDED = "guarded"  # warp_stream: a branch per key and chunk element (any head_dim
+    #                      up to kreg_max_chunk * dot_lanes)
+    HOISTED = "hoisted"  # warp_stream: head_dim fixed at kreg_max_chunk * dot_lanes, a
+    #                      masked key read at a clamped row: every load of a step is
+    #                      unconditional and in flight before the first is used
+
+
 class RingFloor(StrEnum):
     NONE = "none"    # the fp16 window ring is trusted for every recent key
     BATCH = "batch"  # keys lapped by later rows of the same batch fall back to the body
@@ -137,6 +145,9 @@ KEYS: dict[str, Key] = {
     "sinks": Key(Sinks, Sinks.NONE, frozenset({Op.FLASH, Op.DECODE_COMBINE}),
                  "learned attention-sink logits (decode: in the combine)"),
     "ring_floor": Key(RingFloor, RingFloor.NONE, FLASH, "fp16 window-ring liveness"),
+    "stream_loads": Key(StreamLoads, StreamLoads.GUARDED, FLASH, "warp_stream: guarded "
+                        "loads for any head_dim, or hoisted: one head_dim, every load "
+                        "unconditional"),
     "tile_keys": Key(int, 16, PLAN_OPS, "keys per tile (and split rounding)"),
     "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),
     "max_groups": Key(int, 8, FLASH, "compile-time bound on kv_groups"),

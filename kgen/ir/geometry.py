@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.ir.axes import KStage, QtileLoads, Schedule, Threads, VStage
+from kgen.ir.axes import KStage, QtileLoads, Schedule, StreamLoads, Threads, VStage
 from kgen.ir.kernel import Kernel
 from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM
 from kgen.ir.target import TARGET
@@ -26,6 +26,17 @@ def streams(k: Kernel) -> bool:
 
 def query_tiles(k: Kernel) -> bool:
     return k.schedule is Schedule.QUERY_TILE
+
+
+def stream_hoisted(k: Kernel) -> bool:
+    """warp_stream, stream_loads = hoisted: one head_dim (stream_head_dim), each unit's
+    chunk a compile-time constant, every load of a step unconditional."""
+    return streams(k) and k.stream_loads is StreamLoads.HOISTED
+
+
+def stream_head_dim(k: Kernel) -> int:
+    """The head_dim a hoisted warp_stream kernel serves: its whole register chunks."""
+    return k.kreg_max_chunk * k.dot_lanes
 
 
 # ---- schedule = query_tile (templates/kernels/flash_qtile.cu.j2) ----------------------

@@ -23,6 +23,7 @@ from kgen.ir.axes import (
     Schedule,
     Sinks,
     SoftCap,
+    StreamLoads,
     Threads,
     VStage,
     Window,
@@ -63,6 +64,7 @@ class Kernel:
     micro_rows: int
     micro_keys: int
     qtile_loads: QtileLoads
+    stream_loads: StreamLoads
     budgets: tuple[ExpectResource, ...] = ()
     relations: tuple[ExpectRelation, ...] = ()
     lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)

@@ -22,6 +22,8 @@ from kgen.ir.geometry import (
     prefill_grid,
     query_tiles,
     row_lanes,
+    stream_head_dim,
+    stream_hoisted,
     tile_threads,
 )
 from kgen.ir.kernel import Kernel
@@ -256,6 +258,10 @@ def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
               lambda: f"head_dim = {hd}: {threads} threads < tile_keys * dot_lanes = {tt}: thread "
               f"ky = tid / {k.dot_lanes} scores key ky, so keys {threads // k.dot_lanes}.."
               f"{k.tile_keys - 1} of each tile would keep stale scores")
+    if stream_hoisted(k):
+        c.require(hd == stream_head_dim(k), "hoisted chunk",
+                  lambda: f"head_dim = {hd}: stream_loads = hoisted fixes each lane's chunk at "
+                  f"kreg_max_chunk = {k.kreg_max_chunk}, so head_dim = {stream_head_dim(k)}")
     if k.k_stage is KStage.REGISTERS:
         c.require(hd <= k.kreg_max_chunk * k.dot_lanes, "register K chunk",
                   lambda: f"head_dim = {hd} > kreg_max_chunk * dot_lanes = "

@@ -12,6 +12,23 @@ from dataclasses import dataclass
 # The plan a cache object decodes with when none is given and none is tuned.
 DEFAULT_KPS, DEFAULT_SPLITS_CAP = 256, 16
 
+# The default plan derived from the device: splits of at least PLAN_MIN_KPS keys
+# (shorter ones spend more on their partials and the combine than they save), as
+# many as the context gives, capped where the blocks of all kv heads fill
+# PLAN_WAVES blocks per SM.
+PLAN_MIN_KPS, PLAN_WAVES = 256, 4
+
+
+def default_plan(sm_count: int, n_head_kv: int) -> tuple[int, int]:
+    """(kps, splits_cap) for a device of ``sm_count`` SMs decoding ``n_head_kv`` kv
+    heads: more splits as the context grows (one per PLAN_MIN_KPS keys), at most
+    PLAN_WAVES * sm_count blocks in all. Both numbers are launch arguments, so the
+    device-position kernels follow the context the same way in a graph replay."""
+    if sm_count < 1 or n_head_kv < 1:
+        raise ValueError(f"default_plan needs a positive SM and kv head count; got "
+                         f"{sm_count}, {n_head_kv}")
+    return PLAN_MIN_KPS, max(1, -(-PLAN_WAVES * sm_count // n_head_kv))
+
 
 @dataclass(frozen=True)
 class DecodePlan:

@@ -32,6 +32,8 @@ from kgen.ir.geometry import (
     qtile_vec4,
     query_tiles,
     row_lanes,
+    stream_head_dim,
+    stream_hoisted,
     tile_threads,
 )
 from kgen.ir.kernel import Kernel
@@ -208,15 +210,15 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
                 raise ctx.error(k.where(key), f"{key} applies to a flash kernel of schedule = "
                                 "query_tile only")
     if k.schedule is Schedule.QUERY_TILE:
-        if "keys_per_step" in k.explicit_keys:
-            raise ctx.error(k.where("keys_per_step"), "keys_per_step applies to schedule = "
-                            "warp_stream only")
+        for key in ("keys_per_step", "stream_loads"):
+            if key in k.explicit_keys:
+                raise ctx.error(k.where(key), f"{key} applies to schedule = warp_stream only")
         _check_query_tile(k, ctx)
         return
     if k.schedule is not Schedule.WARP_STREAM:
-        if "keys_per_step" in k.explicit_keys:
-            raise ctx.error(k.where("keys_per_step"), "keys_per_step applies to schedule = "
-                            "warp_stream only")
+        for key in ("keys_per_step", "stream_loads"):
+            if key in k.explicit_keys:
+                raise ctx.error(k.where(key), f"{key} applies to schedule = warp_stream only")
         return
     where = k.where("schedule")
     if k.position not in (Position.HOST, Position.DEVICE):
@@ -229,6 +231,12 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
     if k.k_stage is not KStage.REGISTERS or k.v_stage is not VStage.GLOBAL:
         raise ctx.error(where, "schedule = warp_stream reads K into registers and V from "
                         "global memory (k_stage = registers, v_stage = global)")
+    if stream_hoisted(k):
+        hd = stream_head_dim(k)
+        if hd % TARGET.warp or not k.fmt.accepts_head_dim(hd):
+            raise ctx.error(k.where("stream_loads"), f"stream_loads = hoisted serves head_dim "
+                            f"= kreg_max_chunk * dot_lanes = {hd} only: it must be whole warps "
+                            f"(a multiple of {TARGET.warp}) and whole {k.fmt.name} blocks")
     if not 1 <= k.keys_per_step <= 8:
         raise ctx.error(k.where("keys_per_step"), f"keys_per_step = {k.keys_per_step}: "
                         "1 to 8 keys per unit in flight (each holds a K and a V chunk in "
