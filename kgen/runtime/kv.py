@@ -22,11 +22,13 @@ import numpy as np
 
 from kgen.formats import FORMATS
 from kgen.ir.axes import KEYS
-from kgen.ir.params import INT_MAX, PARAMS
+from kgen.ir.params import INT_MAX
 from kgen.runtime import device, replay
 from kgen.runtime import tuned as store
+from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.options import Options, is_int, param, positive
+from kgen.runtime.options import Options, groups, is_int, positive, scales
+from kgen.runtime.pending import Pending, empty, upload
 from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP, decode_plan
 from kgen.runtime.replay import STEPS_LIMIT
 from kgen.runtime.roles import ROLES, CacheKernels
@@ -35,7 +37,6 @@ __all__ = ["DEFAULT_KV", "INT_MAX", "ROLES", "STEPS_LIMIT", "KVCache", "Options"
            "allocate"]
 
 DEFAULT_KV = KEYS["kv"].default.value  # the spec's default format
-_NO_SCALES = (PARAMS["k_scale"].neutral, PARAMS["v_scale"].neutral)  # (k_scale, v_scale)
 
 
 class Scratch:
@@ -52,6 +53,17 @@ class Scratch:
             self.l = cp.empty(need, cp.float32)
             self.acc = cp.empty(need * hd, cp.float32)
         return self.m[:need], self.l[:need], self.acc[: need * hd]
+
+    def pending(self, heads: int, width: int, hd: int) -> tuple[Pending, Pending, Pending]:
+        """What ``get`` returns, got once the call is checked."""
+        need, got = heads * width, []
+
+        def part(i: int):
+            if not got:
+                got.extend(self.get(heads, width, hd))
+            return got[i]
+        return tuple(Pending((n,), np.float32, lambda i=i: part(i))
+                     for i, n in enumerate((need, need, need * hd)))
 
 
 class KVCache:
@@ -81,10 +93,7 @@ class KVCache:
         self.RING_ROWS, self.SINK_ROWS = (lay.ring_rows, lay.sink_rows) if self.fmt.shadows \
             else (0, 0)
         self.sink, self.win = self._shadow_counts(sink, win)
-        if not self.fmt.tensor_scales and (k_scale, v_scale) != _NO_SCALES:
-            raise ContractError("KVCache", "scales", f"kv = {kv} has no per-tensor scales")
-        self.k_scale = param("k_scale", k_scale)
-        self.v_scale = param("v_scale", v_scale)
+        self.k_scale, self.v_scale = scales(self.fmt, k_scale, v_scale)
         self.length = 0  # positions [0, length) hold keys
         self.scratch = Scratch()
         self._pos = None  # device copy of decode's position (the device-position path)
@@ -149,7 +158,15 @@ class KVCache:
     def append(self, k_new, v_new, pos0: int, stream=None) -> None:
         """Append rows [pos0, pos0 + n). A batch longer than the fp16 ring is
         appended in ring-sized launches (in one launch, two blocks would race for a
-        ring slot); launches on one stream run in order."""
+        ring slot); launches on one stream run in order. Every launch is checked
+        before the first runs."""
+        calls = Calls()
+        n = self._append_calls(calls, k_new, v_new, pos0)
+        calls.run(stream)
+        self.length = max(self.length, pos0 + n)
+
+    def _append_calls(self, calls: Calls, k_new, v_new, pos0: int) -> int:
+        """The launches appending rows [pos0, pos0 + n); returns n."""
         self._check_rows("k_new", k_new)
         self._check_rows("v_new", v_new, k_new.shape[0])
         n = k_new.shape[0]
@@ -158,9 +175,9 @@ class KVCache:
         step = self.RING_ROWS if self.fmt.shadows and self.win > 0 else max(n, 1)
         for lo in range(0, n, step):
             hi = min(lo + step, n)
-            fn(k_new[lo:hi], v_new[lo:hi], self.k, self.v, *self.shadows, pos0=pos0 + lo,
-               **self._shadow_args, stream=stream)
-        self.length = max(self.length, pos0 + n)
+            calls.add(fn, k_new[lo:hi], v_new[lo:hi], self.k, self.v, *self.shadows,
+                      pos0=pos0 + lo, **self._shadow_args)
+        return n
 
     def _check_q(self, q, ndim: int, rows: int | None = None) -> None:
         """q is float32 [n][n_head][head_dim] (prefill) or [n_head][head_dim] (decode)."""
@@ -174,11 +191,7 @@ class KVCache:
                                 f"{tuple(getattr(q, 'shape', ()))}")
 
     def _groups(self, q) -> int:
-        n_head = int(q.shape[-2])
-        if n_head < 1 or n_head % self.n_head_kv:
-            raise ContractError("KVCache", "GQA", f"n_head = {n_head} is not a multiple of "
-                                f"n_head_kv = {self.n_head_kv}")
-        return n_head // self.n_head_kv
+        return groups(int(q.shape[-2]), self.n_head_kv)
 
     def _options(self, n_head: int, attn_sink=0, attn_win=0, scale=None, window=None,
                  softcap=0.0, sinks=None, causal=True) -> Options:
@@ -194,7 +207,8 @@ class KVCache:
         (FlashAttention's window_size), ``softcap`` > 0, ``sinks`` (a float32 logit per
         q head), ``causal=False`` (every row sees all pos0 + n keys). ``attn_win`` is
         the reference kernels' tile-granular recent window. Everything is checked
-        before the first row is written."""
+        (every launch against its kernel's contracts) before the first row is
+        written."""
         self._check_q(q, 3)
         n = q.shape[0]
         self._check_rows("k_new", k_new, n)
@@ -204,21 +218,22 @@ class KVCache:
                              causal)
         G = self._groups(q)
         needs = opts.needs("prefill")
-        step = n if not causal else self.max_prefill_chunk()
+        step = max(n if not opts.causal else self.max_prefill_chunk(), 1)
         kp, fn = self._prefill_kernel(G, min(n, step), needs)
-        if not causal and n > self.max_prefill_chunk():
+        if not opts.causal and n > self.max_prefill_chunk():
             raise ContractError("KVCache", "non-causal batch", f"a non-causal prefill sees "
                                 "every row of its batch, so it runs in one launch: at most "
                                 f"{self.max_prefill_chunk()} rows with this window ring")
-        cp = device.cupy()
-        out = cp.empty(q.shape, cp.float32)
+        calls, out = Calls(), empty(q.shape)
         for lo in range(0, n, step):
             hi = min(lo + step, n)
-            self.append(k_new[lo:hi], v_new[lo:hi], pos0 + lo, stream=stream)
-            fn(q[lo:hi], self.k, self.v, *self.shadows, out[lo:hi], pos0=pos0 + lo,
-               **self._shadow_args, **opts.kwargs(kp, q.shape[1]), stream=stream)
+            self._append_calls(calls, k_new[lo:hi], v_new[lo:hi], pos0 + lo)
+            calls.add(fn, q[lo:hi], self.k, self.v, *self.shadows, out[lo:hi], pos0=pos0 + lo,
+                      **self._shadow_args, **opts.kwargs(kp, q.shape[1]))
+        calls.run(stream)
+        self.length = max(self.length, pos0 + n)
         self.last_prefill = kp.name
-        return out
+        return out.made()
 
     def _check_decode(self, q, k_new, v_new) -> int:
         self._check_q(q, 2)
@@ -268,22 +283,21 @@ class KVCache:
         kps = positive("kps", DEFAULT_KPS if kps is None else kps)
         splits_cap = positive("splits_cap", DEFAULT_SPLITS_CAP if splits_cap is None
                               else splits_cap)
-        self.last_plan = (kps, splits_cap, source)
+        plan = (kps, splits_cap, source)
         needs = {r: opts.needs(r) for r in ("decode_dev", "combine_dev")}
         if self.kernels.has("decode_dev", "append_dev", "combine_dev", groups=G, needs=needs):
-            cp = device.cupy()
-            if self._pos is None:
-                self._pos = cp.zeros(1, cp.int32)
-            replay.stage(self._pos, pos, stream)
+            staged = Pending((1,), np.int32, lambda: self._staged(pos, stream),
+                             np.array([pos], np.int32))
             version, calls = self.kernels.version, []
-            out = self._device_step(q, k_new, v_new, self._pos, kps, splits_cap, opts, None,
-                                    False, stream, calls)
-            self.length = max(self.length, pos + 1)
+            out = self._device_step(q, k_new, v_new, staged, kps, splits_cap, opts, None,
+                                    False, stream, calls)  # pos is checked (_check_span)
+            self.length, self.last_plan = max(self.length, pos + 1), plan
             if key is not None:
-                replay.remember(self, key, q, k_new, v_new, G, tuned, self.last_plan, version,
-                                calls)
+                replay.remember(self, key, q, k_new, v_new, G, tuned, plan, version, calls)
             return out
-        return self._decode_host(q, k_new, v_new, pos, kps, splits_cap, G, opts, stream)
+        out = self._decode_host(q, k_new, v_new, pos, kps, splits_cap, G, opts, stream)
+        self.last_plan = plan
+        return out
 
     def _prefill_kernel(self, groups: int, rows: int, needs: tuple):
         """The prefill kernel for batches of ``rows``: a named variant, else the one
@@ -297,6 +311,13 @@ class KVCache:
                     return hit
         return self.kernels.get("prefill", groups, needs=needs)
 
+    def _staged(self, pos: int, stream):
+        """The device copy of the decode position, holding ``pos`` in stream order."""
+        if self._pos is None:
+            self._pos = device.cupy().zeros(1, np.int32)
+        replay.stage(self._pos, pos, stream)
+        return self._pos
+
     def _tuned_plan(self, groups: int, seq_len: int) -> tuple[int | None, int | None]:
         """(kps, splits_cap) stored by `kgen tune`, adopting its variant for decode
         (and the device-position sibling of that variant) unless variants were named."""
@@ -308,19 +329,21 @@ class KVCache:
 
     def _decode_host(self, q, k_new, v_new, pos, kps, splits_cap, G, opts, stream):
         """The host-plan form: split kernel over the live plan + combine."""
-        cp = device.cupy()
         kdec, fdec = self.kernels.get("decode", G, needs=opts.needs("decode"))
         kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
         plan = decode_plan(pos + 1, kps, splits_cap, kdec.tile_keys)
-        self.append(k_new, v_new, pos, stream=stream)
+        calls = Calls()
+        self._append_calls(calls, k_new, v_new, pos)
         n_head = q.shape[0]
-        m, l, acc = self.scratch.get(n_head, plan.n_splits, self.head_dim)
-        fdec(q, self.k, self.v, *self.shadows, m, l, acc, seq_len=plan.seq_len,
-             n_splits=plan.n_splits, split_len=plan.split_len, **self._shadow_args,
-             **opts.kwargs(kdec), stream=stream)
-        out = cp.empty((n_head, self.head_dim), cp.float32)
-        fcomb(m, l, acc, out, *opts.combine_arrays(kc), n_splits=plan.n_splits, stream=stream)
-        return out
+        m, l, acc = self.scratch.pending(n_head, plan.n_splits, self.head_dim)
+        calls.add(fdec, q, self.k, self.v, *self.shadows, m, l, acc, seq_len=plan.seq_len,
+                  n_splits=plan.n_splits, split_len=plan.split_len, **self._shadow_args,
+                  **opts.kwargs(kdec))
+        out = empty((n_head, self.head_dim))
+        calls.add(fcomb, m, l, acc, out, *opts.combine_arrays(kc), n_splits=plan.n_splits)
+        calls.run(stream)
+        self.length = max(self.length, pos + 1)
+        return out.made()
 
     def decode_device(self, q, k_new, v_new, pos_dev, kps: int = DEFAULT_KPS,
                       splits_cap: int = DEFAULT_SPLITS_CAP, attn_sink: int = 0,
@@ -328,36 +351,54 @@ class KVCache:
                       window: tuple[int, int] | None = None, softcap: float = 0.0,
                       sinks=None, out=None, validate_pos: bool = True, stream=None):
         """decode with the position in device memory (capturable in a CUDA graph):
-        every launch argument and grid is position-invariant."""
+        every launch argument and grid is position-invariant. ``pos_dev``: int32 [1];
+        ``out``: float32 [n_head][head_dim], or None for a new one. Every launch is
+        checked before the first runs; with ``validate_pos`` (a device-to-host read)
+        that includes the position, without it (in a graph capture, say) the caller
+        keeps it in [0, max_seq)."""
         self._check_decode(q, k_new, v_new)
         opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
         kps, splits_cap = positive("kps", kps), positive("splits_cap", splits_cap)
+        if tuple(getattr(pos_dev, "shape", ())) != (1,):
+            raise ContractError("KVCache", "shape", "pos_dev must be int32 [1] (the decode "
+                                f"position), not {type(pos_dev).__name__} "
+                                f"{tuple(getattr(pos_dev, 'shape', ()))}")
+        want = (q.shape[0], self.head_dim)
+        if out is not None and tuple(getattr(out, "shape", ())) != want:
+            raise ContractError("KVCache", "shape", f"out must be float32 [{want[0]}]"
+                                f"[{want[1]}] (n_head, head_dim), not "
+                                f"{tuple(getattr(out, 'shape', ()))}")
+        if type(validate_pos) is not bool:
+            raise ContractError("KVCache", "type", "validate_pos must be True or False, not "
+                                f"{validate_pos!r}")
         return self._device_step(q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
                                  validate_pos, stream)
 
     def _device_step(self, q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
                      validate_pos, stream, calls: list | None = None):
-        """The three device-position launches; ``calls`` collects (launcher, Launch)
-        of each."""
-        cp = device.cupy()
+        """The three device-position launches, checked together before the first runs
+        (``validate_pos``: the check reads pos_dev); ``calls`` collects (launcher,
+        Launch) of each."""
         G = self._groups(q)
         kdec, fdec = self.kernels.get("decode_dev", G, needs=opts.needs("decode_dev"))
         _, fapp = self.kernels.get("append_dev")
         kc, fcomb = self.kernels.get("combine_dev", tile=kdec.tile_keys,
                                      needs=opts.needs("combine_dev"))
         n_head = q.shape[0]
-        m, l, acc = self.scratch.get(n_head, splits_cap, self.head_dim)
-        b_app = fapp(k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **self._shadow_args,
-                     validate_pos=validate_pos, stream=stream)
-        b_dec = fdec(q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
-                     splits_cap=splits_cap, **self._shadow_args, **opts.kwargs(kdec),
-                     validate_pos=validate_pos, stream=stream)
-        out = cp.empty((n_head, self.head_dim), cp.float32) if out is None else out
-        b_comb = fcomb(m, l, acc, out, *opts.combine_arrays(kc), pos_dev, kps=kps,
-                       splits_cap=splits_cap, validate_pos=validate_pos, stream=stream)
+        m, l, acc = self.scratch.pending(n_head, splits_cap, self.head_dim)
+        out = empty((n_head, self.head_dim)) if out is None else out
+        step = Calls()
+        step.add(fapp, k_new, v_new, self.k, self.v, *self.shadows, pos_dev, **self._shadow_args,
+                 validate_pos=validate_pos)
+        step.add(fdec, q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
+                 splits_cap=splits_cap, **self._shadow_args, **opts.kwargs(kdec),
+                 validate_pos=validate_pos)
+        step.add(fcomb, m, l, acc, out, *opts.combine_arrays(kc), pos_dev, kps=kps,
+                 splits_cap=splits_cap, validate_pos=validate_pos)
+        launched = step.run(stream)
         if calls is not None:
-            calls += [(fapp, b_app), (fdec, b_dec), (fcomb, b_comb)]
-        return out
+            calls += launched
+        return out.made() if isinstance(out, Pending) else out
 
 
 def allocate(fmt, lead: tuple[int, ...], max_seq: int, head_dim: int, ring_rows: int,
@@ -403,7 +444,8 @@ class SlotKVCache:
         slice of the per-slot layout is laid out exactly like one sequence's cache,
         so prefill (chunked) and append run on it unchanged."""
         if not is_int(u) or not 0 <= u < self.nslots:
-            raise IndexError(f"slot {u!r} of {self.nslots} (slots are 0..{self.nslots - 1})")
+            raise ContractError("SlotKVCache", "slot", f"slot {u!r} of {self.nslots} (slots "
+                                f"are 0..{self.nslots - 1})")
         bufs = (self.k[u], self.v[u], *(s[u] for s in self.shadows))
         return KVCache(self.n_head_kv, self.head_dim, self.max_seq, kv=self.kv, sink=self.sink,
                        win=self.win, variants=self.variants, prefill_kernel=prefill_kernel,
@@ -447,15 +489,19 @@ class SlotKVCache:
 
     def append(self, k_new, v_new, pos, stream=None) -> None:
         """Each slot's one new row at its own position (device or host int32 positions)."""
+        calls = Calls()
+        self._append_calls(calls, k_new, v_new, pos)
+        calls.run(stream)
+
+    def _append_calls(self, calls: Calls, k_new, v_new, pos) -> None:
         self._check_slot_rows("k_new", k_new)
         self._check_slot_rows("v_new", v_new)
         on_device = type(pos).__module__.split(".")[0] == "cupy"  # checked by the launcher
-        host = None if on_device else self._positions(pos)
-        cp = device.cupy()
-        if host is not None:
-            pos = cp.asarray(host, dtype=cp.int32)
+        if not (on_device or isinstance(pos, Pending)):
+            pos = upload(np.array(self._positions(pos), np.int32))
         _, fn = self.kernels.get("append_slots")
-        fn(k_new, v_new, self.k, self.v, *self.shadows, pos, **self._shadow_args, stream=stream)
+        calls.add(fn, k_new, v_new, self.k, self.v, *self.shadows, pos, **self._shadow_args,
+                  validate_pos=not isinstance(pos, Pending))  # an upload: checked positions
 
     def decode(self, q, k_new, v_new, pos, kps: int = DEFAULT_KPS,
                splits_cap: int = DEFAULT_SPLITS_CAP, attn_sink: int = 0, attn_win: int = 0,
@@ -471,24 +517,22 @@ class SlotKVCache:
         self._check_slot_rows("k_new", k_new)
         self._check_slot_rows("v_new", v_new)
         n_head = q.shape[1]
-        if n_head < 1 or n_head % self.n_head_kv:
-            raise ContractError("SlotKVCache", "GQA", f"n_head = {n_head} is not a multiple "
-                                f"of n_head_kv = {self.n_head_kv}")
+        G = groups(n_head, self.n_head_kv, "SlotKVCache")
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, None, True)
-        kdec, fdec = self.kernels.get("decode_slots", n_head // self.n_head_kv,
-                                      needs=opts.needs("decode_slots"))
+        kdec, fdec = self.kernels.get("decode_slots", G, needs=opts.needs("decode_slots"))
         _, fcomb = self.kernels.get("combine")
         kps, splits_cap = positive("kps", kps), positive("splits_cap", splits_cap)
-        cp = device.cupy()
         width = max(decode_plan(p + 1, kps, splits_cap, kdec.tile_keys).n_splits
                     for p in pos_host)
-        pos_dev = cp.asarray(pos_host, dtype=cp.int32)
-        self.append(k_new, v_new, pos_dev, stream=stream)
+        pos_dev = upload(np.array(pos_host, np.int32))
+        calls = Calls()
+        self._append_calls(calls, k_new, v_new, pos_dev)
         heads = self.nslots * n_head
-        m, l, acc = self.scratch.get(heads, width, self.head_dim)
-        fdec(q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
-             splits_cap=splits_cap, **self._shadow_args, **opts.kwargs(kdec), launch_splits=width,
-             stream=stream)
-        out = cp.empty((heads, self.head_dim), cp.float32)
-        fcomb(m, l, acc, out, n_splits=width, stream=stream)
-        return out.reshape(self.nslots, n_head, self.head_dim)
+        m, l, acc = self.scratch.pending(heads, width, self.head_dim)
+        calls.add(fdec, q, self.k, self.v, *self.shadows, m, l, acc, pos_dev, kps=kps,
+                  splits_cap=splits_cap, **self._shadow_args, **opts.kwargs(kdec),
+                  launch_splits=width, validate_pos=False)
+        out = empty((heads, self.head_dim))
+        calls.add(fcomb, m, l, acc, out, n_splits=width)
+        calls.run(stream)
+        return out.made().reshape(self.nslots, n_head, self.head_dim)

@@ -27,6 +27,7 @@ from kgen.ir.kernel import Kernel
 from kgen.runtime import loadcheck
 from kgen.runtime.bind import Launch, bind, reads_device
 from kgen.runtime.contracts import ContractError
+from kgen.runtime.pending import Pending, made
 
 _modules: dict[tuple[str, int], object] = {}
 _functions: dict[tuple[str, int, str], object] = {}
@@ -65,19 +66,28 @@ def function(path: Path, kernel: str, device: int):
 
 
 def check_device(launch: Launch) -> None:
-    """Every array argument is a CuPy array on the current device."""
+    """Every array argument is a CuPy array on the current device (or a Pending, which
+    its caller makes there once the launch is checked)."""
     cp = _cupy()
     dev = cp.cuda.runtime.getDevice()
     for name, v in zip(launch.names, launch.args, strict=True):
-        if hasattr(v, "shape") and not isinstance(v, np.generic):  # arrays, not scalars
-            if not isinstance(v, cp.ndarray):
-                raise ContractError(launch.kernel, "device",
-                                    f"{name} must be a cupy array on the GPU, not "
-                                    f"{type(v).__module__}.{type(v).__name__}")
-            if v.device.id != dev:
-                raise ContractError(launch.kernel, "device",
-                                    f"{name} lives on device {v.device.id}; the launch "
-                                    f"runs on device {dev}")
+        if hasattr(v, "shape") and not isinstance(v, np.generic | Pending):  # arrays
+            _on_device(launch.kernel, name, v, cp.ndarray, dev)
+
+
+def check_array(kernel: str, name: str, v) -> None:
+    """``v`` is a CuPy array on the current device."""
+    cp = _cupy()
+    _on_device(kernel, name, v, cp.ndarray, cp.cuda.runtime.getDevice())
+
+
+def _on_device(kernel: str, name: str, v, ndarray, dev: int) -> None:
+    if not isinstance(v, ndarray):
+        raise ContractError(kernel, "device", f"{name} must be a cupy array on the GPU, not "
+                            f"{type(v).__module__}.{type(v).__name__}")
+    if v.device.id != dev:
+        raise ContractError(kernel, "device", f"{name} lives on device {v.device.id}; the "
+                            f"launch runs on device {dev}")
 
 
 # ---- the memo -------------------------------------------------------------------------
@@ -301,19 +311,87 @@ def bound(kernel: Kernel, path: Path, args: dict) -> Bound:
     return Bound(b, function(path, kernel.name, device))
 
 
-_SIGS: dict[object, object] = {}
+_SIGS: dict[object, tuple] = {}  # launcher -> (names, how many arrays, defaults)
+
+
+def _arguments(launcher, arrays: tuple, kw: dict) -> dict:
+    """A generated launcher's arguments by name, as a call binds them (its arrays
+    positional or by name, its scalars keyword-only), defaults filled in, in its
+    order; no stream."""
+    spec = _SIGS.get(launcher)
+    if spec is None:
+        code = launcher.__code__
+        names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        spec = _SIGS[launcher] = (tuple(n for n in names if n != "stream"), code.co_argcount,
+                                  dict(launcher.__kwdefaults__ or {}))
+    names, n_arrays, defaults = spec
+    clash = set(names[:len(arrays)]) & set(kw)
+    unknown = set(kw) - set(names) - {"stream"}
+    if len(arrays) > n_arrays or clash or unknown:
+        raise ContractError(launcher.kernel.name, "arguments", f"takes {', '.join(names)} "
+                            f"(the first {n_arrays} positional); got {len(arrays)} positional"
+                            + "".join(f", {n} twice" for n in sorted(clash))
+                            + "".join(f", {n}" for n in sorted(unknown)))
+    args = {**defaults, **kw, **dict(zip(names[:len(arrays)], arrays, strict=True))}
+    missing = [n for n in names if n not in args]
+    if missing:
+        raise ContractError(launcher.kernel.name, "arguments", f"{', '.join(missing)} not "
+                            "given")
+    return {n: args[n] for n in names}
 
 
 def bound_call(launcher, *arrays, **kw) -> Bound:
     """``launcher(*arrays, **kw)`` bound once instead of launched: a generated
     launcher's arguments, checked in full; ``run`` then replays it raw."""
-    import inspect
+    return bound(launcher.kernel, launcher.fatbin, _arguments(launcher, arrays, kw))
 
-    sig = _SIGS.get(launcher)
-    if sig is None:
-        sig = _SIGS[launcher] = inspect.signature(launcher)
-    ba = sig.bind(*arrays, **kw)
-    ba.apply_defaults()
-    args = dict(ba.arguments)
-    args.pop("stream", None)
-    return bound(launcher.kernel, launcher.fatbin, args)
+
+def check_call(launcher, *arrays, **kw) -> Launch | None:
+    """``launcher(*arrays, **kw)`` checked, not launched: every contract of its kernel,
+    and every array on the current device (a Pending as the array it will be made).
+    Nothing is loaded or launched. A call of the signature of one launched before
+    (the memo's key) passed these checks then: None; any other binds in full and
+    returns the binding, for launch_checked."""
+    args = _arguments(launcher, arrays, kw)
+    if _launched_like(launcher.kernel, args):
+        return None
+    b = bind(launcher.kernel, args)
+    check_device(b)
+    return b
+
+
+def launch_checked(launcher, b: Launch, arrays: tuple, kw: dict, stream=None) -> Launch:
+    """Launch ``b``, which check_call bound from these arguments (now with every
+    Pending made), without checking it again; remembered as ``launch`` would."""
+    args = _arguments(launcher, arrays, kw)
+    b = b._replace(args=tuple(made(v) for v in b.args))
+    ndarray, get_device = _rt or _runtime()
+    device = get_device()
+    kernel, path = launcher.kernel, launcher.fatbin
+    fn = function(path, kernel.name, device)
+    if not reads_device(kernel, args):
+        _remember(kernel, tuple(args), tuple(args.values()), b, fn, path, device, ndarray)
+    fn(b.grid, b.block, b.args, shared_mem=b.shared_bytes, stream=stream)
+    return b
+
+
+def _launched_like(kernel: Kernel, args: dict) -> bool:
+    """Whether the memo holds a binding of ``args``' signature."""
+    km = _memo.get(id(kernel))
+    lay = km.layouts.get(tuple(args)) if km is not None and km.kernel is kernel else None
+    if lay is None:
+        return False
+    ndarray, get_device = _rt or _runtime()
+    device = get_device()
+    vals = tuple(args.values())
+    scalars = lay.scalars(vals)
+
+    def props(a):
+        return (ndarray, a.shape, a.dtype, a.strides, device) if type(a) is Pending \
+            else _PROPS(a)
+    try:
+        hit = lay.entries.get((device, *map(type, scalars), *map(props, lay.arrays(vals)),
+                               *scalars))
+    except (AttributeError, IndexError, TypeError):
+        return False
+    return hit is not None and all(copysign(1.0, vals[i]) == s for i, s in hit[-1])

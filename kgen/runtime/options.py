@@ -13,6 +13,7 @@ from kgen.ir.axes import Op
 from kgen.ir.params import INT_MAX, NO_WINDOW, PARAMS
 from kgen.runtime import device
 from kgen.runtime.contracts import ContractError
+from kgen.runtime.pending import Pending
 
 
 def is_int(v) -> bool:
@@ -29,6 +30,28 @@ def count(name: str, v, lo: int = 0, who: str = "KVCache", hi: int = INT_MAX) ->
 
 def positive(name: str, v, who: str = "KVCache") -> int:
     return count(name, v, 1, who)
+
+
+def groups(n_head, n_head_kv: int, who: str = "KVCache") -> int:
+    """q heads per KV head (the kernels' kv_groups): n_head a positive multiple of
+    n_head_kv."""
+    if not is_int(n_head) or n_head < 1 or n_head % n_head_kv:
+        raise ContractError(who, "GQA", f"n_head = {n_head} is not a multiple of "
+                            f"n_head_kv = {n_head_kv}")
+    return int(n_head) // n_head_kv
+
+
+NO_SCALES = (PARAMS["k_scale"].neutral, PARAMS["v_scale"].neutral)  # (k_scale, v_scale)
+
+
+def scales(fmt, k_scale, v_scale, who: str = "KVCache") -> tuple[float, float]:
+    """(k_scale, v_scale) as the kernels receive them; a format without per-tensor
+    scales takes only the neutral ones."""
+    if not fmt.tensor_scales and (k_scale, v_scale) != NO_SCALES:
+        raise ContractError(who, "scales", f"kv = {fmt.name} has no per-tensor scales; "
+                            f"k_scale and v_scale must be {NO_SCALES[0]}, not "
+                            f"{k_scale!r}, {v_scale!r}")
+    return param("k_scale", k_scale), param("v_scale", v_scale)
 
 
 _NO_SINKS: dict[tuple[int, int], object] = {}
@@ -99,6 +122,9 @@ class Options:
             raise ContractError("KVCache", "sinks", f"sinks must be float32 [{n_head}] (one "
                                 f"logit per q head), not {getattr(sinks, 'dtype', sinks)!r} "
                                 f"{tuple(getattr(sinks, 'shape', ()))}")
+        if not isinstance(causal, bool | np.bool_):
+            raise ContractError("KVCache", "causal", f"causal must be True or False, not "
+                                f"{causal!r}")
         return cls(attn_sink, attn_win, scale, window, softcap, sinks, bool(causal))
 
     def needs(self, role: str) -> tuple[tuple[str, str], ...]:
@@ -129,8 +155,9 @@ class Options:
             out["softcap"] = self.softcap
         if k.sinks.value == "learned" and k.op is Op.FLASH:
             # A kernel chosen for another option may carry sinks nobody asked for: -inf
-            # sinks change no bit.
-            out["sinks"] = self.sinks if self.sinks is not None else no_sinks(n_head)
+            # sinks change no bit (made once the call is checked).
+            out["sinks"] = self.sinks if self.sinks is not None else \
+                Pending((n_head,), np.float32, lambda: no_sinks(n_head))
         return out
 
     def combine_arrays(self, k) -> tuple:

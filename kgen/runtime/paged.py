@@ -8,8 +8,10 @@ their axes (position = paged) and the options a call asks for.
 Every launch reads lengths and tables from device tensors the host uploads; the
 host passes only shapes and an upper bound on lengths (no device-to-host read),
 so a decode step can be captured in a CUDA graph. Blocks are allocated on the
-host from a free list; a call that would run out of blocks is refused before
-anything changes.
+host from a free list. Every call checks all of its arguments, every launch
+against its kernel's contracts (the tables and lengths it will upload among
+them) and the blocks it needs before it takes a block, advances a length or
+launches anything (kgen.runtime.calls).
 """
 
 from __future__ import annotations
@@ -19,11 +21,19 @@ import numpy as np
 from kgen.formats import FORMATS
 from kgen.ir.params import INT_MAX
 from kgen.runtime import device
+from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.kv import DEFAULT_KV, Scratch
-from kgen.runtime.options import Options, param, positive
+from kgen.runtime.options import Options, count, groups, is_int, positive, scales
+from kgen.runtime.pending import Pending, empty, upload
 from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP
 from kgen.runtime.roles import CacheKernels
+
+WHO = "PagedKVCache"  # how its refusals name it
+
+
+def _listed(x) -> bool:
+    return isinstance(x, list | tuple) or (isinstance(x, np.ndarray) and x.ndim == 1)
 
 
 class PagedKVCache:
@@ -32,20 +42,20 @@ class PagedKVCache:
                  k_scale: float = 1.0, v_scale: float = 1.0,
                  variants: dict[str, str] | None = None):
         if kv not in FORMATS:
-            raise ContractError("PagedKVCache", "kv", f"kv must be one of {sorted(FORMATS)}")
+            raise ContractError(WHO, "kv", f"kv must be one of {sorted(FORMATS)}, not {kv!r}")
         self.fmt, self.kv = FORMATS[kv], kv
-        self.num_blocks = positive("num_blocks", num_blocks)
-        self.block_size = positive("block_size", block_size)
-        self.n_head_kv = positive("n_head_kv", n_head_kv)
-        self.head_dim = positive("head_dim", head_dim)
-        self.max_blocks = positive("max_blocks_per_seq", max_blocks_per_seq or num_blocks)
+        self.num_blocks = positive("num_blocks", num_blocks, WHO)
+        self.block_size = positive("block_size", block_size, WHO)
+        self.n_head_kv = positive("n_head_kv", n_head_kv, WHO)
+        self.head_dim = positive("head_dim", head_dim, WHO)
+        self.max_blocks = positive("max_blocks_per_seq", num_blocks if max_blocks_per_seq is None
+                                   else max_blocks_per_seq, WHO)
         if num_blocks * block_size > INT_MAX:
-            raise ContractError("PagedKVCache", "range", "positions overflow int32")
-        self.k_scale = param("k_scale", k_scale)
-        self.v_scale = param("v_scale", v_scale)
+            raise ContractError(WHO, "range", "positions overflow int32")
+        self.k_scale, self.v_scale = scales(self.fmt, k_scale, v_scale, WHO)
         self.kernels = CacheKernels(kv, head_dim, variants, layout_role="append_paged")
         if not self.fmt.accepts_head_dim(head_dim):
-            raise ContractError("PagedKVCache", "row format", f"head_dim {head_dim} is not "
+            raise ContractError(WHO, "row format", f"head_dim {head_dim} is not "
                                 f"whole {kv} blocks")
         cp = device.cupy()
         shape = (num_blocks, block_size, n_head_kv, self.fmt.row_width(head_dim))
@@ -72,36 +82,79 @@ class PagedKVCache:
         self.free_blocks.extend(reversed(self.tables.pop(sid)))
         del self.lengths[sid]
 
-    def _known(self, sid: int) -> None:
-        if sid not in self.tables:
-            raise ContractError("PagedKVCache", "sequence", f"no sequence {sid}")
+    def _known(self, sid) -> None:
+        if not is_int(sid) or sid not in self.tables:
+            raise ContractError(WHO, "sequence", f"no sequence {sid!r}")
 
-    def _reserve(self, grow: dict[int, int]) -> None:
-        """Blocks for every sequence to reach its new length, all or nothing."""
+    def _batch(self, sids, rows=None) -> list[int] | None:
+        """``sids``: known sequences, each once; ``rows`` (where given): a count >= 0
+        per sequence. Returns the counts as ints."""
+        if not _listed(sids) or len(sids) == 0:
+            raise ContractError(WHO, "sequence", "sids must be a non-empty list of sequence "
+                                f"ids, not {sids!r}")
+        for sid in sids:
+            self._known(sid)
+        if len(set(sids)) != len(sids):
+            raise ContractError(WHO, "sequence", f"each sequence once, not {list(sids)}")
+        if rows is None:
+            return None
+        if not _listed(rows) or len(rows) != len(sids):
+            raise ContractError(WHO, "sequence", f"rows must list one count per sequence "
+                                f"({len(sids)}), not {rows!r}")
+        return [count(f"rows[{i}]", n, 0, WHO) for i, n in enumerate(rows)]
+
+    def _grown(self, sids: list[int], rows: list[int]) -> dict[int, list[int]]:
+        """Each sequence's block table once it holds ``rows`` more positions, blocks
+        taken from the free list as ``pop`` would; refused (nothing changes) when a
+        sequence would exceed max_blocks_per_seq or the free blocks run out."""
         need = {}
-        for sid, new_len in grow.items():
-            blocks = -(-new_len // self.block_size)
+        for sid, n in zip(sids, rows, strict=True):
+            blocks = -(-(self.lengths[sid] + n) // self.block_size)
             if blocks > self.max_blocks:
-                raise ContractError("PagedKVCache", "max_blocks_per_seq", f"sequence {sid} "
+                raise ContractError(WHO, "max_blocks_per_seq", f"sequence {sid} "
                                     f"would need {blocks} blocks (at most {self.max_blocks})")
-            need[sid] = blocks - len(self.tables[sid])
+            need[sid] = max(blocks - len(self.tables[sid]), 0)
         if sum(need.values()) > len(self.free_blocks):
-            raise ContractError("PagedKVCache", "out of blocks", f"needs {sum(need.values())} "
+            raise ContractError(WHO, "out of blocks", f"needs {sum(need.values())} "
                                 f"more blocks, {len(self.free_blocks)} free")
-        for sid, n in need.items():
-            self.tables[sid] += [self.free_blocks.pop() for _ in range(max(n, 0))]
+        taken = reversed(self.free_blocks)
+        return {sid: self.tables[sid] + [next(taken) for _ in range(n)]
+                for sid, n in need.items()}
+
+    def _commit(self, sids: list[int], rows: list[int], tables: dict[int, list[int]]) -> None:
+        """Take the blocks ``_grown`` planned and advance the lengths."""
+        used = sum(len(t) - len(self.tables[sid]) for sid, t in tables.items())
+        del self.free_blocks[len(self.free_blocks) - used:]
+        self.tables.update(tables)
+        for sid, n in zip(sids, rows, strict=True):
+            self.lengths[sid] += n
 
     def block_table(self, sids: list[int]) -> np.ndarray:
         """int32 [len(sids)][max_blocks]: each sequence's physical blocks (0-padded)."""
-        out = np.zeros((len(sids), self.max_blocks), np.int32)
-        for i, sid in enumerate(sids):
-            out[i, : len(self.tables[sid])] = self.tables[sid]
+        self._batch(sids)
+        return self._block_table([self.tables[sid] for sid in sids])
+
+    def _block_table(self, tables: list[list[int]]) -> np.ndarray:
+        out = np.zeros((len(tables), self.max_blocks), np.int32)
+        for i, t in enumerate(tables):
+            out[i, : len(t)] = t
         return out
 
     def slot_mapping(self, sid: int, positions: range) -> np.ndarray:
-        t = self.tables[sid]
+        """int32: the physical slot of each position of sequence ``sid`` (positions
+        within the blocks it holds)."""
+        self._known(sid)
+        held = len(self.tables[sid]) * self.block_size
+        if not isinstance(positions, range) or (len(positions) and (
+                min(positions) < 0 or max(positions) >= held)):
+            raise ContractError(WHO, "range", f"positions must be a range within the "
+                                f"{held} positions sequence {sid} holds blocks for, not "
+                                f"{positions!r}")
+        return self._slots(self.tables[sid], positions)
+
+    def _slots(self, table: list[int], positions: range) -> np.ndarray:
         bs = self.block_size
-        return np.array([t[p // bs] * bs + p % bs for p in positions], np.int32)
+        return np.array([table[p // bs] * bs + p % bs for p in positions], np.int32)
 
     # ---- launches ----------------------------------------------------------------
 
@@ -113,29 +166,53 @@ class PagedKVCache:
     def _check_rows(self, name, x, rows):
         want = (rows, self.n_head_kv, self.head_dim)
         if getattr(x, "dtype", None) != np.float32 or tuple(getattr(x, "shape", ())) != want:
-            raise ContractError("PagedKVCache", "shape", f"{name} must be float32 {want}, "
+            raise ContractError(WHO, "shape", f"{name} must be float32 {want}, "
                                 f"not {getattr(x, 'dtype', type(x))} "
                                 f"{tuple(getattr(x, 'shape', ()))}")
+
+    def _check_q(self, q, rows: int) -> int:
+        """q is float32 [rows][n_head][head_dim], n_head a multiple of n_head_kv;
+        returns the q heads per KV head."""
+        shape = tuple(getattr(q, "shape", ()))
+        if getattr(q, "dtype", None) != np.float32 or len(shape) != 3 or \
+                shape[0] != rows or shape[2] != self.head_dim:
+            raise ContractError(WHO, "shape", f"q must be float32 [{rows}][n_head]"
+                                f"[{self.head_dim}], not {getattr(q, 'dtype', type(q))} "
+                                f"{shape}")
+        return groups(shape[1], self.n_head_kv, WHO)
 
     def append(self, sids: list[int], k_new, v_new, rows: list[int], stream=None) -> None:
         """Store ``rows[i]`` new rows of sequence ``sids[i]`` (k_new/v_new hold them in
         that order) at the end of each sequence: one reshape_and_cache launch."""
-        cp = device.cupy()
-        for sid in sids:
-            self._known(sid)
-        if len(set(sids)) != len(sids) or len(rows) != len(sids):
-            raise ContractError("PagedKVCache", "sequence", "each sequence once, with its rows")
+        calls = Calls()
+        rows, tables = self._append_calls(calls, sids, k_new, v_new, rows)
+        calls.run(stream)
+        self._commit(sids, rows, tables)
+
+    def _append_calls(self, calls: Calls, sids, k_new, v_new, rows
+                      ) -> tuple[list[int], dict[int, list[int]]]:
+        """The append launch (none for no rows); returns the row counts and the
+        tables the sequences will have."""
+        rows = self._batch(sids, rows)
         self._check_rows("k_new", k_new, sum(rows))
         self._check_rows("v_new", v_new, sum(rows))
-        self._reserve({sid: self.lengths[sid] + n for sid, n in zip(sids, rows, strict=True)})
-        slots = np.concatenate([self.slot_mapping(sid, range(self.lengths[sid],
-                                                             self.lengths[sid] + n))
+        tables = self._grown(sids, rows)
+        slots = np.concatenate([self._slots(tables[sid], range(self.lengths[sid],
+                                                               self.lengths[sid] + n))
                                 for sid, n in zip(sids, rows, strict=True)])
-        _, fn = self.kernels.get("append_paged")
-        fn(k_new, v_new, self.k, self.v, cp.asarray(slots), **self._scales,
-           validate_pos=False, stream=stream)
-        for sid, n in zip(sids, rows, strict=True):
-            self.lengths[sid] += n
+        if slots.size:
+            _, fn = self.kernels.get("append_paged")
+            calls.add(fn, k_new, v_new, self.k, self.v, upload(slots.astype(np.int32)),
+                      **self._scales, validate_pos=False)
+        return rows, tables
+
+    def _uploads(self, sids, rows, tables) -> dict:
+        """The block table and lengths every sequence will have, as uploads (made here
+        from checked arguments: the checks need not read them back)."""
+        lens = np.array([self.lengths[s] + n for s, n in zip(sids, rows, strict=True)],
+                        np.int32)
+        return {"block_table": upload(self._block_table([tables[s] for s in sids])),
+                "seq_lens": upload(lens)}
 
     def prefill(self, sids: list[int], q, k_new, v_new, rows: list[int], attn_sink: int = 0,
                 attn_win: int = 0, scale: float | None = None, window=None,
@@ -143,23 +220,21 @@ class PagedKVCache:
         """A varlen batch: ``rows[i]`` new tokens of sequence ``sids[i]`` (q, k_new and
         v_new concatenated in that order) are appended, and each query row attends
         causally over its sequence, aligned to its end. Returns out [sum(rows)][H][hd]."""
-        cp = device.cupy()
-        n = sum(rows)
-        if getattr(q, "ndim", 0) != 3 or q.shape[0] != n or q.dtype != np.float32:
-            raise ContractError("PagedKVCache", "shape", f"q must be float32 [{n}][n_head]"
-                                f"[{self.head_dim}]")
+        counts = self._batch(sids, rows)
+        G = self._check_q(q, sum(counts))
         opts = Options.checked(q.shape[1], attn_sink, attn_win, scale, window, softcap, sinks,
                                True)
-        kp, fn = self.kernels.get("prefill_paged", q.shape[1] // self.n_head_kv,
-                                  needs=opts.needs("prefill_paged"))
-        self.append(sids, k_new, v_new, rows, stream=stream)
+        kp, fn = self.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"))
+        calls = Calls()
+        rows, tables = self._append_calls(calls, sids, k_new, v_new, counts)
         qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
-        lens = np.array([self.lengths[s] for s in sids], np.int32)
-        out = cp.empty(q.shape, cp.float32)
-        fn(q, self.k, self.v, out, block_table=cp.asarray(self.block_table(sids)),
-           seq_lens=cp.asarray(lens), query_start_loc=cp.asarray(qsl), **self._scales,
-           **opts.kwargs(kp, q.shape[1]), validate_pos=False, stream=stream)
-        return out
+        out = empty(q.shape)
+        calls.add(fn, q, self.k, self.v, out, **self._uploads(sids, rows, tables),
+                  query_start_loc=upload(qsl), **self._scales, **opts.kwargs(kp, q.shape[1]),
+                  validate_pos=False)
+        calls.run(stream)
+        self._commit(sids, rows, tables)
+        return out.made()
 
     def decode(self, sids: list[int], q, k_new, v_new, kps: int = DEFAULT_KPS,
                splits_cap: int = DEFAULT_SPLITS_CAP, attn_sink: int = 0, attn_win: int = 0,
@@ -167,30 +242,29 @@ class PagedKVCache:
                stream=None):
         """One new token per sequence, then every sequence attends at its own length
         (split decode + combine). q [len(sids)][n_head][hd]; returns the same shape."""
-        cp = device.cupy()
+        self._batch(sids)
         R = len(sids)
-        if getattr(q, "ndim", 0) != 3 or q.shape[0] != R or q.dtype != np.float32:
-            raise ContractError("PagedKVCache", "shape", f"q must be float32 [{R}][n_head]"
-                                f"[{self.head_dim}]")
+        G = self._check_q(q, R)
         n_head = q.shape[1]
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks, True)
-        kps, splits_cap = positive("kps", kps), positive("splits_cap", splits_cap)
-        kd, fdec = self.kernels.get("decode_paged", n_head // self.n_head_kv,
-                                    needs=opts.needs("decode_paged"))
+        kps, splits_cap = positive("kps", kps, WHO), positive("splits_cap", splits_cap, WHO)
+        kd, fdec = self.kernels.get("decode_paged", G, needs=opts.needs("decode_paged"))
         kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
-        self.append(sids, k_new, v_new, [1] * R, stream=stream)
-        lens = [self.lengths[s] for s in sids]
-        bound = max(lens)
+        calls = Calls()
+        rows, tables = self._append_calls(calls, sids, k_new, v_new, [1] * R)
+        bound = max(self.lengths[s] + 1 for s in sids)
         width = min(max(-(-bound // kps), 1), splits_cap)
         heads = R * n_head
-        m, l, acc = self.scratch.get(heads, width, self.head_dim)
-        fdec(q, self.k, self.v, m, l, acc, block_table=cp.asarray(self.block_table(sids)),
-             seq_lens=cp.asarray(np.array(lens, np.int32)), kps=kps, splits_cap=splits_cap,
-             max_seq_len=bound, **self._scales, **opts.kwargs(kd), validate_pos=False,
-             stream=stream)
-        out = cp.empty((heads, self.head_dim), cp.float32)
+        m, l, acc = self.scratch.pending(heads, width, self.head_dim)
+        calls.add(fdec, q, self.k, self.v, m, l, acc, **self._uploads(sids, rows, tables),
+                  kps=kps, splits_cap=splits_cap, max_seq_len=bound, **self._scales,
+                  **opts.kwargs(kd), validate_pos=False)
+        out = empty((heads, self.head_dim))
         tiled = opts.combine_arrays(kc)
         if tiled:  # one sink logit per q head, for every sequence's heads
-            tiled = (cp.tile(tiled[0], R),)
-        fcomb(m, l, acc, out, *tiled, n_splits=width, stream=stream)
-        return out.reshape(R, n_head, self.head_dim)
+            calls.source(fcomb, "sinks", sinks)
+            tiled = (Pending((heads,), np.float32, lambda: device.cupy().tile(sinks, R)),)
+        calls.add(fcomb, m, l, acc, out, *tiled, n_splits=width)
+        calls.run(stream)
+        self._commit(sids, rows, tables)
+        return out.made().reshape(R, n_head, self.head_dim)

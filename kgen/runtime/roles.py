@@ -34,6 +34,9 @@ class CacheKernels:
     def __init__(self, kv: str, head_dim: int, variants: dict[str, str] | None,
                  layout_role: str = "append"):
         self.kv, self.head_dim = kv, head_dim
+        if not isinstance(variants, dict | None):
+            raise ContractError("KVCache", "variant", "variants maps a role to a kernel name "
+                                f"(a dict), not {variants!r}")
         self.variants = dict(variants or {})
         unknown = set(self.variants) - set(ROLES)
         if unknown:
@@ -43,6 +46,8 @@ class CacheKernels:
         self._pinned: set[tuple[str, int, int | None]] = set()
         self.version = 0  # bumped when a choice already made changes (prefer)
         self.layout = self.get(layout_role)[0]  # fixes ring_rows / sink_rows
+        for role, name in self.variants.items():  # each named kernel, refused here, not at use
+            find(self._role(role), head_dim, 1, name, self._same_layout)
 
     def _same_layout(self, k) -> bool:
         if not FORMATS[self.kv].shadows or not hasattr(self, "layout"):

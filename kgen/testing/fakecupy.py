@@ -58,12 +58,12 @@ class FakeArray:
         return types.SimpleNamespace(id=self.data.device_id)
 
     def __getitem__(self, key):
-        """Leading-axis slices and indices: views on the same memory."""
+        """Leading-axis slices and indices: views on the same memory (with its strides)."""
         if isinstance(key, int):
-            return FakeArray(self.shape[1:], self.dtype, data=self.data)
+            return FakeArray(self.shape[1:], self.dtype, self.strides[1:], data=self.data)
         if isinstance(key, slice):
             n = len(range(*key.indices(self.shape[0])))
-            return FakeArray((n, *self.shape[1:]), self.dtype, data=self.data)
+            return FakeArray((n, *self.shape[1:]), self.dtype, self.strides, data=self.data)
         raise NotImplementedError(key)
 
     def get(self, stream=None):
@@ -118,6 +118,9 @@ class FakeCupy:
 
     def full(self, shape, value, dtype=np.float32):
         return FakeArray(shape, dtype, device=self.device)
+
+    def tile(self, a, reps: int):
+        return FakeArray((a.shape[0] * reps, *a.shape[1:]), a.dtype, device=self.device)
 
     def asarray(self, a, dtype=None):
         a = np.asarray(a, dtype)

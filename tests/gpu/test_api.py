@@ -261,6 +261,88 @@ def test_a_broken_contract_leaves_state_untouched(cp):
     assert bool(cp.isnan(out).all())
 
 
+def _bytes(cache) -> list[bytes]:
+    """Every byte a cache holds: its body and its shadows."""
+    return [b.get().tobytes() for b in (cache.k, cache.v, *cache.shadows)]
+
+
+def _other_device(cp, a):
+    """``a`` copied to device 1, or None on a host with one GPU."""
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        return None
+    with cp.cuda.Device(1):
+        return cp.asarray(a.get())
+
+
+@pytest.mark.parametrize("kv", ["f32", "q4"])
+def test_every_cache_refusal_comes_before_any_change(cp, kv):
+    """Each refusal issue 19 found after a state change: a host or strided q, host
+    sinks, a non-bool causal, decode_device at pos = max_seq (an f32 append wraps to
+    row 0), a pos_dev of two entries, an out one column too wide. Each is a
+    ContractError, and the cache's bytes and length are those before it."""
+    from kgen.runtime.kv import KVCache
+
+    g, seed = rng()
+    hk, H, ms = 2, 8, 64
+    sink, win = _shadows(kv, 4, 16)
+    cache = KVCache(hk, HD, ms, kv=kv, sink=sink, win=win)
+
+    def dev(*shape):
+        return cp.asarray(_rand(g, *shape))
+
+    cache.prefill(dev(10, H, HD), dev(10, hk, HD), dev(10, hk, HD), pos0=0)
+    before = _bytes(cache)
+    q6, k6, v6 = dev(6, H, HD), dev(6, hk, HD), dev(6, hk, HD)
+    q1, k1, v1 = dev(H, HD), dev(1, hk, HD), dev(1, hk, HD)
+    strided = cp.asarray(_rand(g, H, 2 * HD))[:, ::2]
+    calls = {
+        "prefill host q": lambda: cache.prefill(q6.get(), k6, v6, pos0=10),
+        "prefill host sinks": lambda: cache.prefill(q6, k6, v6, pos0=10,
+                                                    sinks=np.zeros(H, np.float32)),
+        "prefill causal='no'": lambda: cache.prefill(q6, k6, v6, pos0=10, causal="no"),
+        "decode host q": lambda: cache.decode(q1.get(), k1, v1, 10),
+        "decode strided q": lambda: cache.decode(strided, k1, v1, 10),
+        "decode host sinks": lambda: cache.decode(q1, k1, v1, 10,
+                                                  sinks=np.zeros(H, np.float32)),
+        "decode_device pos = max_seq": lambda: cache.decode_device(
+            q1, k1, v1, cp.full(1, ms, cp.int32)),
+        "decode_device pos_dev (2,)": lambda: cache.decode_device(
+            q1, k1, v1, cp.full(2, 10, cp.int32)),
+        "decode_device out too wide": lambda: cache.decode_device(
+            q1, k1, v1, cp.full(1, 10, cp.int32), out=cp.zeros((H, HD + 1), cp.float32)),
+        "decode_device host q": lambda: cache.decode_device(
+            q1.get(), k1, v1, cp.full(1, 10, cp.int32)),
+    }
+    other = _other_device(cp, q6)
+    if other is not None:
+        calls["prefill q on device 1"] = lambda: cache.prefill(other, k6, v6, pos0=10)
+    for name, call in calls.items():
+        with pytest.raises(ContractError):
+            call()
+        cp.cuda.Device().synchronize()
+        assert cache.length == 10 and _bytes(cache) == before, \
+            f"{kv}: {name} changed the cache before refusing, seed={seed}"
+
+
+def test_slot_refusals_come_before_any_change(cp):
+    """SlotKVCache.decode with a strided q (it appended first) and prefill of a slot out
+    of range (an IndexError) are ContractErrors that leave every ring as it was."""
+    from kgen.runtime.kv import SlotKVCache
+
+    g, seed = rng()
+    hk, H, ms = 2, 8, 64
+    slots = SlotKVCache(3, hk, HD, ms, kv="f32")
+    before = _bytes(slots)
+    rows = cp.asarray(_rand(g, 3, hk, HD))
+    strided = cp.asarray(_rand(g, 3, H, 2 * HD))[..., ::2]
+    with pytest.raises(ContractError, match="contiguous"):
+        slots.decode(strided, rows, rows, [1, 2, 3])
+    with pytest.raises(ContractError, match="slot"):
+        slots.prefill(3, cp.asarray(_rand(g, 2, H, HD)), rows[:2], rows[:2], 0)
+    cp.cuda.Device().synchronize()
+    assert _bytes(slots) == before, f"a refused slot call wrote a ring, seed={seed}"
+
+
 def _head_dims(kv: str) -> list[int]:
     from kgen.testing.testgen import MODEL_HEAD_DIMS
 

@@ -138,3 +138,61 @@ def test_running_out_of_blocks_changes_nothing():
     with pytest.raises(ContractError, match="out of blocks"):
         cache.append([sid], rows, rows, [9])
     assert cache.lengths[sid] == 0 and cache.tables[sid] == [] and len(cache.free_blocks) == 2
+
+
+def test_every_paged_refusal_comes_before_any_change():
+    """Each refusal issue 19 found after lengths advanced and pages changed: a wrong
+    head_dim, 3 q heads over 2 KV heads, a host q or host sinks (prefill and decode), a
+    host k_new to append; and rows=[2.5, 2.5], decode([]). Each is a ContractError and
+    leaves pages, tables, lengths and free blocks as they were."""
+    import cupy as cp
+
+    from kgen.runtime.paged import PagedKVCache
+
+    g, seed = rng()
+    cache = PagedKVCache(8, 16, HK, HD, kv="f32")
+    sids = [cache.add(), cache.add()]
+
+    def dev(*shape):
+        return cp.asarray(_rand(g, *shape))
+
+    cache.prefill(sids, dev(30, H, HD), dev(30, HK, HD), dev(30, HK, HD), [10, 20])
+
+    def state():
+        return (cache.k.get().tobytes(), cache.v.get().tobytes(),
+                {s: list(t) for s, t in cache.tables.items()}, dict(cache.lengths),
+                list(cache.free_blocks))
+
+    before = state()
+    k14, v14, k2, v2 = dev(14, HK, HD), dev(14, HK, HD), dev(2, HK, HD), dev(2, HK, HD)
+    host_sinks = np.zeros(H, np.float32)
+    calls = {
+        "prefill head_dim 128": lambda: cache.prefill(sids, dev(14, H, 128), k14, v14, [7, 7]),
+        "prefill 3 q heads": lambda: cache.prefill(sids, dev(14, 3, HD), k14, v14, [7, 7]),
+        "prefill host q": lambda: cache.prefill(sids, _rand(g, 14, H, HD), k14, v14, [7, 7]),
+        "prefill host sinks": lambda: cache.prefill(sids, dev(14, H, HD), k14, v14, [7, 7],
+                                                    sinks=host_sinks),
+        "prefill rows 2.5": lambda: cache.prefill(sids, dev(5, H, HD), dev(5, HK, HD),
+                                                  dev(5, HK, HD), [2.5, 2.5]),
+        "decode head_dim 128": lambda: cache.decode(sids, dev(2, H, 128), k2, v2),
+        "decode 3 q heads": lambda: cache.decode(sids, dev(2, 3, HD), k2, v2),
+        "decode host q": lambda: cache.decode(sids, _rand(g, 2, H, HD), k2, v2),
+        "decode host sinks": lambda: cache.decode(sids, dev(2, H, HD), k2, v2,
+                                                  sinks=host_sinks),
+        "decode []": lambda: cache.decode([], dev(0, H, HD), dev(0, HK, HD), dev(0, HK, HD)),
+        "append host k_new": lambda: cache.append(sids, k14.get(), v14, [7, 7]),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ContractError):
+            call()
+        cp.cuda.Device().synchronize()
+        assert state() == before, f"{name} changed the cache before refusing, seed={seed}"
+
+
+@pytest.mark.parametrize("kw", [{"k_scale": 2.0}, {"max_blocks_per_seq": 0},
+                                {"variants": {"decode_paged": "no_such_kernel"}}])
+def test_a_paged_cache_that_cannot_work_is_refused_at_construction(kw):
+    from kgen.runtime.paged import PagedKVCache
+
+    with pytest.raises(ContractError):
+        PagedKVCache(8, 16, HK, HD, kv="f32", **kw)
