@@ -50,15 +50,15 @@ def test_check_one_file_whose_parent_is_nowhere(tmp_path, capsys):
 
 # -- a spec set spread over files: one file checks as its directory does ------------------
 
-BASE = "abstract kernel base {\n    module = m\n    op = flash\n}\n"
-SET = {
+BASE = "abstract kernel base {\n    op = flash\n}\n"
+SET = {  # a module a file (a module's kernels are defined in one file)
     "a_base.kspec": BASE,
     # A relation target with its parent in a third file.
-    "b_ref.kspec": "abstract kernel ref_base : base { mode = decode }\n"
+    "b_ref.kspec": "abstract kernel ref_base : base { module = m_ref mode = decode }\n"
                    "kernel ref_{kv} : ref_base for kv in [f32, q4] { }\n",
-    "c_user.kspec": "kernel user : base {\n    mode = decode\n    kv = q4\n"
-                    "    expect bit_exact with ref_q4\n}\n",
-    "d_unrelated.kspec": "kernel other : base { }\n",
+    "c_user.kspec": "kernel user : base {\n    module = m_user\n    mode = decode\n"
+                    "    kv = q4\n    expect bit_exact with ref_q4\n}\n",
+    "d_unrelated.kspec": "kernel other : base { module = m_other }\n",
 }
 
 
@@ -137,6 +137,18 @@ def test_a_module_differing_only_in_case_from_one_beside_it(specs_copy, capsys):
                           f"from module 'attn_util' ({specs_copy}/util.kspec:4:5) only in case")
 
 
+@pytest.mark.parametrize("text, line, col", [
+    ("kernel zz_split {\n    module = attn_util\n    op = qz_split\n}\n", 2, 5),
+    # The module inherited from a parent in another file: the kernel's line.
+    ("kernel zz_prefill : fc_attn_flash_prefill {\n    doc = \"a copy\"\n}\n", 1, 8),
+])
+def test_a_kernel_added_to_the_module_of_a_file_beside_it(specs_copy, capsys, text, line, col):
+    err, err_dir = _refused(capsys, specs_copy, "zz_new.kspec", text)
+    head = f"{specs_copy}/zz_new.kspec:{line}:{col}: error: module '"
+    assert err.startswith(head) and "a module's kernels are defined in one spec file" in err
+    assert err_dir.startswith(head)  # the directory says the same
+
+
 def test_a_kernel_named_after_a_module_beside_it(specs_copy, capsys):
     err, _ = _refused(capsys, specs_copy, "zz_new.kspec",
                       "kernel attn_util {\n    module = zz_new\n    op = qz_split\n}\n")
@@ -166,11 +178,11 @@ def test_a_deleted_format_that_breaks_a_relation_beside_it(spec_set, capsys):
     """``kv = q4`` deleted from the relation target's file (``kv = q8_0`` in the issue)."""
     ref = spec_set / "b_ref.kspec"
     user = spec_set / "c_user.kspec"
-    ref.write_text("abstract kernel ref_base : base { mode = decode }\n"
+    ref.write_text("abstract kernel ref_base : base { module = m_ref mode = decode }\n"
                    "kernel ref_q4 : ref_base {\n    kv = q4\n}\n", encoding="utf-8")
     assert check(capsys, ref)[0] == 0
     err, err_dir = _refused(capsys, spec_set, "b_ref.kspec",
-                            "abstract kernel ref_base : base { mode = decode }\n"
+                            "abstract kernel ref_base : base { module = m_ref mode = decode }\n"
                             "kernel ref_q4 : ref_base {\n}\n")
     assert err.startswith(f"{ref}:2:8: error: 'user' and 'ref_q4' take different inputs")
     at = next(i for i, ln in enumerate(user.read_text().split("\n"), 1) if "expect" in ln)

@@ -172,7 +172,8 @@ def _here(k: Kernel, key: str) -> SourcePos:
 
 def check_module_name(k: Kernel, ctx: _Ctx) -> None:
     """The module names generated files, a Python module and a C identifier: an ASCII
-    identifier, unique ignoring case, not a kernel's name."""
+    identifier, unique ignoring case, not a kernel's name; and its kernels are defined
+    in one spec file, so that building a file writes whole modules."""
     why = module_name_problem(k.module)
     if why is not None:
         raise ctx.error(k.where("module"), f"module {k.module!r} {why}")
@@ -189,6 +190,10 @@ def check_module_name(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(_here(k, "module"), f"module '{k.module}' differs from module "
                         f"'{first.module}' ({first.pos}) only in case (the C header and "
                         "case-insensitive file systems would mix them up)")
+    if first.path != k.spec_path:
+        raise ctx.error(_here(k, "module"), f"module '{k.module}' is a module of "
+                        f"{first.path} (set at {first.pos}): a module's kernels are defined "
+                        "in one spec file, so that building a file writes whole modules")
 
 
 def check_doc_comment(k: Kernel, ctx: _Ctx) -> None:
