@@ -29,11 +29,14 @@ from kgen.ir.axes import (
 from kgen.ir.geometry import (
     accumulators,
     flash_shared_bytes,
+    max_head_dim_launched,
     min_head_dim,
     qtile_threads,
     qtile_vec4,
     query_tiles,
+    register_k_floats,
     row_lanes,
+    streams,
     tile_threads,
 )
 from kgen.ir.kernel import Kernel
@@ -406,6 +409,12 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
                         f"= {accumulators(k)} output floats a thread: at most "
                         f"{QUERY_TILE_MAX_ACCUMULATORS} stay in sm_37's registers (lower "
                         "max_head_dim or micro_rows)")
+    patch = k.micro_rows * k.micro_keys
+    if accumulators(k) + patch > TARGET.registers_per_thread:
+        raise ctx.error(_blame(k, "micro_rows", "micro_keys"), f"micro_rows * micro_keys = "
+                        f"{patch} scores and {accumulators(k)} output floats a thread keeps in "
+                        f"registers: {accumulators(k) + patch}, and a thread has "
+                        f"{TARGET.registers_per_thread}")
 
 
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:
@@ -459,6 +468,22 @@ def check_register_k(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(k.where("kreg_max_chunk"), f"register K over {fmt.name} needs "
                         f"kreg_max_chunk a multiple of {fmt.register_k_chunk_multiple} (one "
                         "scale serves that many chunks)")
+    widest = max_head_dim_launched(k)
+    most = -(-widest // k.dot_lanes)
+    most = -(-most // fmt.register_k_chunk_multiple) * fmt.register_k_chunk_multiple
+    if k.kreg_max_chunk > most:
+        raise ctx.error(k.where("kreg_max_chunk"), f"register K: kreg_max_chunk = "
+                        f"{k.kreg_max_chunk} exceeds {most}, head_dim / dot_lanes at the widest "
+                        f"head_dim a block runs with ({widest}: at most {TARGET.max_threads} "
+                        "threads)")
+    floats = register_k_floats(k)
+    if streams(k) and floats > TARGET.registers_per_thread:
+        raise ctx.error(_blame(k, "kreg_max_chunk", "max_groups", "keys_per_step"),
+                        "register K: (max_groups + 2 * keys_per_step) * "
+                        f"kreg_max_chunk = ({k.max_groups} + 2 * {k.keys_per_step}) * "
+                        f"{k.kreg_max_chunk} = {floats} floats a warp_stream thread keeps in "
+                        f"registers (its accumulators and the K and V chunks in flight); a "
+                        f"thread has {TARGET.registers_per_thread}")
 
 
 def check_shared_v(k: Kernel, ctx: _Ctx) -> None:
