@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kgen import __version__
+from kgen.compiler.coverage import block_misfit
 from kgen.compiler.golden import Golden, golden_files, load_golden
 from kgen.compiler.render import (
     Module,
@@ -48,6 +49,7 @@ from kgen.config import Settings
 from kgen.errors import KgenError, SpecError, ToolError
 from kgen.ir.kernel import Kernel
 from kgen.ir.pyapi import py_args
+from kgen.ir.target import TARGET
 from kgen.runtime import manifest
 from kgen.runtime.record import axes_of
 from kgen.toolchain import compile, elf, ptx_entries, resources, sass_listing
@@ -456,6 +458,27 @@ def check_budgets(kernels: tuple[Kernel, ...], compiled: Mapping[str, Compiled],
                 raise _budget_error(k, b, have, lines)
 
 
+def check_blocks(kernels: tuple[Kernel, ...], compiled: Mapping[str, Compiled],
+                 lines: Mapping[str, tuple[str, ...]]) -> None:
+    """Every kernel's block fits the target's per-block limits with ptxas's registers
+    and static shared memory (kgen.compiler.coverage.block_misfit); else a spec error
+    at the kernel: it would build and then fail its launches."""
+    for k in kernels:
+        c = compiled.get(k.name)
+        if c is None:
+            raise KgenError(f"{k.name}: the module compiled but has no such entry")
+        why = block_misfit(k, c.resources)
+        if why is not None:
+            src = lines.get(k.pos.path, ())
+            raise SpecError(k.pos, f"{k.name} cannot launch on {TARGET.arch}: {why}",
+                            src[k.pos.line - 1] if 0 < k.pos.line <= len(src) else None)
+
+
+def limits(work: Work, ctx: Context) -> Work:
+    check_blocks(work.own_kernels, work.compiled, work.lines)
+    return work
+
+
 def budgets(work: Work, ctx: Context) -> Work:
     check_budgets(work.own_kernels, work.compiled, work.lines)
     return work
@@ -535,6 +558,7 @@ STAGES: dict[str, Stage | ModuleStage] = {
     "cubin": cubin,                 # PTX             -> cubin + ptxas report
     "fatbin": fatbin,               # PTX + cubin     -> fatbin: sm_37 SASS + PTX (fatbinary)
     "sass": sass,                   # cubin           -> SASS listing (cuobjdump)
+    "limits": limits,               # ptxas report    vs the target's per-block limits
     "budgets": budgets,             # ptxas report    vs each kernel's expect budgets
     "outputs": outputs,             # everything      -> generated/ files (fatbins, manifest)
     "verify": verdicts,             # compiled        -> verdicts vs golden/   (compiler.verify)
@@ -543,8 +567,8 @@ STAGES: dict[str, Stage | ModuleStage] = {
 MODULE_STAGES = frozenset({"cubin", "fatbin", "sass"})
 
 CHECK = ("parse", "context", "check")
-BUILD = ("parse", "context", "check", "render", "ptx", "cubin", "fatbin", "budgets",
-         "outputs")
+BUILD = ("parse", "context", "check", "render", "ptx", "cubin", "fatbin", "limits",
+         "budgets", "outputs")
 VERIFY = ("parse", "context", "check", "render", "ptx", "cubin", "verify")
 GOLDEN = ("reference", "ptx", "cubin", "sass", "golden")
 
