@@ -4,11 +4,20 @@ coverage without a GPU: `kgen list --json`."""
 
 from __future__ import annotations
 
-from kgen.ir.axes import Op
-from kgen.ir.geometry import block_threads, flash_shared_bytes
+from dataclasses import dataclass
+
+from kgen.ir.axes import KStage, Op, VStage
+from kgen.ir.geometry import (
+    block_threads,
+    flash_shared_bytes,
+    head_dim_step,
+    query_tiles,
+    tile_threads,
+)
 from kgen.ir.kernel import Kernel
 from kgen.ir.target import TARGET
-from kgen.runtime.bind import shape_refusal
+from kgen.runtime.bind import QZ_BLOCK, shape_refusal
+from kgen.toolchain.resources import Resources
 
 
 def head_dims(k: Kernel) -> list[int]:
@@ -79,3 +88,110 @@ def limits(k: Kernel, resources: dict | None = None) -> dict:
             sm["occupancy"] = occupancy(k, resources, dims)
         out["sm_37"] = sm
     return out
+
+
+# -- does one block fit the target, with ptxas's registers and static shared memory ------
+
+def sized_head_dim(k: Kernel) -> int | None:
+    """The widest head_dim a kernel's own axes size it for: register K's chunk
+    (kreg_max_chunk * dot_lanes), a query_tile thread's output patch (max_head_dim),
+    the shared-V tile (tile_keys * dot_lanes), an append's static staging
+    (max_head_dim); None where only the target's block limit bounds its head_dim."""
+    if k.op is Op.FLASH:
+        if query_tiles(k):
+            return k.max_head_dim
+        if k.v_stage is VStage.SHARED_Q4:
+            return tile_threads(k)
+        if k.k_stage is KStage.REGISTERS:
+            return k.kreg_max_chunk * k.dot_lanes
+    if k.op is Op.KV_APPEND and k.fmt.append_staging:
+        return k.max_head_dim
+    return None
+
+
+@dataclass(frozen=True)
+class Block:
+    """One launch's block: the head_dim and kv_groups it was taken at (None: the
+    launch has none), its threads and its shared memory (static and dynamic)."""
+
+    head_dim: int | None
+    groups: int | None
+    threads: int
+    shared: int
+
+    def at(self) -> str:
+        said = [f"{n} {v}" for n, v in (("head_dim", self.head_dim), ("kv_groups", self.groups))
+                if v is not None]
+        return f" at {', '.join(said)}" if said else ""
+
+
+def _served(k: Kernel, bound: int | None) -> list[int]:
+    """The head_dims ``block_misfit`` weighs, of those ``k`` serves (``head_dims``): all
+    of a tiled or streamed flash kernel's (asked only at the multiples of its head_dim
+    step, the only sizes it runs with: its shared memory varies with head_dim and
+    groups); else the smallest, the widest up to ``bound`` and the widest (the rest
+    lie between: a query_tile block is fixed and its shared memory grows with
+    head_dim; an append or combine block is head_dim threads, its shared memory
+    static)."""
+    if k.op is Op.FLASH and not query_tiles(k):
+        step = head_dim_step(k)
+        return [hd for hd in range(step, TARGET.max_threads + 1, step)
+                if shape_refusal(k, hd, 1) is None]
+    if k.op is Op.QZ_SPLIT:
+        return []
+
+    def first(dims: range) -> list[int]:
+        return next(([hd] for hd in dims if shape_refusal(k, hd, 1) is None), [])
+
+    top = TARGET.max_threads
+    ends = first(range(1, top + 1)) + first(range(top, 0, -1))
+    if bound is not None:
+        ends += first(range(min(bound, top), 0, -1))
+    return sorted(set(ends))
+
+
+def _block(k: Kernel, hd: int | None, static: int) -> Block:
+    if k.op is Op.QZ_SPLIT or hd is None:
+        return Block(None, None, QZ_BLOCK if k.op is Op.QZ_SPLIT else 1, static)
+    if k.op is not Op.FLASH:  # an append or combine block is head_dim threads
+        return Block(hd, None, hd, static)
+    g = groups_by_head_dim(k, [hd])[hd]
+    return Block(hd, g, block_threads(k, hd),
+                 static + flash_shared_bytes(k, g * k.rows_per_block, hd))
+
+
+def block_misfit(k: Kernel, res: Resources) -> str | None:
+    """Why a block of ``k`` cannot launch on the target, with ptxas's registers and
+    static shared memory (None when it fits): its threads and registers a block (the
+    allocation per warp that occupancy counts) at the widest launch its axes size it
+    for (its smallest launch where the target alone bounds its head_dim), and its
+    shared memory, static and dynamic, at the launch that needs the most."""
+    bound = sized_head_dim(k)
+    dims = _served(k, bound)
+    if k.op is not Op.QZ_SPLIT and not dims:
+        return None  # no launch (the launch contracts refuse every head_dim)
+    sized = [d for d in dims if bound is None or d <= bound]
+    wide = _block(k, (max(sized) if bound is not None and sized else dims[0]) if dims
+                  else None, res.static_smem)
+    if wide.threads > TARGET.max_threads:
+        return (f"{wide.threads} threads a block{wide.at()}; {TARGET.arch} allows "
+                f"{TARGET.max_threads}")
+    if res.registers > TARGET.registers_per_thread:
+        return (f"{res.registers} registers a thread; {TARGET.arch} allows "
+                f"{TARGET.registers_per_thread}")
+    regs = TARGET.block_registers(wide.threads, res.registers)
+    if regs > TARGET.registers_per_block:
+        warps = -(-wide.threads // TARGET.warp)
+        return (f"{res.registers} registers a thread x {wide.threads} threads{wide.at()} take "
+                f"{regs} registers a block ({TARGET.warp_registers(res.registers)} a warp, "
+                f"allocated in units of {TARGET.register_unit}, x {warps} warps); "
+                f"{TARGET.arch} allows {TARGET.registers_per_block} a block")
+    # The launch contracts admit a launch's dynamic shared memory up to the limit, not
+    # counting the static: with some, every served launch is weighed.
+    most = max((_block(k, hd, res.static_smem) for hd in dims if res.static_smem),
+               key=lambda b: b.shared, default=wide)
+    if most.shared > TARGET.shared_per_block:
+        return (f"{most.shared} bytes of shared memory a block{most.at()} ({res.static_smem} "
+                f"static, {most.shared - res.static_smem} dynamic); {TARGET.arch} allows "
+                f"{TARGET.shared_per_block} a block")
+    return None

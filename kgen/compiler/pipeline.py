@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kgen import __version__
+from kgen.compiler.coverage import block_misfit
 from kgen.compiler.golden import Golden, golden_files, load_golden
 from kgen.compiler.render import (
     Module,
@@ -38,7 +39,7 @@ from kgen.compiler.render import (
     spec_rel,
 )
 from kgen.compiler.spec.ast import ExpectRelation, KernelDef, SpecFile
-from kgen.compiler.spec.check import check
+from kgen.compiler.spec.check import Beside, check, check_names_beside
 from kgen.compiler.spec.expand import expand_file
 from kgen.compiler.spec.files import SPEC_SUFFIX, spec_paths
 from kgen.compiler.spec.parser import parse_file
@@ -48,6 +49,7 @@ from kgen.config import Settings
 from kgen.errors import KgenError, SpecError, ToolError
 from kgen.ir.kernel import Kernel
 from kgen.ir.pyapi import py_args
+from kgen.ir.target import TARGET
 from kgen.runtime import manifest
 from kgen.runtime.record import axes_of
 from kgen.toolchain import compile, elf, ptx_entries, resources, sass_listing
@@ -129,6 +131,7 @@ class Work:
     inputs: tuple[Path, ...] = ()
     files: tuple[SpecFile, ...] = ()  # parse: the spec files named
     context: tuple[SpecFile, ...] = ()  # context: definitions they need from beside them
+    beside: tuple[SpecFile, ...] = ()  # context: every spec file of their set beside them
     kernels: tuple[Kernel, ...] = ()  # check
     modules: tuple[Module, ...] = ()  # render (a unit per kernel) or reference
     builds: tuple[ModuleBuild, ...] = ()  # ptx, cubin, fatbin, sass (one per unit)
@@ -177,38 +180,81 @@ def spec_files(work: Work, ctx: Context) -> Work:
 
 def _needs(d: KernelDef) -> set[str]:
     """The names a definition cannot be resolved and checked without."""
-    others = (e.other for e in d.expects if isinstance(e, ExpectRelation))
-    return {n for n in (d.parent, *others) if n}
+    return {n for n in (d.parent, *_relations(d)) if n}
 
 
-def _siblings(inputs: tuple[Path, ...], ctx: Context) -> dict[str, tuple[SpecFile, KernelDef]]:
-    """name -> (file, definition) for every kernel in the other specs beside the spec
-    files ``inputs`` name, families expanded. A sibling that does not parse is no
-    context and is skipped."""
+def _relations(d: KernelDef) -> set[str]:
+    return {e.other for e in d.expects if isinstance(e, ExpectRelation)}
+
+
+def _beside(inputs: tuple[Path, ...], ctx: Context) -> list[SpecFile]:
+    """The other spec files beside the spec files ``inputs`` name, families expanded,
+    in directory order. A file beside that does not parse is skipped (it is no
+    context; ``kgen check DIR`` reports it)."""
     named = {Path(os.path.realpath(p)) for p in spec_paths(list(inputs))}
-    pool: dict[str, tuple[SpecFile, KernelDef]] = {}
     beside = {Path(os.path.realpath(s)) for p in named for s in p.parent.glob(f"*{SPEC_SUFFIX}")}
-    for sib in sorted(beside):
-        if sib in named:
-            continue
+    out = []
+    for sib in sorted(beside - named):
         try:
-            sf = expand_file(parse([sib], ctx.settings.root, ctx.cache_dir)[0])
+            out.append(expand_file(parse([sib], ctx.settings.root, ctx.cache_dir)[0]))
         except SpecError:
             continue
-        for kd in sf.kernels:
-            pool.setdefault(kd.name, (sf, kd))
-    return pool
+    return out
+
+
+def _one_set(files: list[SpecFile]) -> bool:
+    """Whether spec files form one spec set: no kernel name defined twice among them
+    (tests/fixtures/invalid, a file per mistake, is no set)."""
+    names = [d.name for f in files for d in f.kernels]
+    return len(names) == len(set(names))
+
+
+def _leaning_on(pool: Mapping[str, tuple[SpecFile, KernelDef]], defined: set[str]) -> set[str]:
+    """The concrete kernels of ``pool`` (the files beside) that inherit from one of the
+    ``defined`` names or are related to one, themselves or through a parent: what a
+    change to those definitions can break."""
+    leans: dict[str, bool] = {}
+    for start in pool:
+        chain: list[str] = []
+        name: str | None = start
+        hit = False
+        while name is not None:
+            if name in leans:
+                hit = leans[name]
+                break
+            if name not in pool or name in chain:  # a root beyond the pool, or a cycle
+                break
+            chain.append(name)
+            d = pool[name][1]
+            if d.parent in defined or not _relations(d).isdisjoint(defined):
+                hit = True
+                break
+            name = d.parent
+        for n in chain:
+            leans[n] = hit
+    return {n for n, (_, d) in pool.items() if leans.get(n) and not d.abstract}
 
 
 def spec_context(work: Work, ctx: Context) -> Work:
-    """The definitions the named specs need from the specs beside them: parents and
-    relation targets, transitively with theirs, so one file of a spec set resolves
-    and checks every name as its directory does. Only what is needed is read: specs
-    beside each other need not form one set (tests/fixtures/invalid does not)."""
+    """The definitions the named specs need from the specs beside them (parents and
+    relation targets, transitively with theirs) so one file of a spec set resolves and
+    checks every name as its directory does; and, where the files beside form one set,
+    the kernels there that lean on the named definitions (children, kernels related to
+    them) with what they need, so a change that breaks one of them is refused, and the
+    whole set for the rules that span its files (kernel and module names). Specs
+    beside each other need not form one set (tests/fixtures/invalid does not): then
+    only what is needed is read."""
     files = tuple(expand_file(f) for f in work.files)
     defined = {d.name for f in files for d in f.kernels}
+    beside = _beside(work.inputs, ctx)
+    pool: dict[str, tuple[SpecFile, KernelDef]] = {}
+    for sf in beside:
+        for kd in sf.kernels:
+            pool.setdefault(kd.name, (sf, kd))
+    spec_set = _one_set(beside)
     wanted = {n for f in files for d in f.kernels for n in _needs(d)} - defined
-    pool = _siblings(work.inputs, ctx) if wanted else {}
+    if spec_set:
+        wanted |= _leaning_on(pool, defined)
     picked: dict[str, tuple[SpecFile, KernelDef]] = {}
     while wanted:
         name = wanted.pop()
@@ -221,16 +267,27 @@ def spec_context(work: Work, ctx: Context) -> Work:
         sf, kd = picked[name]
         by_file.setdefault(sf.path, [sf, []])[1].append(kd)
     extra = tuple(replace(sf, kernels=tuple(kds)) for sf, kds in by_file.values())
-    return replace(work, files=files, context=extra)
+    return replace(work, files=files, context=extra,
+                   beside=tuple(beside) if spec_set else ())
 
 
-def checked(files: list[SpecFile]) -> list[Kernel]:
-    """Resolved kernels with every contract checked (the ``check`` stage's work)."""
-    return check(resolve(files), {f.path: f.lines for f in files})
+def checked(files: list[SpecFile], context: list[SpecFile] | tuple[SpecFile, ...] = (),
+            beside: list[SpecFile] | tuple[SpecFile, ...] = ()) -> list[Kernel]:
+    """Resolved kernels with every contract checked (the ``check`` stage's work):
+    ``files`` with the definitions they need from ``context``; ``beside``, the rest of
+    their spec set, for the rules that span its files (a name defined once, modules)."""
+    every = [*files, *context]
+    lines = {f.path: f.lines for f in every}
+    if not beside:
+        return check(resolve(every), lines)
+    rest = Beside.of(beside)
+    check_names_beside(files, rest, lines)
+    return check(resolve(every), lines, named={f.path for f in files},
+                 named_defs={d.name: d.pos for f in files for d in f.kernels}, beside=rest)
 
 
 def checked_kernels(work: Work, ctx: Context) -> Work:
-    return replace(work, kernels=tuple(checked([*work.files, *work.context])))
+    return replace(work, kernels=tuple(checked(list(work.files), work.context, work.beside)))
 
 
 # -- compile units: one per generated kernel, or the reference ------------------------------
@@ -401,6 +458,27 @@ def check_budgets(kernels: tuple[Kernel, ...], compiled: Mapping[str, Compiled],
                 raise _budget_error(k, b, have, lines)
 
 
+def check_blocks(kernels: tuple[Kernel, ...], compiled: Mapping[str, Compiled],
+                 lines: Mapping[str, tuple[str, ...]]) -> None:
+    """Every kernel's block fits the target's per-block limits with ptxas's registers
+    and static shared memory (kgen.compiler.coverage.block_misfit); else a spec error
+    at the kernel: it would build and then fail its launches."""
+    for k in kernels:
+        c = compiled.get(k.name)
+        if c is None:
+            raise KgenError(f"{k.name}: the module compiled but has no such entry")
+        why = block_misfit(k, c.resources)
+        if why is not None:
+            src = lines.get(k.pos.path, ())
+            raise SpecError(k.pos, f"{k.name} cannot launch on {TARGET.arch}: {why}",
+                            src[k.pos.line - 1] if 0 < k.pos.line <= len(src) else None)
+
+
+def limits(work: Work, ctx: Context) -> Work:
+    check_blocks(work.own_kernels, work.compiled, work.lines)
+    return work
+
+
 def budgets(work: Work, ctx: Context) -> Work:
     check_budgets(work.own_kernels, work.compiled, work.lines)
     return work
@@ -480,6 +558,7 @@ STAGES: dict[str, Stage | ModuleStage] = {
     "cubin": cubin,                 # PTX             -> cubin + ptxas report
     "fatbin": fatbin,               # PTX + cubin     -> fatbin: sm_37 SASS + PTX (fatbinary)
     "sass": sass,                   # cubin           -> SASS listing (cuobjdump)
+    "limits": limits,               # ptxas report    vs the target's per-block limits
     "budgets": budgets,             # ptxas report    vs each kernel's expect budgets
     "outputs": outputs,             # everything      -> generated/ files (fatbins, manifest)
     "verify": verdicts,             # compiled        -> verdicts vs golden/   (compiler.verify)
@@ -488,8 +567,8 @@ STAGES: dict[str, Stage | ModuleStage] = {
 MODULE_STAGES = frozenset({"cubin", "fatbin", "sass"})
 
 CHECK = ("parse", "context", "check")
-BUILD = ("parse", "context", "check", "render", "ptx", "cubin", "fatbin", "budgets",
-         "outputs")
+BUILD = ("parse", "context", "check", "render", "ptx", "cubin", "fatbin", "limits",
+         "budgets", "outputs")
 VERIFY = ("parse", "context", "check", "render", "ptx", "cubin", "verify")
 GOLDEN = ("reference", "ptx", "cubin", "sass", "golden")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kgen.formats import FORMATS, KvFormat, KvFormatName
+from kgen.ir.target import TARGET
 
 
 class Op(StrEnum):
@@ -111,12 +112,16 @@ class RingFloor(StrEnum):
 
 @dataclass(frozen=True)
 class Key:
-    """One settable key: its type (an Enum, int or str), default and scope."""
+    """One settable key: its type (an Enum, int or str), default and scope; an int
+    key is positive and at most ``hi`` (None: no bound of its own), ``hi_why`` saying
+    what bounds it."""
 
     type: type
     default: object
     ops: frozenset[Op] | None = None  # None: every op
     doc: str = ""
+    hi: int | None = None
+    hi_why: str = ""
 
 
 ALL = None
@@ -153,7 +158,10 @@ KEYS: dict[str, Key] = {
     "max_groups": Key(int, 8, FLASH, "compile-time bound on kv_groups"),
     "rows_per_block": Key(int, 1, FLASH, "query rows of a prefill block (K/V tiles shared)"),
     "k_pad": Key(int, 16, FLASH, "floats of padding per shared K row"),
-    "kreg_max_chunk": Key(int, 16, FLASH, "compile-time bound on head_dim/dot_lanes"),
+    "kreg_max_chunk": Key(int, 16, FLASH, "compile-time bound on head_dim/dot_lanes",
+                          hi=TARGET.registers_per_thread,
+                          hi_why="a dot lane keeps its K chunk in registers, and a thread has "
+                          f"{TARGET.registers_per_thread}"),
     "v_rounds": Key(int, 3, FLASH, "blockDim-strided rounds that stage the V tile"),
     "ring_rows": Key(int, 256, CACHE_OPS, "rows of the fp16 window ring (it laps here)"),
     "sink_rows": Key(int, 8, CACHE_OPS, "rows of the fp16 sink buffer"),

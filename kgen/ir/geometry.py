@@ -144,6 +144,25 @@ def min_head_dim(k: Kernel) -> int:
     return hd
 
 
+def max_head_dim_launched(k: Kernel) -> int:
+    """The widest head_dim a block of a (non-query_tile) flash kernel launches with:
+    whole steps of head_dim, its threads within a block."""
+    step = head_dim_step(k)
+    hd = TARGET.max_threads // step * step
+    while hd > step and block_threads(k, hd) > TARGET.max_threads:
+        hd -= step
+    return hd
+
+
+def register_k_floats(k: Kernel) -> int:
+    """Floats of a register-K kernel's arrays of kreg_max_chunk a thread keeps in
+    registers: the K chunk (block_tile); a warp_stream unit's accumulators for every
+    group and the K and V chunks of each key in flight."""
+    if streams(k):
+        return (k.max_groups + 2 * k.keys_per_step) * k.kreg_max_chunk
+    return k.kreg_max_chunk
+
+
 @dataclass(frozen=True)
 class Region:
     """One region of a flash block's dynamic shared memory, in carve order."""

@@ -38,12 +38,22 @@ class Target:
     def fits_block(self, threads: int) -> bool:
         return 1 <= threads <= self.max_threads
 
+    def warp_registers(self, registers: int) -> int:
+        """Registers one warp is allocated for ``registers`` a thread: per warp, in
+        units of ``register_unit``."""
+        return -(-max(registers, 1) * self.warp // self.register_unit) * self.register_unit
+
+    def block_registers(self, threads: int, registers: int) -> int:
+        """Registers a block of ``threads`` threads of ``registers`` each is allocated
+        (whole warps): what ``registers_per_block`` bounds."""
+        return -(-threads // self.warp) * self.warp_registers(registers)
+
     def occupancy(self, threads: int, registers: int, shared_bytes: int) -> tuple[int, int]:
         """(blocks, warps) resident on one multiprocessor for blocks of ``threads``
         threads using ``registers`` registers each and ``shared_bytes`` of shared memory
         (dynamic and static); (0, 0) when one block does not fit."""
         warps = -(-threads // self.warp)
-        per_warp = -(-max(registers, 1) * self.warp // self.register_unit) * self.register_unit
+        per_warp = self.warp_registers(registers)
         if (threads > self.max_threads or per_warp * warps > self.registers_per_block
                 or shared_bytes > self.shared_per_block):
             return 0, 0

@@ -50,15 +50,15 @@ def test_check_one_file_whose_parent_is_nowhere(tmp_path, capsys):
 
 # -- a spec set spread over files: one file checks as its directory does ------------------
 
-BASE = "abstract kernel base {\n    module = m\n    op = flash\n}\n"
-SET = {
+BASE = "abstract kernel base {\n    op = flash\n}\n"
+SET = {  # a module a file (a module's kernels are defined in one file)
     "a_base.kspec": BASE,
     # A relation target with its parent in a third file.
-    "b_ref.kspec": "abstract kernel ref_base : base { mode = decode }\n"
+    "b_ref.kspec": "abstract kernel ref_base : base { module = m_ref mode = decode }\n"
                    "kernel ref_{kv} : ref_base for kv in [f32, q4] { }\n",
-    "c_user.kspec": "kernel user : base {\n    mode = decode\n    kv = q4\n"
-                    "    expect bit_exact with ref_q4\n}\n",
-    "d_unrelated.kspec": "kernel other : base { }\n",
+    "c_user.kspec": "kernel user : base {\n    module = m_user\n    mode = decode\n"
+                    "    kv = q4\n    expect bit_exact with ref_q4\n}\n",
+    "d_unrelated.kspec": "kernel other : base { module = m_other }\n",
 }
 
 
@@ -97,6 +97,124 @@ def test_every_file_of_a_valid_set_checks_alone(spec_set, capsys):
     for f in sorted(spec_set.glob("*.kspec")):
         rc, _, err = check(capsys, f)
         assert rc == 0, (f.name, err)
+
+
+# -- one file of a set is refused what its directory refuses, at its own line ------------
+
+def _refused(capsys, spec_dir: Path, name: str, text: str) -> tuple[str, str]:
+    """``kgen check`` of a file ``name`` holding ``text`` in ``spec_dir``, and of the
+    directory: both exit 2 with no traceback; the file's error (at its own line)."""
+    f = spec_dir / name
+    f.write_text(text, encoding="utf-8")
+    rc_file, out, err_file = check(capsys, f)
+    assert (rc_file, out) == (2, ""), err_file
+    rc_dir, _, err_dir = check(capsys, spec_dir)
+    assert rc_dir == 2, err_dir
+    assert "Traceback" not in err_file + err_dir
+    return err_file, err_dir
+
+
+@pytest.fixture
+def specs_copy(tmp_path):
+    """The real spec set, in a directory of its own."""
+    import shutil
+
+    shutil.copytree(SPECS, tmp_path / "specs")
+    return tmp_path / "specs"
+
+
+def test_a_file_redefining_a_kernel_of_a_file_beside_it(specs_copy, capsys):
+    err, _ = _refused(capsys, specs_copy, "zz_new.kspec",
+                      "kernel fc_attn_kv_append {\n    module = zz_new\n    op = kv_append\n}\n")
+    assert err.startswith(f"{specs_copy}/zz_new.kspec:1:8: error: kernel 'fc_attn_kv_append' "
+                          f"is defined twice (first at {specs_copy}/append.kspec:11:8)\n")
+
+
+def test_a_module_differing_only_in_case_from_one_beside_it(specs_copy, capsys):
+    err, _ = _refused(capsys, specs_copy, "zz_new.kspec",
+                      "kernel zz_split {\n    module = ATTN_UTIL\n    op = qz_split\n}\n")
+    assert err.startswith(f"{specs_copy}/zz_new.kspec:2:5: error: module 'ATTN_UTIL' differs "
+                          f"from module 'attn_util' ({specs_copy}/util.kspec:4:5) only in case")
+
+
+@pytest.mark.parametrize("text, line, col", [
+    ("kernel zz_split {\n    module = attn_util\n    op = qz_split\n}\n", 2, 5),
+    # The module inherited from a parent in another file: the kernel's line.
+    ("kernel zz_prefill : fc_attn_flash_prefill {\n    doc = \"a copy\"\n}\n", 1, 8),
+])
+def test_a_kernel_added_to_the_module_of_a_file_beside_it(specs_copy, capsys, text, line, col):
+    err, err_dir = _refused(capsys, specs_copy, "zz_new.kspec", text)
+    head = f"{specs_copy}/zz_new.kspec:{line}:{col}: error: module '"
+    assert err.startswith(head) and "a module's kernels are defined in one spec file" in err
+    assert err_dir.startswith(head)  # the directory says the same
+
+
+def test_a_kernel_named_after_a_module_beside_it(specs_copy, capsys):
+    err, _ = _refused(capsys, specs_copy, "zz_new.kspec",
+                      "kernel attn_util {\n    module = zz_new\n    op = qz_split\n}\n")
+    assert err.startswith(f"{specs_copy}/zz_new.kspec:1:8: error: kernel name 'attn_util' is "
+                          "the name of module 'attn_util'")
+
+
+@pytest.mark.parametrize("file, line, key, kernel", [
+    ("decode.kspec", 18, "position = device", "fc_attn_flash_decode_dev"),  # engine.kspec's
+    ("decode.kspec", 30, "position = device", "fc_attn_flash_decode_q4_dev"),
+])
+def test_a_deleted_line_that_breaks_a_relation_beside_it(specs_copy, capsys, file, line, key,
+                                                          kernel):
+    f = specs_copy / file
+    lines = f.read_text(encoding="utf-8").split("\n")
+    assert lines[line - 1].strip() == key
+    text = "\n".join(lines[:line - 1] + lines[line:])
+    err, err_dir = _refused(capsys, specs_copy, file, text)
+    head, src, _ = err.split("\n", 2)
+    at = next(i for i, ln in enumerate(text.split("\n"), 1) if f"kernel {kernel} " in ln)
+    assert head.startswith(f"{f}:{at}:8: error: ") and f"kernel {kernel} " in src
+    assert "take different inputs" in head and f"which is related to '{kernel}'" in head
+    assert "engine.kspec" in head and "engine.kspec" in err_dir.split(":")[0]
+
+
+def test_a_deleted_format_that_breaks_a_relation_beside_it(spec_set, capsys):
+    """``kv = q4`` deleted from the relation target's file (``kv = q8_0`` in the issue)."""
+    ref = spec_set / "b_ref.kspec"
+    user = spec_set / "c_user.kspec"
+    ref.write_text("abstract kernel ref_base : base { module = m_ref mode = decode }\n"
+                   "kernel ref_q4 : ref_base {\n    kv = q4\n}\n", encoding="utf-8")
+    assert check(capsys, ref)[0] == 0
+    err, err_dir = _refused(capsys, spec_set, "b_ref.kspec",
+                            "abstract kernel ref_base : base { module = m_ref mode = decode }\n"
+                            "kernel ref_q4 : ref_base {\n}\n")
+    assert err.startswith(f"{ref}:2:8: error: 'user' and 'ref_q4' take different inputs")
+    at = next(i for i, ln in enumerate(user.read_text().split("\n"), 1) if "expect" in ln)
+    assert f"(at {user}:{at}:27, in 'user', which is related to 'ref_q4')" in err
+    assert err_dir.startswith(f"{user}:{at}:27: error: 'user' and 'ref_q4' take different "
+                              "inputs")
+
+
+def test_a_file_beside_an_unrelated_broken_one_still_checks(specs_copy, capsys):
+    (specs_copy / "zz_broken.kspec").write_text("kernel zz : fc_attn_flash_prefill { op = nope "
+                                               "module = zz }\n", encoding="utf-8")
+    rc, _, err = check(capsys, specs_copy / "util.kspec")
+    assert rc == 0, err
+
+
+def test_build_of_one_file_refuses_a_conflict_beside_it_before_compiling(specs_copy, capsys,
+                                                                         monkeypatch, tmp_path):
+    from kgen.toolchain import locate
+
+    def no_toolchain():
+        raise AssertionError("the toolchain was asked for")
+
+    monkeypatch.setattr(locate, "find_toolchain", no_toolchain)
+    monkeypatch.setattr(pipeline.Context, "locate_toolchain", staticmethod(no_toolchain))
+    monkeypatch.setenv("KGEN_GENERATED", str(tmp_path / "generated"))
+    f = specs_copy / "zz_new.kspec"
+    f.write_text("kernel fc_attn_qz_split {\n    module = zz_new\n    op = qz_split\n}\n",
+                 encoding="utf-8")
+    rc, err = _run(capsys, "build", "-q", "--no-cache", str(f))
+    assert rc == 2 and err.startswith(f"{f}:1:8: error: kernel 'fc_attn_qz_split' is defined "
+                                      f"twice (first at {specs_copy}/util.kspec:3:8)")
+    assert not (tmp_path / "generated").exists()
 
 
 # -- list and show ------------------------------------------------------------------------

@@ -68,3 +68,56 @@ def test_sm37_occupancy(threads, registers, shared, want):
     from kgen.ir.target import TARGET
 
     assert TARGET.occupancy(threads, registers, shared) == want
+
+
+# -- a block that does not fit the target fails the build (kgen.compiler.coverage) -------
+
+WIDE = ROOT / "tests" / "fixtures" / "launch" / "wide_register_k.kspec"
+
+
+def _kernel(name: str, *extra: Path):
+    files = [*pipeline.parse([ROOT / "specs"], ROOT), *pipeline.parse(list(extra), ROOT)]
+    return next(k for k in pipeline.checked(files) if k.name == name)
+
+
+def _res(registers: int, static_smem: int = 0):
+    from kgen.toolchain.resources import Resources
+
+    return Resources(registers, 0, 0, 0, static_smem)
+
+
+def test_registers_times_threads_at_the_widest_launch_its_axes_size_it_for():
+    from kgen.compiler.coverage import block_misfit
+
+    k = _kernel("wide_prefill_kr", WIDE)  # register K up to head_dim 64 * 16 = 1024
+    why = block_misfit(k, _res(128))  # what ptxas gives it
+    assert why == ("128 registers a thread x 1024 threads at head_dim 1024, kv_groups 8 take "
+                   "131072 registers a block (4096 a warp, allocated in units of 256, x 32 "
+                   "warps); sm_37 allows 65536 a block")
+    # 64 registers (2048 a warp) x 32 warps is the whole register file of a block
+    assert block_misfit(k, _res(64)) is None
+    assert block_misfit(k, _res(65)) is not None  # 2304 a warp: the unit rounds it up
+
+
+def test_registers_of_a_kernel_with_no_head_dim_bound_of_its_own_at_its_smallest_launch():
+    from kgen.compiler.coverage import block_misfit
+
+    k = _kernel("fc_attn_flash_prefill")  # 256 threads at its smallest head_dim
+    assert block_misfit(k, _res(255)) is None  # 8 warps x 8192 = 65536
+    k = _kernel("qt_f32_causal_v4_r64k32_m2x4")  # a query_tile block: 256 threads, fixed
+    assert k.tile_rows // k.micro_rows * (k.tile_keys // k.micro_keys) == 256
+    assert block_misfit(k, _res(255)) is None
+
+
+def test_static_shared_memory_on_top_of_the_widest_launch():
+    from kgen.compiler.coverage import block_misfit
+
+    k = _kernel("fc_attn_kv_append_q4")  # ptxas: 8192 bytes of static staging
+    assert block_misfit(k, _res(26, 8192)) is None
+    why = block_misfit(k, _res(26, 48 * 1024 + 4))
+    assert why == ("49156 bytes of shared memory a block at head_dim 32 (49156 static, 0 "
+                   "dynamic); sm_37 allows 49152 a block")
+    k = _kernel("fc_attn_flash_prefill")  # its widest launch's dynamic memory, plus static
+    why = block_misfit(k, _res(56, 1024))
+    assert why == ("50132 bytes of shared memory a block at head_dim 512, kv_groups 7 (1024 "
+                   "static, 49108 dynamic); sm_37 allows 49152 a block")

@@ -300,14 +300,15 @@ def test_an_inherited_combination_is_refused_at_the_line_that_made_it():
     parent = parse_spec("kernel ws_parent { module = m op = flash mode = decode\n"
                         "    schedule = warp_stream k_stage = registers dot_lanes = 32\n"
                         "    kreg_max_chunk = 8 }\n", "parent.kspec")
-    child = parse_spec("kernel ws_child : ws_parent {\n    position = slots\n}\n",
-                       "child.kspec")
+    child = parse_spec("kernel ws_child : ws_parent {\n    position = slots\n"
+                       "    module = m_child\n}\n", "child.kspec")
     with pytest.raises(SpecError) as e:
         checked([parent, child])
     assert (e.value.pos.path, e.value.pos.line) == ("child.kspec", 2), e.value.render()
     rows = parse_spec("kernel r_parent { module = m op = flash mode = prefill\n"
                       "    rows_per_block = 2 }\n", "rows.kspec")
-    rchild = parse_spec("kernel r_child : r_parent {\n    window = exact\n}\n", "w.kspec")
+    rchild = parse_spec("kernel r_child : r_parent {\n    window = exact\n    module = m_w\n}\n",
+                        "w.kspec")
     with pytest.raises(SpecError, match="does not combine with window = exact yet") as e:
         checked([rows, rchild])
     assert (e.value.pos.path, e.value.pos.line) == ("w.kspec", 2)

@@ -7,8 +7,10 @@ contract's name, e.g. ``[check_register_k]``. ``CHECKS`` is the order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from kgen.compiler.spec.ast import Assign, KernelDef, SpecFile
 from kgen.compiler.spec.names import kernel_name_problem, module_name_problem
 from kgen.errors import SourcePos, SpecError, did_you_mean
 from kgen.ir.axes import (
@@ -27,13 +29,16 @@ from kgen.ir.axes import (
 from kgen.ir.geometry import (
     accumulators,
     flash_shared_bytes,
+    max_head_dim_launched,
     min_head_dim,
     qtile_threads,
     qtile_vec4,
     query_tiles,
+    register_k_floats,
     row_lanes,
     stream_head_dim,
     stream_hoisted,
+    streams,
     tile_threads,
 )
 from kgen.ir.kernel import Kernel
@@ -42,15 +47,104 @@ from kgen.ir.target import TARGET
 Lines = dict[str, tuple[str, ...]]
 
 
+@dataclass(frozen=True)
+class ModuleClaim:
+    """A module as the first kernel of it that the checks met: its spelling, where
+    that kernel set it, and the spec file of that kernel."""
+
+    module: str
+    pos: SourcePos
+    path: str
+
+
+def _module_assign(d: KernelDef, defs: Mapping[str, KernelDef]) -> Assign | None:
+    """The ``module = ...`` a definition has, its own or its nearest ancestor's among
+    ``defs`` (None where the chain leaves them, loops or sets none)."""
+    seen: set[str] = set()
+    while d is not None and d.name not in seen:
+        seen.add(d.name)
+        own = next((a for a in d.assigns if a.key == "module"), None)
+        if own is not None:
+            return own
+        d = defs.get(d.parent) if d.parent else None
+    return None
+
+
+@dataclass(frozen=True)
+class Beside:
+    """The rest of a spec set, beside the files checked (``kgen check FILE``): what
+    the rules that span a set's files need of it, read from the definitions alone
+    (a file beside may be broken where FILE does not reach it): every definition's
+    name, the concrete kernels' names (names of the kgen_kernels package) and each
+    one's module."""
+
+    names: Mapping[str, SourcePos] = field(default_factory=dict)
+    kernels: frozenset[str] = frozenset()
+    modules: Mapping[str, ModuleClaim] = field(default_factory=dict)  # lowercased
+
+    @classmethod
+    def of(cls, files: Sequence[SpecFile]) -> Beside:
+        defs = {d.name: d for f in files for d in f.kernels}
+        modules: dict[str, ModuleClaim] = {}
+        for d in defs.values():
+            a = None if d.abstract else _module_assign(d, defs)
+            if a is not None and isinstance(a.value, str):
+                modules.setdefault(a.value.lower(), ModuleClaim(a.value, a.pos, d.pos.path))
+        return cls({n: d.pos for n, d in defs.items()},
+                   frozenset(n for n, d in defs.items() if not d.abstract), modules)
+
+
+def check_names_beside(files: Sequence[SpecFile], beside: Beside, lines: Lines) -> None:
+    """A kernel name is defined once in a spec set: a definition of a checked file
+    whose name a file beside it defines is refused at the checked file's line."""
+    for f in files:
+        for d in f.kernels:
+            first = beside.names.get(d.name)
+            if first is not None:
+                src = lines.get(d.pos.path, ())
+                raise SpecError(d.pos, f"kernel '{d.name}' is defined twice (first at "
+                                f"{first})", src[d.pos.line - 1] if 0 < d.pos.line <= len(src)
+                                else None)
+
+
 class _Ctx:
-    def __init__(self, kernels: list[Kernel], lines: Lines):
+    def __init__(self, kernels: list[Kernel], lines: Lines, named: Collection[str] | None,
+                 named_defs: Mapping[str, SourcePos], beside: Beside):
         self.kernels = kernels
         self.by_name = {k.name: k for k in kernels}
         self.lines = lines
+        self.named = None if named is None else frozenset(named)
+        self.named_defs = named_defs
+        self.beside = beside
         self.contract = ""  # the check_* running now; its name ends every message
-        self.modules: dict[str, Kernel] = {}  # module name, lowercased -> first kernel
+        self.current: Kernel | None = None  # the kernel being checked now
+        # Module name, lowercased -> the first kernel of it (the set beside first).
+        self.modules: dict[str, ModuleClaim] = dict(beside.modules)
 
-    def error(self, pos: SourcePos, msg: str) -> SpecError:
+    def _anchor(self, k: Kernel) -> tuple[str, SourcePos] | None:
+        """Why a kernel of a file beside the checked ones is checked (how it leans on
+        one of their definitions), and that definition's position."""
+        parent = next((n for n in k.lineage[1:] if n in self.named_defs), None)
+        if parent is not None:
+            return f"inherits from '{parent}'", self.named_defs[parent]
+        other = next((r.other for r in k.relations if r.other in self.named_defs), None)
+        if other is not None:
+            return f"is related to '{other}'", self.named_defs[other]
+        return None
+
+    def error(self, pos: SourcePos, msg: str, culprit: Kernel | None = None) -> SpecError:
+        """At ``pos``; but a kernel beside the checked files that one of their
+        definitions breaks is reported at that definition (``culprit``, else the
+        nearest of its ancestors there), naming where the broken line is."""
+        k = self.current
+        if (self.named is not None and k is not None and k.spec_path not in self.named
+                and pos.path not in self.named):
+            anchor = ((f"is related to '{culprit.name}'", culprit.pos)
+                      if culprit is not None and culprit.spec_path in self.named
+                      else self._anchor(k))
+            if anchor is not None:
+                msg += f" (at {pos}, in '{k.name}', which {anchor[0]})"
+                pos = anchor[1]
         src = self.lines.get(pos.path, ())
         if self.contract:
             msg += f" [{self.contract}]"
@@ -74,20 +168,37 @@ def check_kernel_name(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(k.pos, f"kernel name '{k.name}' {why}")
 
 
+def _here(k: Kernel, key: str) -> SourcePos:
+    """Where ``k``'s own file set ``key``; else the kernel (it inherits the value from
+    a parent in another file: the choice is the kernel's)."""
+    pos = k.where(key)
+    return pos if pos.path == k.pos.path else k.pos
+
+
 def check_module_name(k: Kernel, ctx: _Ctx) -> None:
     """The module names generated files, a Python module and a C identifier: an ASCII
-    identifier, unique ignoring case, not a kernel's name."""
+    identifier, unique ignoring case, not a kernel's name; and its kernels are defined
+    in one spec file, so that building a file writes whole modules."""
     why = module_name_problem(k.module)
     if why is not None:
         raise ctx.error(k.where("module"), f"module {k.module!r} {why}")
-    if k.module in ctx.by_name:
-        raise ctx.error(k.where("module"), f"module '{k.module}' has the name of a kernel "
+    if k.module in ctx.by_name or k.module in ctx.beside.kernels:
+        raise ctx.error(_here(k, "module"), f"module '{k.module}' has the name of a kernel "
                         f"(both are names of the kgen_kernels package)")
-    first = ctx.modules.setdefault(k.module.lower(), k)
+    named = ctx.beside.modules.get(k.name.lower())
+    if named is not None and named.module == k.name:
+        raise ctx.error(k.pos, f"kernel name '{k.name}' is the name of module '{k.name}' "
+                        f"({named.pos}) (both are names of the kgen_kernels package)")
+    first = ctx.modules.setdefault(k.module.lower(),
+                                   ModuleClaim(k.module, k.where("module"), k.spec_path))
     if first.module != k.module:
-        raise ctx.error(k.where("module"), f"module '{k.module}' differs from module "
-                        f"'{first.module}' ({first.where('module')}) only in case (the C "
-                        "header and case-insensitive file systems would mix them up)")
+        raise ctx.error(_here(k, "module"), f"module '{k.module}' differs from module "
+                        f"'{first.module}' ({first.pos}) only in case (the C header and "
+                        "case-insensitive file systems would mix them up)")
+    if first.path != k.spec_path:
+        raise ctx.error(_here(k, "module"), f"module '{k.module}' is a module of "
+                        f"{first.path} (set at {first.pos}): a module's kernels are defined "
+                        "in one spec file, so that building a file writes whole modules")
 
 
 def check_doc_comment(k: Kernel, ctx: _Ctx) -> None:
@@ -306,6 +417,12 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
                         f"= {accumulators(k)} output floats a thread: at most "
                         f"{QUERY_TILE_MAX_ACCUMULATORS} stay in sm_37's registers (lower "
                         "max_head_dim or micro_rows)")
+    patch = k.micro_rows * k.micro_keys
+    if accumulators(k) + patch > TARGET.registers_per_thread:
+        raise ctx.error(_blame(k, "micro_rows", "micro_keys"), f"micro_rows * micro_keys = "
+                        f"{patch} scores and {accumulators(k)} output floats a thread keeps in "
+                        f"registers: {accumulators(k) + patch}, and a thread has "
+                        f"{TARGET.registers_per_thread}")
 
 
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:
@@ -359,6 +476,22 @@ def check_register_k(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(k.where("kreg_max_chunk"), f"register K over {fmt.name} needs "
                         f"kreg_max_chunk a multiple of {fmt.register_k_chunk_multiple} (one "
                         "scale serves that many chunks)")
+    widest = max_head_dim_launched(k)
+    most = -(-widest // k.dot_lanes)
+    most = -(-most // fmt.register_k_chunk_multiple) * fmt.register_k_chunk_multiple
+    if k.kreg_max_chunk > most:
+        raise ctx.error(k.where("kreg_max_chunk"), f"register K: kreg_max_chunk = "
+                        f"{k.kreg_max_chunk} exceeds {most}, head_dim / dot_lanes at the widest "
+                        f"head_dim a block runs with ({widest}: at most {TARGET.max_threads} "
+                        "threads)")
+    floats = register_k_floats(k)
+    if streams(k) and floats > TARGET.registers_per_thread:
+        raise ctx.error(_blame(k, "kreg_max_chunk", "max_groups", "keys_per_step"),
+                        "register K: (max_groups + 2 * keys_per_step) * "
+                        f"kreg_max_chunk = ({k.max_groups} + 2 * {k.keys_per_step}) * "
+                        f"{k.kreg_max_chunk} = {floats} floats a warp_stream thread keeps in "
+                        f"registers (its accumulators and the K and V chunks in flight); a "
+                        f"thread has {TARGET.registers_per_thread}")
 
 
 def check_shared_v(k: Kernel, ctx: _Ctx) -> None:
@@ -416,12 +549,13 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
                             + did_you_mean(r.other, sorted(ctx.by_name)))
         if (other.op, other.mode, other.position, other.kv) != (k.op, k.mode, k.position, k.kv):
             raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' take different inputs "
-                            "(op, mode, position and kv must match to compare outputs)")
+                            "(op, mode, position and kv must match to compare outputs)",
+                            culprit=other)
         if k.fmt.shadows and (other.ring_rows, other.sink_rows) != (k.ring_rows, k.sink_rows):
             raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' lay out the fp16 shadows "
                             f"differently (ring_rows, sink_rows = {k.ring_rows}, "
                             f"{k.sink_rows} vs {other.ring_rows}, {other.sink_rows}): one "
-                            "cache cannot feed both")
+                            "cache cannot feed both", culprit=other)
         if r.kind == "close_to" and not 0 < r.tolerance < 1:
             raise ctx.error(r.pos, f"tolerance {r.tolerance} must be in (0, 1)")
 
@@ -445,11 +579,16 @@ CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
 )
 
 
-def check(kernels: list[Kernel], lines: Lines) -> list[Kernel]:
-    """Run every check on every kernel; returns the kernels unchanged."""
-    ctx = _Ctx(kernels, lines)
+def check(kernels: list[Kernel], lines: Lines, named: Collection[str] | None = None,
+          named_defs: Mapping[str, SourcePos] | None = None,
+          beside: Beside | None = None) -> list[Kernel]:
+    """Run every check on every kernel; returns the kernels unchanged. ``named``: the
+    spec files checked (None: every kernel's), whose definitions are ``named_defs``;
+    ``beside``: the rest of their spec set (kgen check FILE)."""
+    ctx = _Ctx(kernels, lines, named, named_defs or {}, beside or Beside())
     for fn in CHECKS:
         ctx.contract = fn.__name__
         for k in kernels:
+            ctx.current = k
             fn(k, ctx)
     return kernels

@@ -47,6 +47,9 @@ def _convert(a: Assign, lines: _Lines) -> object:
             raise lines.error(a.value_pos, f"'{a.key}' takes an integer, not '{a.value}'")
         if a.value <= 0:
             raise lines.error(a.value_pos, f"'{a.key}' must be positive, not {a.value}")
+        if key.hi is not None and a.value > key.hi:
+            raise lines.error(a.value_pos, f"'{a.key}' is at most {key.hi}, not {a.value} "
+                              f"({key.hi_why})")
         return a.value
     if isinstance(a.value, int):
         raise lines.error(a.value_pos, f"'{a.key}' takes a name or a string, not {a.value}")
