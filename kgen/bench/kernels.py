@@ -515,7 +515,7 @@ def decode_goals_table(cp, g) -> list[dict]:
     from kgen.formats import FORMATS
     from kgen.ir.axes import Mode, Op, Position, Schedule
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.plan import decode_plan, default_plan
+    from kgen.runtime.plan import decode_plan, kernel_plan
     from kgen.runtime.select import Role, generated
 
     match = os.environ.get("KGEN_BENCH_MATCH")
@@ -550,7 +550,7 @@ def decode_goals_table(cp, g) -> list[dict]:
                     if match:
                         pool = [(k, f) for k, f in pool if k.name == chosen.name
                                 or re.search(match, k.name)]
-                    dkps, dcap = default_plan(sms, n_kv)
+                    dkps, dcap = kernel_plan(chosen, hd, n_kv)
                     arms, meta = {}, {}
                     for k, fn in pool:
                         plans = [(max(1, -(-seq // n)), n) for n in GOAL_SPLITS
@@ -581,8 +581,13 @@ def decode_goals_table(cp, g) -> list[dict]:
                     roof_us = max(cache_bytes / (copy_gbps * 1e9),
                                   4.0 * hd * n_head * seq / (sgemm_tf * 1e12)) * 1e6
                     best = min(t.values())
-                    print(f"decode_goals {kv} hd{hd} {n_head}/{n_kv} {seq}: best "
-                          f"{roof_us / (best * 1e3):.2f} of the roofline", flush=True)
+                    dflt = next(ms for n, ms in t.items() if n.endswith("[default]"))
+                    own = min(ms for n, ms in t.items() if meta[n][0].name == chosen.name)
+                    print(f"decode_goals {kv} hd{hd} {n_head}/{n_kv} {seq}: roof {roof_us:.1f} "
+                          f"us; best {best * 1e3:.1f} us = {roof_us / (best * 1e3):.2f} "
+                          f"({min(t, key=t.get)}); default {dflt * 1e3:.1f} us = "
+                          f"{roof_us / (dflt * 1e3):.2f}; default kernel's best plan "
+                          f"{own * 1e3:.1f} us", flush=True)
                     for name, ms in t.items():
                         k, plan = meta[name]
                         rows.append({"kv": kv, "head_dim": hd, "n_head": n_head, "n_kv": n_kv,

@@ -8,3 +8,15 @@ def cupy():
     import cupy
 
     return cupy
+
+
+_SMS: dict[int, int] = {}
+
+
+def sm_count() -> int:
+    """Multiprocessors of the current device (asked once per device)."""
+    cp = cupy()
+    dev = cp.cuda.runtime.getDevice()
+    if dev not in _SMS:
+        _SMS[dev] = int(cp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
+    return _SMS[dev]

@@ -29,7 +29,7 @@ from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.options import Options, groups, is_int, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
-from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP, decode_plan
+from kgen.runtime.plan import decode_plan, kernel_plan
 from kgen.runtime.replay import STEPS_LIMIT
 from kgen.runtime.roles import ROLES, CacheKernels
 
@@ -99,6 +99,7 @@ class KVCache:
         self._pos = None  # device copy of decode's position (the device-position path)
         self._steps: dict[tuple, replay.Step] = {}  # decode's call signatures seen (see decode)
         self.last_plan: tuple[int, int, str] | None = None  # (kps, cap, given/tuned/default)
+        self._default_plans: dict[tuple, tuple[int, int]] = {}  # see plan()
         self.last_prefill: str | None = None  # the kernel the last prefill ran
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
             self.k, self.v, *shadows = buffers
@@ -254,7 +255,9 @@ class KVCache:
         one formula: the results are bit-identical).
 
         With no plan given, a plan and variant tuned for this GPU (`kgen tune`) are
-        used when one is stored for the shape class, else kps 256 and 16 splits.
+        used when one is stored for the shape class, else the plan derived from the
+        device and the kernel (kgen.runtime.plan.default_plan): more splits as the
+        context grows, capped at a multiple of the SM count.
 
         A step with the signature of an earlier one (q's shape, the options and the
         plan, each of the same type) reuses what that one derived: the checked
@@ -280,9 +283,7 @@ class KVCache:
         if tuned:
             kps, splits_cap = self._tuned_plan(G, pos + 1)
             source = "default" if kps is None else "tuned"
-        kps = positive("kps", DEFAULT_KPS if kps is None else kps)
-        splits_cap = positive("splits_cap", DEFAULT_SPLITS_CAP if splits_cap is None
-                              else splits_cap)
+        kps, splits_cap = self.plan(G, kps, splits_cap, opts)
         plan = (kps, splits_cap, source)
         needs = {r: opts.needs(r) for r in ("decode_dev", "combine_dev")}
         if self.kernels.has("decode_dev", "append_dev", "combine_dev", groups=G, needs=needs):
@@ -318,6 +319,23 @@ class KVCache:
         replay.stage(self._pos, pos, stream)
         return self._pos
 
+    def plan(self, groups: int, kps=None, splits_cap=None, opts=None) -> tuple[int, int]:
+        """(kps, splits_cap) checked: the given ones, the missing ones derived from the
+        device for the decode kernel that serves ``groups`` (kgen.runtime.plan)."""
+        kps = None if kps is None else positive("kps", kps)
+        splits_cap = None if splits_cap is None else positive("splits_cap", splits_cap)
+        if kps is None or splits_cap is None:  # asks the device (read-only) for its SMs
+            needs = opts.needs("decode") if opts is not None else ()
+            key = (groups, tuple(needs), self.kernels.version)
+            derived = self._default_plans.get(key)
+            if derived is None:
+                k, _ = self.kernels.get("decode", groups, needs=needs)
+                derived = self._default_plans[key] = kernel_plan(k, self.head_dim,
+                                                                 self.n_head_kv)
+            kps = derived[0] if kps is None else kps
+            splits_cap = derived[1] if splits_cap is None else splits_cap
+        return positive("kps", kps), positive("splits_cap", splits_cap)
+
     def _tuned_plan(self, groups: int, seq_len: int) -> tuple[int | None, int | None]:
         """(kps, splits_cap) stored by `kgen tune`, adopting its variant for decode
         (and the device-position sibling of that variant) unless variants were named."""
@@ -345,8 +363,8 @@ class KVCache:
         self.length = max(self.length, pos + 1)
         return out.made()
 
-    def decode_device(self, q, k_new, v_new, pos_dev, kps: int = DEFAULT_KPS,
-                      splits_cap: int = DEFAULT_SPLITS_CAP, attn_sink: int = 0,
+    def decode_device(self, q, k_new, v_new, pos_dev, kps: int | None = None,
+                      splits_cap: int | None = None, attn_sink: int = 0,
                       attn_win: int = 0, scale: float | None = None,
                       window: tuple[int, int] | None = None, softcap: float = 0.0,
                       sinks=None, out=None, validate_pos: bool = True, stream=None):
@@ -356,9 +374,9 @@ class KVCache:
         checked before the first runs; with ``validate_pos`` (a device-to-host read)
         that includes the position, without it (in a graph capture, say) the caller
         keeps it in [0, max_seq)."""
-        self._check_decode(q, k_new, v_new)
+        G = self._check_decode(q, k_new, v_new)
         opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
-        kps, splits_cap = positive("kps", kps), positive("splits_cap", splits_cap)
+        kps, splits_cap = self.plan(G, kps, splits_cap, opts)
         if tuple(getattr(pos_dev, "shape", ())) != (1,):
             raise ContractError("KVCache", "shape", "pos_dev must be int32 [1] (the decode "
                                 f"position), not {type(pos_dev).__name__} "
@@ -503,8 +521,8 @@ class SlotKVCache:
         calls.add(fn, k_new, v_new, self.k, self.v, *self.shadows, pos, **self._shadow_args,
                   validate_pos=not isinstance(pos, Pending))  # an upload: checked positions
 
-    def decode(self, q, k_new, v_new, pos, kps: int = DEFAULT_KPS,
-               splits_cap: int = DEFAULT_SPLITS_CAP, attn_sink: int = 0, attn_win: int = 0,
+    def decode(self, q, k_new, v_new, pos, kps: int | None = None,
+               splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
                scale: float | None = None, window: tuple[int, int] | None = None,
                softcap: float = 0.0, stream=None):
         """Each slot appends its row at pos[slot] and attends its own ring.
@@ -521,7 +539,9 @@ class SlotKVCache:
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, None, True)
         kdec, fdec = self.kernels.get("decode_slots", G, needs=opts.needs("decode_slots"))
         _, fcomb = self.kernels.get("combine")
-        kps, splits_cap = positive("kps", kps), positive("splits_cap", splits_cap)
+        kps = None if kps is None else positive("kps", kps)
+        splits_cap = None if splits_cap is None else positive("splits_cap", splits_cap)
+        kps, splits_cap = kernel_plan(kdec, self.head_dim, self.n_head_kv, kps, splits_cap)
         width = max(decode_plan(p + 1, kps, splits_cap, kdec.tile_keys).n_splits
                     for p in pos_host)
         pos_dev = upload(np.array(pos_host, np.int32))

@@ -26,7 +26,7 @@ from kgen.runtime.contracts import ContractError
 from kgen.runtime.kv import DEFAULT_KV, Scratch
 from kgen.runtime.options import Options, count, groups, is_int, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
-from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP
+from kgen.runtime.plan import kernel_plan
 from kgen.runtime.roles import CacheKernels
 
 WHO = "PagedKVCache"  # how its refusals name it
@@ -236,19 +236,24 @@ class PagedKVCache:
         self._commit(sids, rows, tables)
         return out.made()
 
-    def decode(self, sids: list[int], q, k_new, v_new, kps: int = DEFAULT_KPS,
-               splits_cap: int = DEFAULT_SPLITS_CAP, attn_sink: int = 0, attn_win: int = 0,
+    def decode(self, sids: list[int], q, k_new, v_new, kps: int | None = None,
+               splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
                scale: float | None = None, window=None, softcap: float = 0.0, sinks=None,
                stream=None):
         """One new token per sequence, then every sequence attends at its own length
-        (split decode + combine). q [len(sids)][n_head][hd]; returns the same shape."""
+        (split decode + combine). q [len(sids)][n_head][hd]; returns the same shape.
+        With no plan given, the one derived from the device and the kernel
+        (kgen.runtime.plan.default_plan, the dense cache's rule: a sequence's bits do
+        not depend on the batch it decodes in)."""
         self._batch(sids)
         R = len(sids)
         G = self._check_q(q, R)
         n_head = q.shape[1]
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks, True)
-        kps, splits_cap = positive("kps", kps, WHO), positive("splits_cap", splits_cap, WHO)
         kd, fdec = self.kernels.get("decode_paged", G, needs=opts.needs("decode_paged"))
+        kps = None if kps is None else positive("kps", kps, WHO)
+        splits_cap = None if splits_cap is None else positive("splits_cap", splits_cap, WHO)
+        kps, splits_cap = kernel_plan(kd, self.head_dim, self.n_head_kv, kps, splits_cap)
         kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
         calls = Calls()
         rows, tables = self._append_calls(calls, sids, k_new, v_new, [1] * R)

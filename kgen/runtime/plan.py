@@ -9,25 +9,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The plan a cache object decodes with when none is given and none is tuned.
+from kgen.ir.axes import Schedule
+from kgen.ir.geometry import block_threads
+from kgen.ir.kernel import Kernel
+
+# The plan a cache object decodes with when none is given, none is tuned and no
+# device is at hand to derive one from (default_plan).
 DEFAULT_KPS, DEFAULT_SPLITS_CAP = 256, 16
 
-# The default plan derived from the device: splits of at least PLAN_MIN_KPS keys
-# (shorter ones spend more on their partials and the combine than they save), as
-# many as the context gives, capped where the blocks of all kv heads fill
-# PLAN_WAVES blocks per SM.
-PLAN_MIN_KPS, PLAN_WAVES = 256, 4
+# The default plan derived from the device: splits of at least PLAN_MIN_KPS keys, as
+# many as the context gives, capped where the blocks of every kv head hold
+# PLAN_THREADS_PER_SM threads per SM. Measured on the H200 (make bench-kernels,
+# decode_goals, a sweep of 1 to 512 splits at 1k, 4k and 32k keys, every format):
+# a block_tile decode keeps few loads in flight per thread and wants 8 blocks of 128
+# threads an SM; a warp_stream unit keeps 4 keys in flight and wants 2. Both are
+# launch arguments, so the device-position kernels follow the context the same way
+# in a graph replay; a single split (batch-invariant runs) is splits_cap = 1.
+PLAN_MIN_KPS = 16
+PLAN_THREADS_PER_SM = {Schedule.BLOCK_TILE: 1024, Schedule.WARP_STREAM: 256}
 
 
-def default_plan(sm_count: int, n_head_kv: int) -> tuple[int, int]:
-    """(kps, splits_cap) for a device of ``sm_count`` SMs decoding ``n_head_kv`` kv
-    heads: more splits as the context grows (one per PLAN_MIN_KPS keys), at most
-    PLAN_WAVES * sm_count blocks in all. Both numbers are launch arguments, so the
-    device-position kernels follow the context the same way in a graph replay."""
-    if sm_count < 1 or n_head_kv < 1:
-        raise ValueError(f"default_plan needs a positive SM and kv head count; got "
-                         f"{sm_count}, {n_head_kv}")
-    return PLAN_MIN_KPS, max(1, -(-PLAN_WAVES * sm_count // n_head_kv))
+def default_plan(sm_count: int, n_head_kv: int, block_threads: int,
+                 schedule: Schedule) -> tuple[int, int]:
+    """(kps, splits_cap) for a decode block of ``block_threads`` threads and
+    ``schedule`` on a device of ``sm_count`` SMs over ``n_head_kv`` kv heads."""
+    if min(sm_count, n_head_kv, block_threads) < 1:
+        raise ValueError(f"default_plan needs positive SM, kv head and thread counts; got "
+                         f"{sm_count}, {n_head_kv}, {block_threads}")
+    threads = PLAN_THREADS_PER_SM[schedule] * sm_count
+    return PLAN_MIN_KPS, max(1, -(-threads // (n_head_kv * block_threads)))
 
 
 @dataclass(frozen=True)
@@ -55,3 +65,15 @@ def decode_plan(seq_len: int, kps: int, cap: int, tile: int = 16) -> DecodePlan:
     split_len = (seq_len + n - 1) // n
     split_len = (split_len + tile - 1) & ~(tile - 1)
     return DecodePlan(seq_len, (seq_len + split_len - 1) // split_len, split_len)
+
+
+def kernel_plan(k: Kernel, head_dim: int, n_head_kv: int, kps: int | None = None,
+                splits_cap: int | None = None) -> tuple[int, int]:
+    """(kps, splits_cap) for decoding with ``k``: the given values, the missing ones
+    from default_plan on the current device."""
+    if kps is not None and splits_cap is not None:
+        return kps, splits_cap
+    from kgen.runtime.device import sm_count
+
+    dk, dc = default_plan(sm_count(), n_head_kv, block_threads(k, head_dim), k.schedule)
+    return (dk if kps is None else kps), (dc if splits_cap is None else splits_cap)

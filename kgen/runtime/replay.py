@@ -14,12 +14,9 @@ import numpy as np
 from kgen.runtime import device
 from kgen.runtime import launch as launching
 from kgen.runtime import tuned as store
-from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP
 
 _F32 = np.dtype(np.float32)
 STEPS_LIMIT = 64  # decode call signatures a cache remembers before it starts over
-# (kps, splits_cap, source) with none given or tuned
-_DEFAULT_PLAN = (DEFAULT_KPS, DEFAULT_SPLITS_CAP, "default")
 
 
 class Step:
@@ -83,7 +80,7 @@ def replay(cache, s: Step, q, k_new, v_new, pos: int, stream):
     if s.tuned:
         c = store.tuned(cache.kv, cache.head_dim, s.groups, pos + 1)
         if c is None:
-            p = s.plans.get(_DEFAULT_PLAN)
+            p = s.plans.get((*cache.plan(s.groups), "default"))
         elif type(c.kps) is int and type(c.splits_cap) is int:
             cache.kernels.prefer("decode", c.kernel, s.groups)
             p = s.plans.get((c.kps, c.splits_cap, "tuned"))

@@ -103,7 +103,7 @@ class FakeCupy:
 
             @staticmethod
             def getDeviceProperties(index):
-                return {"name": b"kgen fake GPU", "major": 9, "minor": 0}
+                return {"name": b"kgen fake GPU", "major": 9, "minor": 0, "multiProcessorCount": 13}
 
             @staticmethod
             def driverGetVersion():

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kgen.runtime import ContractError, kv, tuned
+from kgen.ir.geometry import block_threads
+from kgen.runtime import ContractError, kv, plan, tuned
 from kgen.testing.fakecupy import FakeCupy
 
 HK, H, HD, MS = 2, 4, 256, 64
@@ -128,9 +129,14 @@ def test_the_tuned_plan_is_asked_every_step(cp, full_steps, monkeypatch):
         cache.decode(q, k1, v1, pos)
         assert cache.last_plan == (32, 8, "tuned")
     monkeypatch.setattr(tuned, "tuned", lambda *a: None)
+    # Untuned: the plan derived from the device (the fake has 13 SMs, a K80 die) and
+    # the decode kernel's block: PLAN_THREADS_PER_SM of its schedule over HK kv heads.
+    k = cache.kernels.get("decode", H // HK)[0]
+    threads = plan.PLAN_THREADS_PER_SM[k.schedule] * 13
+    derived = (plan.PLAN_MIN_KPS, -(-threads // (HK * block_threads(k, cache.head_dim))))
     for pos in (7, 8):
         cache.decode(q, k1, v1, pos)
-        assert cache.last_plan == (256, 16, "default")
+        assert cache.last_plan == (*derived, "default")
     assert full_steps[0] == 2
     monkeypatch.setattr(tuned, "tuned", lambda *a: tuned.Choice(kernel, "sha", 32.0, 8, 1.0))
     with pytest.raises(ContractError, match="kps"):
