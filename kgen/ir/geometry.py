@@ -136,7 +136,10 @@ def head_dim_step(k: Kernel) -> int:
 
 def min_head_dim(k: Kernel) -> int:
     """The smallest head_dim a flash block runs with: every key of a tile scored,
-    whole warps (or dot chunks), whole format blocks."""
+    whole warps (or dot chunks), whole format blocks; a hoisted warp_stream kernel
+    runs with its one head_dim."""
+    if stream_hoisted(k):
+        return stream_head_dim(k)
     step = head_dim_step(k)
     hd = step
     while block_threads(k, hd) < tile_threads(k):
@@ -146,7 +149,9 @@ def min_head_dim(k: Kernel) -> int:
 
 def max_head_dim_launched(k: Kernel) -> int:
     """The widest head_dim a block of a (non-query_tile) flash kernel launches with:
-    whole steps of head_dim, its threads within a block."""
+    whole steps of head_dim, its threads within a block (hoisted: its one head_dim)."""
+    if stream_hoisted(k):
+        return stream_head_dim(k)
     step = head_dim_step(k)
     hd = TARGET.max_threads // step * step
     while hd > step and block_threads(k, hd) > TARGET.max_threads:
