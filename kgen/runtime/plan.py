@@ -17,16 +17,18 @@ from kgen.ir.kernel import Kernel
 # device is at hand to derive one from (default_plan).
 DEFAULT_KPS, DEFAULT_SPLITS_CAP = 256, 16
 
-# The default plan derived from the device: splits of at least PLAN_MIN_KPS keys, as
-# many as the context gives, capped where the blocks of every kv head hold
-# PLAN_THREADS_PER_SM threads per SM. Measured on the H200 (make bench-kernels,
-# decode_goals, a sweep of 1 to 512 splits at 1k, 4k and 32k keys, every format):
-# a block_tile decode keeps few loads in flight per thread and wants 8 blocks of 128
-# threads an SM; a warp_stream unit keeps 4 keys in flight and wants 2. Both are
-# launch arguments, so the device-position kernels follow the context the same way
-# in a graph replay; a single split (batch-invariant runs) is splits_cap = 1.
-PLAN_MIN_KPS = 16
-PLAN_THREADS_PER_SM = {Schedule.BLOCK_TILE: 1024, Schedule.WARP_STREAM: 256}
+# The default plan derived from the device: per schedule, splits of at least its
+# min_kps keys, as many as the context gives, capped where the blocks of every kv head
+# hold its threads_per_sm threads per SM. Measured on the H200 (make bench-kernels,
+# decode_goals: 1 to 512 splits at 1k, 4k and 32k keys, every format, head_dim 128 and
+# 256, 4 and 8 q heads per kv head): a block_tile decode keeps few loads in flight per
+# thread and wants 8 blocks of 128 threads an SM (within 1.03x of its best plan on
+# geometric mean, 1.18x at worst); a hoisted warp_stream unit keeps 4 keys in flight
+# and wants 256 threads (1.02x mean, 1.44x worst: head_dim 128 at 8 kv heads would take
+# twice the splits, head_dim 256 at 2 kv heads half). Both numbers are launch arguments,
+# so the device-position kernels follow the context the same way in a graph replay;
+# a single split (batch-invariant runs) is splits_cap = 1.
+PLAN_RULES = {Schedule.BLOCK_TILE: (16, 1024), Schedule.WARP_STREAM: (64, 256)}
 
 
 def default_plan(sm_count: int, n_head_kv: int, block_threads: int,
@@ -36,8 +38,8 @@ def default_plan(sm_count: int, n_head_kv: int, block_threads: int,
     if min(sm_count, n_head_kv, block_threads) < 1:
         raise ValueError(f"default_plan needs positive SM, kv head and thread counts; got "
                          f"{sm_count}, {n_head_kv}, {block_threads}")
-    threads = PLAN_THREADS_PER_SM[schedule] * sm_count
-    return PLAN_MIN_KPS, max(1, -(-threads // (n_head_kv * block_threads)))
+    min_kps, per_sm = PLAN_RULES[schedule]
+    return min_kps, max(1, -(-per_sm * sm_count // (n_head_kv * block_threads)))
 
 
 @dataclass(frozen=True)

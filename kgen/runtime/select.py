@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgen.ir.axes import KEYS, KStage, Mode, Op, Position, QStage, Schedule
-from kgen.ir.geometry import padded, tile_threads
+from kgen.ir.geometry import padded, stream_hoisted, tile_threads
 from kgen.ir.kernel import Kernel
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
@@ -65,16 +65,21 @@ def generated() -> list[tuple[Kernel, Callable]]:
 
 def rank(k: Kernel) -> tuple:
     """Preference among kernels that serve a shape (smaller first): exact staging
-    before fp16 q or K tiles, then the fewest options nobody asked for, then the
-    tiled schedule (the engine's default plan is sized for it; a warp_stream
+    before fp16 q or K tiles, then the fewest options nobody asked for, then a
+    hoisted warp_stream decode (one head_dim, its bounds set to the shape: 1.4-4.2x the
+    tiled decode's speed, each at its best plan, at 4k and 32k keys on the H200; make
+    bench-kernels, decode_goals)
+    with the tightest group bound, then the tiled schedule (a guarded warp_stream
     decode or a query_tile prefill is chosen by `kgen tune` or by name), then the
     widest tile (the most of the block scoring keys: fewer tile steps), then a block
-    with no idle threads."""
+    with no idle threads. The dense, per-slot and paged decodes rank alike, so one
+    shape gets the same arithmetic in each (the paged form bit for bit the dense)."""
     if k.op is not Op.FLASH:
         return (options(k),)
     lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
-    return (lossy, options(k), k.schedule is not Schedule.BLOCK_TILE, -tile_threads(k),
-            padded(k))
+    fast = k.mode is Mode.DECODE and stream_hoisted(k)
+    return (lossy, options(k), not fast, k.max_groups if fast else 0,
+            k.schedule is not Schedule.BLOCK_TILE, -tile_threads(k), padded(k))
 
 
 def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,

@@ -17,6 +17,8 @@ from kgen.ir.geometry import (
     min_head_dim,
     padded,
     query_tiles,
+    stream_head_dim,
+    stream_hoisted,
     tile_threads,
 )
 from kgen.ir.kernel import Kernel
@@ -332,9 +334,13 @@ MUTATIONS: dict[str, Mutation] = {
                                   head_dim=TARGET.max_threads, n_head=k.max_groups,
                                   n_head_kv=1))),
     "register_k_chunk": Mutation("register K chunk", lambda k: _flash(k) and k.k_stage is
-                                 KStage.REGISTERS and _over_chunk(k) is not None,
+                                 KStage.REGISTERS and _over_chunk(k) is not None
+                                 and not stream_hoisted(k),
                                  lambda k, c: host_args(k, c.with_(
                                      head_dim=_over_chunk(k), n_head=2, n_head_kv=2))),
+    "hoisted_chunk": Mutation("hoisted chunk", lambda k: _flash(k) and stream_hoisted(k),
+                              lambda k, c: host_args(k, c.with_(
+                                  head_dim=stream_head_dim(k) - head_dim_step(k)))),
     "prefill_ring_wrap": Mutation("no ring wrap", lambda k: _flash(k) and k.mode is
                                   Mode.PREFILL and not _paged(k), lambda k, c: host_args(
                                       k, c.with_(pos0=c.max_seq - c.n + 1))),

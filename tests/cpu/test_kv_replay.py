@@ -130,10 +130,10 @@ def test_the_tuned_plan_is_asked_every_step(cp, full_steps, monkeypatch):
         assert cache.last_plan == (32, 8, "tuned")
     monkeypatch.setattr(tuned, "tuned", lambda *a: None)
     # Untuned: the plan derived from the device (the fake has 13 SMs, a K80 die) and
-    # the decode kernel's block: PLAN_THREADS_PER_SM of its schedule over HK kv heads.
+    # the decode kernel's block: PLAN_RULES of its schedule over HK kv heads.
     k = cache.kernels.get("decode", H // HK)[0]
-    threads = plan.PLAN_THREADS_PER_SM[k.schedule] * 13
-    derived = (plan.PLAN_MIN_KPS, -(-threads // (HK * block_threads(k, cache.head_dim))))
+    min_kps, per_sm = plan.PLAN_RULES[k.schedule]
+    derived = (min_kps, -(-per_sm * 13 // (HK * block_threads(k, cache.head_dim))))
     for pos in (7, 8):
         cache.decode(q, k1, v1, pos)
         assert cache.last_plan == (*derived, "default")

@@ -295,9 +295,10 @@ def test_a_deep_inheritance_chain_resolves_in_linear_comparisons(monkeypatch):
 
 
 def test_an_inherited_combination_is_refused_at_the_line_that_made_it():
-    """The parent (another file) sets schedule = warp_stream; the child's position =
-    slots makes the combination the schedule refuses: the error is at the child's line."""
-    parent = parse_spec("kernel ws_parent { module = m op = flash mode = decode\n"
+    """The parent (another file) sets schedule = warp_stream for a prefill; the child's
+    position = slots makes the combination the schedule refuses (its per-slot form is
+    a decode): the error is at the child's line."""
+    parent = parse_spec("kernel ws_parent { module = m op = flash mode = prefill\n"
                         "    schedule = warp_stream k_stage = registers dot_lanes = 32\n"
                         "    kreg_max_chunk = 8 }\n", "parent.kspec")
     child = parse_spec("kernel ws_child : ws_parent {\n    position = slots\n"

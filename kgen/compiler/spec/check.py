@@ -332,10 +332,12 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
                 raise ctx.error(k.where(key), f"{key} applies to schedule = warp_stream only")
         return
     where = k.where("schedule")
-    if k.position not in (Position.HOST, Position.DEVICE):
+    per_request = (Position.SLOTS, Position.PAGED) if k.mode is Mode.DECODE else ()
+    if k.position not in (Position.HOST, Position.DEVICE, *per_request):
         where = _blame(k, "schedule", "position")
-        raise ctx.error(where, "schedule = warp_stream reads one contiguous sequence from "
-                        "a host or device position (position = host or device)")
+        raise ctx.error(where, "schedule = warp_stream prefill reads one contiguous sequence "
+                        "from a host or device position (position = host or device); its "
+                        "paged and per-slot forms are decode only")
     if k.rows_per_block != 1:
         raise ctx.error(k.where("rows_per_block"), "schedule = warp_stream serves one query "
                         "row per block (rows_per_block = 1)")
