@@ -127,11 +127,19 @@ class Options:
                                 f"{causal!r}")
         return cls(attn_sink, attn_win, scale, window, softcap, sinks, bool(causal))
 
+    @property
+    def window_neutral(self) -> bool:
+        """A key-exact window that removes no key: no bound on the left, and under a
+        full mask none on the right (causally nothing lies right of the query). The
+        plain kernels serve it, so it changes no bit."""
+        left, right = self.window
+        return left >= INT_MAX and (self.causal or right >= INT_MAX)
+
     def needs(self, role: str) -> tuple[tuple[str, str], ...]:
         """The option axes the kernel serving ``role`` must have."""
         out = []
         if role.startswith(("prefill", "decode")):  # *_dev, *_slots and *_paged too
-            if self.window is not None:
+            if self.window is not None and not self.window_neutral:
                 out.append(("window", "exact"))
             if self.softcap > 0:
                 out.append(("softcap", "tanh"))
