@@ -99,10 +99,20 @@ def test_varlen_prefill_then_decode_every_sequence(kv, opt):
     assert len(cache.free_blocks) == 64 - sum(len(cache.tables[s]) for s in (sids[0], sids[2]))
 
 
-@pytest.mark.parametrize("kv", _paged_formats())
-def test_paged_is_bit_exact_with_dense_on_one_sequence(kv):
+def _bit_exact_shapes():
+    """(kv, head_dim, q heads per kv head): every pageable format at every model head
+    size it takes, with 4 and 8 groups (the dense caches pick another tile shape at
+    some of them: the paged forms must pick the same)."""
+    from kgen.testing.testgen import MODEL_HEAD_DIMS
+
+    return [(kv, hd, G) for kv in _paged_formats() for hd in MODEL_HEAD_DIMS
+            if FORMATS[kv].accepts_head_dim(hd) for G in (4, 8)]
+
+
+@pytest.mark.parametrize("kv, hd, G", _bit_exact_shapes())
+def test_paged_is_bit_exact_with_dense_on_one_sequence(kv, hd, G):
     """The gate: pages in a shuffled order, one sequence, the same rows: prefill and
-    decode give the dense kernels' bits."""
+    decode (a given plan, and each cache's default plan) give the dense kernels' bits."""
     import cupy as cp
 
     from kgen.runtime.kv import KVCache
@@ -110,21 +120,27 @@ def test_paged_is_bit_exact_with_dense_on_one_sequence(kv):
 
     g, seed = rng()
     scales = {"k_scale": 0.5, "v_scale": 0.25} if FORMATS[kv].tensor_scales else {}
-    paged = PagedKVCache(32, 16, HK, HD, kv=kv, **scales)
+    paged = PagedKVCache(32, 16, HK, hd, kv=kv, **scales)
     paged.free_blocks = list(g.permutation(32).tolist())  # scattered physical blocks
     sid = paged.add()
-    dense = KVCache(HK, HD, 256, kv=kv, **scales)
-    n = 70
-    q, kn, vn = _rand(g, n, H, HD), _rand(g, n, HK, HD), _rand(g, n, HK, HD)
+    dense = KVCache(HK, hd, 256, kv=kv, **scales)
+    n, H = 70, HK * G
+    q, kn, vn = _rand(g, n, H, hd), _rand(g, n, HK, hd), _rand(g, n, HK, hd)
+    try:
+        b = dense.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
+    except ContractError as exc:
+        pytest.skip(f"no dense {kv} prefill at head_dim {hd}, {G} groups: {exc}")
     a = paged.prefill([sid], cp.asarray(q), cp.asarray(kn), cp.asarray(vn), [n]).get()
-    b = dense.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
-    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prefill, seed={seed}"
-    q1, k1, v1 = _rand(g, 1, H, HD), _rand(g, 1, HK, HD), _rand(g, 1, HK, HD)
-    a = paged.decode([sid], cp.asarray(q1), cp.asarray(k1), cp.asarray(v1), kps=32,
-                     splits_cap=4).get()[0]
-    b = dense.decode(cp.asarray(q1[0]), cp.asarray(k1), cp.asarray(v1), pos=n, kps=32,
-                     splits_cap=4).get()
-    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"decode, seed={seed}"
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+        f"{kv} hd{hd} G{G} prefill ({dense.last_prefill}), seed={seed}"
+    for pos, plan in ((n, {"kps": 32, "splits_cap": 4}), (n + 1, {})):
+        q1, k1, v1 = _rand(g, 1, H, hd), _rand(g, 1, HK, hd), _rand(g, 1, HK, hd)
+        a = paged.decode([sid], cp.asarray(q1), cp.asarray(k1), cp.asarray(v1),
+                         **plan).get()[0]
+        b = dense.decode(cp.asarray(q1[0]), cp.asarray(k1), cp.asarray(v1), pos=pos,
+                         **plan).get()
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+            f"{kv} hd{hd} G{G} decode {plan or 'default plan'}, seed={seed}"
 
 
 def test_running_out_of_blocks_changes_nothing():
