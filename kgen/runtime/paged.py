@@ -216,14 +216,15 @@ class PagedKVCache:
 
     def prefill(self, sids: list[int], q, k_new, v_new, rows: list[int], attn_sink: int = 0,
                 attn_win: int = 0, scale: float | None = None, window=None,
-                softcap: float = 0.0, sinks=None, stream=None):
+                softcap: float = 0.0, sinks=None, causal: bool = True, stream=None):
         """A varlen batch: ``rows[i]`` new tokens of sequence ``sids[i]`` (q, k_new and
         v_new concatenated in that order) are appended, and each query row attends
-        causally over its sequence, aligned to its end. Returns out [sum(rows)][H][hd]."""
+        causally over its sequence, aligned to its end (``causal=False``: every row
+        sees all of its sequence's keys). Returns out [sum(rows)][H][hd]."""
         counts = self._batch(sids, rows)
         G = self._check_q(q, sum(counts))
         opts = Options.checked(q.shape[1], attn_sink, attn_win, scale, window, softcap, sinks,
-                               True)
+                               causal)
         kp, fn = self.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"))
         calls = Calls()
         rows, tables = self._append_calls(calls, sids, k_new, v_new, counts)

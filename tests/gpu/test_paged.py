@@ -212,3 +212,38 @@ def test_a_paged_cache_that_cannot_work_is_refused_at_construction(kw):
 
     with pytest.raises(ContractError):
         PagedKVCache(8, 16, HK, HD, kv="f32", **kw)
+
+
+@pytest.mark.parametrize("kv, hd, G", [(kv, hd, G) for kv, hd, G in _bit_exact_shapes()
+                                       if G == 4 or hd == 512])
+def test_non_causal_prefill_dense_and_paged(kv, hd, G):
+    """causal=False: every row of a sequence sees all its keys, dense and paged, at
+    every model head size; against the float64 reference, and paged bit for bit the
+    dense."""
+    import cupy as cp
+
+    from kgen.runtime.kv import KVCache
+    from kgen.runtime.paged import PagedKVCache
+
+    g, seed = rng()
+    scales = {"k_scale": 0.5, "v_scale": 0.25} if FORMATS[kv].tensor_scales else {}
+    paged = PagedKVCache(16, 16, HK, hd, kv=kv, **scales)
+    paged.free_blocks = list(g.permutation(16).tolist())
+    sid = paged.add()
+    dense = KVCache(HK, hd, 128, kv=kv, **scales)
+    n, H = 45, HK * G
+    q, kn, vn = _rand(g, n, H, hd), _rand(g, n, HK, hd), _rand(g, n, HK, hd)
+    b = dense.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0,
+                      causal=False).get()
+    a = paged.prefill([sid], cp.asarray(q), cp.asarray(kn), cp.asarray(vn), [n],
+                      causal=False).get()
+    host = ref.HostCache.empty(dense.fmt, HK, 128, hd, dense.RING_ROWS, dense.SINK_ROWS,
+                               **scales)
+    ref.append(kn, vn, host, 0)
+    kp = dense.kernels.get("prefill", G, needs=(("mask", "full"),))[0]
+    want = ref.prefill_attention_cache(q, host, G, 0, 0, 0, 0, 0, 1 / math.sqrt(hd),
+                                       tile=kp.tile_keys, full=True)
+    np.testing.assert_allclose(b, want, rtol=RTOL, atol=ATOL,
+                               err_msg=f"{kv} hd{hd} G{G} dense ({kp.name}) seed={seed}")
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+        f"{kv} hd{hd} G{G} non-causal paged vs dense ({kp.name}), seed={seed}"
