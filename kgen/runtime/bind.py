@@ -185,10 +185,10 @@ def check_append_shape(k: Kernel, c: Checker, hd: int) -> None:
     """A block is head_dim threads, with the registers they need; rows are whole
     blocks of the format, within a staging format's static bound."""
     _head_dim(k, c, hd, rows=True)
-    _block_registers(k, c, hd, hd)
     if k.fmt.append_staging:
         c.require(hd <= k.max_head_dim, "static staging",
                   lambda: f"head_dim = {hd} exceeds the kernel's shared staging ({k.max_head_dim})")
+    _block_registers(k, c, hd, hd)
 
 
 def _kv_append(k: Kernel, c: Checker, a: dict):
@@ -254,12 +254,11 @@ def _positions(k: Kernel, c: Checker, a: dict, count: int, max_seq: int, rows: i
 # ---- flash ---------------------------------------------------------------------
 
 def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
-    """The block is head_dim threads (or that in whole warps), and gets the registers
-    they need (block registers); every tile key is scored by its own dot lanes. A
-    query_tile block is fixed by its tile shape and takes any head_dim its threads'
-    output patches cover."""
+    """The block is head_dim threads (or that in whole warps); every tile key is
+    scored by its own dot lanes. A query_tile block is fixed by its tile shape and
+    takes any head_dim its threads' output patches cover. (The block's resources are
+    check_flash_groups'.)"""
     if query_tiles(k):
-        _block_registers(k, c, block_threads(k, hd), hd)
         c.require(1 <= hd <= k.max_head_dim, "head_dim range",
                   lambda: f"head_dim = {hd}: each thread holds its rows' outputs for head_dim "
                   f"up to max_head_dim = {k.max_head_dim} (in {out_cols(k)} columns of "
@@ -273,7 +272,6 @@ def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
     c.require(TARGET.fits_block(threads), "block size",
               lambda: f"head_dim = {hd}: a block is {threads} threads, at most "
               f"{TARGET.max_threads}")
-    _block_registers(k, c, threads, hd)
     _head_dim(k, c, hd, rows=True)
     if padded(k):
         c.require(hd % k.dot_lanes == 0, "dot chunks",
@@ -317,8 +315,9 @@ def _attention_scalars(k: Kernel, c: Checker, a: dict, values: dict, hd: int) ->
 
 
 def check_flash_groups(k: Kernel, c: Checker, G: int, hd: int) -> int:
-    """kv_groups within the compile-time bound, and the shared memory it needs fits;
-    returns that many bytes."""
+    """kv_groups within the compile-time bound, and the block's resources fit the
+    target: the shared memory it needs (returns that many bytes), then its
+    registers (checked last: a shape an axis contract refuses is refused as such)."""
     c.require(1 <= G <= k.max_groups, "kv_groups",
               lambda: f"kv_groups = {G} exceeds the compile-time bound max_groups = {k.max_groups}")
     smem = flash_shared_bytes(k, G * k.rows_per_block, hd)  # a block stages every row's q
@@ -326,6 +325,7 @@ def check_flash_groups(k: Kernel, c: Checker, G: int, hd: int) -> int:
     c.require(smem <= limit, "shared memory",
               lambda: f"needs {smem} bytes of shared memory (kv_groups {G}, head_dim "
               f"{hd}); a block may use {limit}")
+    _block_registers(k, c, block_threads(k, hd), hd)
     return smem
 
 
