@@ -32,8 +32,10 @@ from kgen.ir.signature import params
 from kgen.ir.target import TARGET
 from kgen.runtime.contracts import Checker, ContractError
 from kgen.runtime.plan import decode_plan
+from kgen.runtime.record import registers
 
 QZ_BLOCK = 256  # threads per block of the 1-D qz_split launch
+REGISTERS = "block registers"  # the contract a block too large for its registers breaks
 
 
 class Launch(NamedTuple):
@@ -135,6 +137,28 @@ def _cache_values(k: Kernel, c: Checker, a: dict, values: dict) -> None:
         values[name] = _param(c, a, name)
 
 
+def _block_registers(k: Kernel, c: Checker, threads: int, hd: int | None) -> None:
+    """A block of ``threads`` threads gets its registers: the registers ptxas gave one
+    of ``k``'s threads (the build's record of the kernel), allocated per warp in the
+    target's units, within the target's registers per block (else the launch fails
+    with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES). A kernel with no recorded registers
+    (the spec's IR, before ptxas) is weighed by the build's limits stage instead."""
+    regs = registers(k)
+    if regs is None:
+        return
+    need = TARGET.block_registers(threads, regs)
+    if need <= TARGET.registers_per_block:
+        return
+    per_warp = TARGET.warp_registers(regs)
+    warps = TARGET.registers_per_block // per_warp
+    at = f"head_dim = {hd}: " if hd is not None else ""
+    c.require(False, REGISTERS,
+              lambda: f"{at}a block of {threads} threads x {regs} registers a thread (ptxas) "
+              f"is allocated {need} registers ({per_warp} a warp, in units of "
+              f"{TARGET.register_unit}); {TARGET.arch} allows {TARGET.registers_per_block} a "
+              f"block, so at most {warps} warps ({warps * TARGET.warp} threads) of this kernel")
+
+
 # ---- qz_split -----------------------------------------------------------------
 
 def _qz_split(k: Kernel, c: Checker, a: dict):
@@ -148,6 +172,7 @@ def _qz_split(k: Kernel, c: Checker, a: dict):
     total = int(np.prod(q.shape))
     c.require(total >= 1, "shape", "nothing to split")
     blocks = math.ceil(total / QZ_BLOCK)
+    _block_registers(k, c, QZ_BLOCK, None)
     c.require(blocks * QZ_BLOCK <= INT_MAX, "int32 index",
               lambda: f"{total} elements overflow the kernel's int thread index")
     values = dict(qg=qg, q=q, z=z, head_dim=hd, total=total)
@@ -157,10 +182,13 @@ def _qz_split(k: Kernel, c: Checker, a: dict):
 # ---- kv_append ----------------------------------------------------------------
 
 def check_append_shape(k: Kernel, c: Checker, hd: int) -> None:
+    """A block is head_dim threads, with the registers they need; rows are whole
+    blocks of the format, within a staging format's static bound."""
     _head_dim(k, c, hd, rows=True)
     if k.fmt.append_staging:
         c.require(hd <= k.max_head_dim, "static staging",
                   lambda: f"head_dim = {hd} exceeds the kernel's shared staging ({k.max_head_dim})")
+    _block_registers(k, c, hd, hd)
 
 
 def _kv_append(k: Kernel, c: Checker, a: dict):
@@ -228,7 +256,8 @@ def _positions(k: Kernel, c: Checker, a: dict, count: int, max_seq: int, rows: i
 def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
     """The block is head_dim threads (or that in whole warps); every tile key is
     scored by its own dot lanes. A query_tile block is fixed by its tile shape and
-    takes any head_dim its threads' output patches cover."""
+    takes any head_dim its threads' output patches cover. (The block's resources are
+    check_flash_groups'.)"""
     if query_tiles(k):
         c.require(1 <= hd <= k.max_head_dim, "head_dim range",
                   lambda: f"head_dim = {hd}: each thread holds its rows' outputs for head_dim "
@@ -286,8 +315,9 @@ def _attention_scalars(k: Kernel, c: Checker, a: dict, values: dict, hd: int) ->
 
 
 def check_flash_groups(k: Kernel, c: Checker, G: int, hd: int) -> int:
-    """kv_groups within the compile-time bound, and the shared memory it needs fits;
-    returns that many bytes."""
+    """kv_groups within the compile-time bound, and the block's resources fit the
+    target: the shared memory it needs (returns that many bytes), then its
+    registers (checked last: a shape an axis contract refuses is refused as such)."""
     c.require(1 <= G <= k.max_groups, "kv_groups",
               lambda: f"kv_groups = {G} exceeds the compile-time bound max_groups = {k.max_groups}")
     smem = flash_shared_bytes(k, G * k.rows_per_block, hd)  # a block stages every row's q
@@ -295,13 +325,15 @@ def check_flash_groups(k: Kernel, c: Checker, G: int, hd: int) -> int:
     c.require(smem <= limit, "shared memory",
               lambda: f"needs {smem} bytes of shared memory (kv_groups {G}, head_dim "
               f"{hd}); a block may use {limit}")
+    _block_registers(k, c, block_threads(k, hd), hd)
     return smem
 
 
-def shape_refusal(k: Kernel, head_dim: int, groups: int = 1) -> str | None:
-    """Why ``k`` cannot run ``head_dim`` with ``groups`` q heads per KV head (the
-    contract's message), or None: the launch contracts that depend on shapes alone,
-    for choosing a kernel before any array exists."""
+def shape_error(k: Kernel, head_dim: int, groups: int = 1) -> ContractError | None:
+    """The contract ``k`` breaks at ``head_dim`` with ``groups`` q heads per KV head,
+    or None: the launch contracts that depend on shapes alone (block size and
+    registers, row format, tiles, shared memory), for choosing a kernel before any
+    array exists."""
     c = Checker(k.name)
     try:
         if k.op is Op.FLASH:
@@ -309,11 +341,20 @@ def shape_refusal(k: Kernel, head_dim: int, groups: int = 1) -> str | None:
             check_flash_groups(k, c, groups, head_dim)
         elif k.op is Op.KV_APPEND:
             check_append_shape(k, c, head_dim)
+        elif k.op is Op.DECODE_COMBINE:
+            check_combine_shape(k, c, head_dim)
         else:
             _head_dim(k, c, head_dim, rows=False)
     except ContractError as exc:
-        return str(exc)
+        return exc
     return None
+
+
+def shape_refusal(k: Kernel, head_dim: int, groups: int = 1) -> str | None:
+    """Why ``k`` cannot run ``head_dim`` with ``groups`` q heads per KV head (the
+    contract's message, :func:`shape_error`), or None."""
+    exc = shape_error(k, head_dim, groups)
+    return None if exc is None else str(exc)
 
 
 def _flash(k: Kernel, c: Checker, a: dict):
@@ -441,11 +482,17 @@ def _sinks(c: Checker, a: dict, heads: int):
     return s
 
 
+def check_combine_shape(k: Kernel, c: Checker, hd: int) -> None:
+    """A combine block is head_dim threads, with the registers they need."""
+    _head_dim(k, c, hd, rows=False)
+    _block_registers(k, c, hd, hd)
+
+
 def _combine(k: Kernel, c: Checker, a: dict):
     out = a["out"]
     c.array("out", out, np.float32, 2)
     heads, hd = (int(x) for x in out.shape)
-    _head_dim(k, c, hd, rows=False)
+    check_combine_shape(k, c, hd)
     for name in ("m_in", "l_in", "acc_in"):
         c.array(name, a[name], np.float32)
     values = dict(m_in=a["m_in"], l_in=a["l_in"], acc_in=a["acc_in"], out=out, head_dim=hd)

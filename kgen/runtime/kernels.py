@@ -98,14 +98,14 @@ def _doc(e: Entry) -> str:
 
 
 def make_launcher(e: Entry, fatbin: Path, module: str):
-    record = kernel(e.name, e.axes)
+    record = kernel(e.name, e.axes, e.resources)
     scope = {"_launch": launch, "_K": record, "_FATBIN": fatbin}
     exec(compile(launcher_source(e), f"<kgen launcher {e.name}>", "exec"), scope)
     fn = scope[e.name]
     fn.__module__ = module
     fn.__qualname__ = e.name
     fn.__doc__ = _doc(e)
-    fn.kernel = record  # the kernel record its contracts read
+    fn.kernel = record  # the kernel record its contracts read (axes and registers)
     fn.fatbin = fatbin  # the load artifact it launches
     return fn
 

@@ -5,13 +5,19 @@ in one launch (each sequence's new query rows aligned to its end) and decode of
 every sequence at its own length (split kernel + combine). Kernels are chosen by
 their axes (position = paged) and the options a call asks for.
 
-Every launch reads lengths and tables from device tensors the host uploads; the
-host passes only shapes and an upper bound on lengths (no device-to-host read),
-so a decode step can be captured in a CUDA graph. Blocks are allocated on the
-host from a free list. Every call checks all of its arguments, every launch
-against its kernel's contracts (the tables and lengths it will upload among
-them) and the blocks it needs before it takes a block, advances a length or
-launches anything (kgen.runtime.calls).
+Every launch reads lengths and tables from device tensors; the host passes only
+shapes and an upper bound on lengths (no device-to-host read). ``prefill`` and
+``decode`` upload those tensors with the call, so each call's arguments differ.
+A decode step captured in a CUDA graph reads them from persistent tensors instead
+(:class:`DecodeMetadata`, ``decode_metadata``): ``prepare`` (on the host, outside
+the graph) takes each sequence's next slot and writes the block table, lengths and
+slots into them in stream order, and ``decode_device`` launches the step over
+them, with every argument and grid fixed by the batch size and an upper bound
+``max_seq_len`` given when the metadata is made. Blocks are allocated on the host
+from a free list. Every call checks all of its arguments, every launch against
+its kernel's contracts (the tables and lengths it will upload among them) and the
+blocks it needs before it takes a block, advances a length or launches anything
+(kgen.runtime.calls).
 """
 
 from __future__ import annotations
@@ -34,6 +40,29 @@ WHO = "PagedKVCache"  # how its refusals name it
 
 def _listed(x) -> bool:
     return isinstance(x, list | tuple) or (isinstance(x, np.ndarray) and x.ndim == 1)
+
+
+class DecodeMetadata:
+    """What a graph-captured paged decode step reads in place, for a batch of at most
+    ``batch`` sequences whose lengths stay within ``max_seq_len`` (the bound that
+    sizes the grid): persistent int32 device tensors ``block_table``
+    [batch][max_blocks_per_seq], ``seq_lens`` [batch] (each sequence's length with
+    the step's token) and ``slot_mapping`` [batch] (the page slot its token is
+    stored at; -1 skips a padding row), and the partials the step writes. Made by
+    ``PagedKVCache.decode_metadata``, written by ``PagedKVCache.prepare`` before
+    each step (outside the graph, in stream order), read by
+    ``PagedKVCache.decode_device`` (the step, which a graph captures)."""
+
+    def __init__(self, cache: PagedKVCache, batch: int, max_seq_len: int):
+        cp = device.cupy()
+        self.cache, self.batch, self.max_seq_len = cache, batch, max_seq_len
+        self.block_table = cp.zeros((batch, cache.max_blocks), np.int32)
+        self.seq_lens = cp.zeros(batch, np.int32)
+        self.slot_mapping = cp.zeros(batch, np.int32)
+        self.scratch = Scratch()  # its own: a captured step keeps writing these buffers
+        self.sids: tuple[int, ...] = ()  # the sequences the last prepare staged, in rows
+        self.lengths: tuple[int, ...] = ()  # their lengths with that step's token
+        self.staged: tuple[np.ndarray, ...] = ()  # the host values it wrote
 
 
 class PagedKVCache:
@@ -251,11 +280,7 @@ class PagedKVCache:
         G = self._check_q(q, R)
         n_head = q.shape[1]
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks, True)
-        kd, fdec = self.kernels.get("decode_paged", G, needs=opts.needs("decode_paged"))
-        kps = None if kps is None else positive("kps", kps, WHO)
-        splits_cap = None if splits_cap is None else positive("splits_cap", splits_cap, WHO)
-        kps, splits_cap = kernel_plan(kd, self.head_dim, self.n_head_kv, kps, splits_cap)
-        kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
+        kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap)
         calls = Calls()
         rows, tables = self._append_calls(calls, sids, k_new, v_new, [1] * R)
         bound = max(self.lengths[s] + 1 for s in sids)
@@ -274,3 +299,149 @@ class PagedKVCache:
         calls.run(stream)
         self._commit(sids, rows, tables)
         return out.made().reshape(R, n_head, self.head_dim)
+
+    def _decode_kernels(self, G: int, opts: Options, kps, splits_cap) -> tuple:
+        """(decode kernel, its launcher, combine kernel, its launcher, kps, splits_cap):
+        the kernels serving ``G`` q heads per KV head with ``opts``, and the plan
+        (the given one checked, the missing parts derived: kgen.runtime.plan)."""
+        kd, fdec = self.kernels.get("decode_paged", G, needs=opts.needs("decode_paged"))
+        kps = None if kps is None else positive("kps", kps, WHO)
+        splits_cap = None if splits_cap is None else positive("splits_cap", splits_cap, WHO)
+        kps, splits_cap = kernel_plan(kd, self.head_dim, self.n_head_kv, kps, splits_cap)
+        kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
+        return kd, fdec, kc, fcomb, kps, splits_cap
+
+    # ---- decode captured in a CUDA graph ---------------------------------------------
+
+    def decode_metadata(self, batch: int, max_seq_len: int) -> DecodeMetadata:
+        """Persistent device tensors for decode steps of at most ``batch`` sequences,
+        each at most ``max_seq_len`` keys long with the step's token (the upper bound
+        that sizes the decode grid; at most max_blocks_per_seq * block_size). Made
+        once, before a graph is captured: the graph reads them in place."""
+        batch = positive("batch", batch, WHO)
+        held = self.max_blocks * self.block_size
+        max_seq_len = count("max_seq_len", max_seq_len, 1, WHO, held)
+        return DecodeMetadata(self, batch, max_seq_len)
+
+    def _own(self, meta) -> DecodeMetadata:
+        if not isinstance(meta, DecodeMetadata) or meta.cache is not self:
+            raise ContractError(WHO, "metadata", "meta must be the DecodeMetadata this "
+                                f"cache's decode_metadata made, not {type(meta).__name__}")
+        return meta
+
+    def prepare(self, meta: DecodeMetadata, sids: list[int], stream=None) -> tuple[int, ...]:
+        """Ready the next decode step of ``sids`` (one new token each) in ``meta``:
+        on the host, outside any graph, before the step (``decode_device``, or a
+        replay of the graph that captured it). Takes each sequence's next slot (a new
+        block where it crosses one), advances its length, and writes the block
+        table, the lengths with the token and the token's slots into ``meta``'s
+        tensors in the order of ``stream`` (the stream the step runs on, so the step
+        reads them after this and the previous step read them before); rows past
+        ``len(sids)`` are padding (slot -1: nothing stored; one key of block 0 read,
+        their output is meaningless). Everything is checked before any block is
+        taken or anything written. Returns the lengths. The step must follow:
+        the lengths count its token."""
+        self._own(meta)
+        self._batch(sids)
+        n = len(sids)
+        if n > meta.batch:
+            raise ContractError(WHO, "metadata", f"{n} sequences for metadata of batch "
+                                f"{meta.batch}")
+        for sid in sids:
+            if self.lengths[sid] + 1 > meta.max_seq_len:
+                raise ContractError(WHO, "max_seq_len", f"sequence {sid} would hold "
+                                    f"{self.lengths[sid] + 1} keys, above the metadata's "
+                                    f"max_seq_len = {meta.max_seq_len}")
+        rows = [1] * n
+        tables = self._grown(sids, rows)
+        table = np.zeros((meta.batch, self.max_blocks), np.int32)
+        table[:n] = self._block_table([tables[s] for s in sids])
+        lens = np.ones(meta.batch, np.int32)
+        lens[:n] = [self.lengths[s] + 1 for s in sids]
+        slots = np.full(meta.batch, -1, np.int32)
+        slots[:n] = [self._slots(tables[s], range(self.lengths[s], self.lengths[s] + 1))[0]
+                     for s in sids]
+        for dev, host in ((meta.block_table, table), (meta.seq_lens, lens),
+                          (meta.slot_mapping, slots)):
+            dev.set(host, stream=stream)
+        self._commit(sids, rows, tables)
+        meta.sids, meta.lengths = tuple(sids), tuple(int(x) for x in lens[:n])
+        meta.staged = (table, lens, slots)
+        return meta.lengths
+
+    def decode_device(self, q, k_new, v_new, meta: DecodeMetadata, kps: int | None = None,
+                      splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
+                      scale: float | None = None, window=None, softcap: float = 0.0,
+                      sinks=None, out=None, validate_pos: bool = True, stream=None):
+        """The decode step ``prepare`` readied in ``meta``, capturable in a CUDA graph:
+        append each row's token at its slot, split decode and combine, every launch
+        reading ``meta``'s tensors in place, its arguments and grid fixed by
+        ``meta.batch`` and ``meta.max_seq_len`` (a replay of the graph after the
+        next ``prepare`` runs the next step). q [batch][n_head][head_dim], k_new and
+        v_new [batch][n_head_kv][head_dim] (a padding row's values are ignored);
+        ``out`` float32 [batch][n_head][head_dim], or None for a new one (in a
+        capture, pass one); ``sinks`` float32 [batch][n_head] (one logit per q head
+        of each row: a tiled copy made once, outside the graph). Options and plan as
+        for ``decode``; with the same ones the bits are ``decode``'s. Every launch is
+        checked before the first runs; with ``validate_pos`` (device-to-host reads)
+        that includes the tensors' values, without it (in a capture) they are as
+        ``prepare`` wrote them. Run it once outside the capture first (it loads the
+        kernels and allocates the partials ``meta`` keeps)."""
+        self._own(meta)
+        if not meta.sids:
+            raise ContractError(WHO, "metadata", "no step prepared: call prepare(meta, "
+                                "sids) first")
+        for sid, n in zip(meta.sids, meta.lengths, strict=True):
+            if sid not in self.tables or self.lengths[sid] != n:
+                raise ContractError(WHO, "metadata", f"sequence {sid} changed since "
+                                    "prepare staged it (freed, or another call advanced "
+                                    "it): prepare again")
+        B = meta.batch
+        G = self._check_q(q, B)
+        self._check_rows("k_new", k_new, B)
+        self._check_rows("v_new", v_new, B)
+        n_head = q.shape[1]
+        per_head = None
+        if sinks is not None:
+            if (getattr(sinks, "dtype", None) != np.float32
+                    or tuple(getattr(sinks, "shape", ())) != (B, n_head)
+                    or not getattr(getattr(sinks, "flags", None), "c_contiguous", False)):
+                raise ContractError(WHO, "sinks", f"sinks must be C-contiguous float32 "
+                                    f"[{B}][{n_head}] (one logit per q head of each row), "
+                                    f"not {getattr(sinks, 'dtype', type(sinks).__name__)} "
+                                    f"{tuple(getattr(sinks, 'shape', ()))}")
+            per_head = sinks[0]
+        opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, per_head,
+                               True)
+        kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap)
+        heads = B * n_head
+        if out is not None:
+            want = (B, n_head, self.head_dim)
+            if (getattr(out, "dtype", None) != np.float32
+                    or tuple(getattr(out, "shape", ())) != want
+                    or not getattr(getattr(out, "flags", None), "c_contiguous", False)):
+                raise ContractError(WHO, "shape", f"out must be C-contiguous float32 "
+                                    f"{list(want)}, not "
+                                    f"{getattr(out, 'dtype', type(out).__name__)} "
+                                    f"{tuple(getattr(out, 'shape', ()))}")
+        if type(validate_pos) is not bool:
+            raise ContractError(WHO, "type", "validate_pos must be True or False, not "
+                                f"{validate_pos!r}")
+        # Every row's plan has at most min(ceil(bound / kps), cap) splits: the width.
+        width = min(max(-(-meta.max_seq_len // kps), 1), splits_cap)
+        m, l, acc = meta.scratch.pending(heads, width, self.head_dim)
+        flat = empty((heads, self.head_dim)) if out is None else \
+            out.reshape(heads, self.head_dim)
+        _, fapp = self.kernels.get("append_paged")
+        calls = Calls()
+        calls.add(fapp, k_new, v_new, self.k, self.v, meta.slot_mapping, **self._scales,
+                  validate_pos=validate_pos)
+        calls.add(fdec, q, self.k, self.v, m, l, acc, meta.block_table, meta.seq_lens,
+                  kps=kps, splits_cap=splits_cap, max_seq_len=meta.max_seq_len,
+                  **self._scales, **opts.kwargs(kd), validate_pos=validate_pos)
+        tiled = (sinks.reshape(heads),) if opts.combine_arrays(kc) else ()
+        calls.add(fcomb, m, l, acc, flat, *tiled, n_splits=width)
+        if validate_pos and stream is not None:
+            stream.synchronize()  # the checks read meta's tensors: after prepare wrote them
+        calls.run(stream)
+        return out if out is not None else flat.made().reshape(B, n_head, self.head_dim)

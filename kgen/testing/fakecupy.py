@@ -147,3 +147,61 @@ class FakeCupy:
         monkeypatch.setattr(launch, "function", self.function)
         monkeypatch.setattr(device, "cupy", lambda: self)
         return self
+
+
+class Guarded(FakeCupy):
+    """A fake CuPy that, once ``armed``, records in ``touched`` every allocation,
+    upload (``asarray``, and ``set`` on an array), fill, tile and launch: what a call
+    that must touch nothing (a refusal) or upload nothing (a graph-capturable step)
+    is checked against."""
+
+    def __init__(self):
+        super().__init__()
+        self.armed, self.touched = False, []
+
+    def _touch(self, what):
+        if self.armed:
+            self.touched.append(what)
+
+    def empty(self, shape, dtype=np.float32):
+        self._touch(("alloc", shape))
+        return super().empty(shape, dtype)
+
+    zeros = empty
+
+    def full(self, shape, value, dtype=np.float32):
+        self._touch(("full", shape))
+        return super().full(shape, value, dtype)
+
+    def asarray(self, a, dtype=None):
+        self._touch(("upload", np.shape(a)))
+        return super().asarray(a, dtype)
+
+    def tile(self, a, reps):
+        self._touch(("tile", a.shape))
+        return super().tile(a, reps)
+
+    def function(self, path, name, device):
+        fn = super().function(path, name, device)
+
+        def run(*a, **kw):
+            self._touch(("launch", name))
+            return fn(*a, **kw)
+        return run
+
+    def install(self, monkeypatch) -> Guarded:
+        """As FakeCupy.install; an array's ``fill`` and ``set`` are recorded too."""
+        super().install(monkeypatch)
+        fill, put = FakeArray.fill, FakeArray.set
+
+        def filled(a, value):
+            self._touch(("fill", a.shape))
+            fill(a, value)
+
+        def uploaded(a, arr, stream=None):
+            self._touch(("set", a.shape, stream))
+            put(a, arr, stream)
+
+        monkeypatch.setattr(FakeArray, "fill", filled)
+        monkeypatch.setattr(FakeArray, "set", uploaded)
+        return self

@@ -9,17 +9,21 @@ with the contract it breaks among the kernel tests (skipped, with the reason). T
 coverage the candidates aim at: partial last tiles, lengths off the tile grid,
 chunked prefill with pos0 > 0, many group counts, windows on and off, ragged slot
 positions, long contexts, an fp16 window ring lapped by a long batch, and for
-query_tile batches that are no whole number of query tiles.
+query_tile batches that are no whole number of query tiles. Where the registers
+ptxas gave a kernel (its build record) bound its block below the head_dims its
+other contracts accept, the narrowest head_dim past the bound is listed as refused
+(:func:`register_bound`).
 """
 
 from __future__ import annotations
 
 from kgen.errors import SpecError
 from kgen.ir.axes import Mode, Op, Position, Sinks, SoftCap, Window
-from kgen.ir.geometry import min_head_dim, query_tiles
+from kgen.ir.geometry import head_dim_step, min_head_dim, query_tiles
 from kgen.ir.kernel import Kernel
 from kgen.ir.signature import params
-from kgen.runtime.bind import bind, shape_refusal
+from kgen.ir.target import TARGET
+from kgen.runtime.bind import REGISTERS, bind, shape_error, shape_refusal
 from kgen.runtime.contracts import ContractError
 from kgen.testing import Case, host_args
 
@@ -187,25 +191,57 @@ def required(k: Kernel) -> list[Case]:
                     kps=T, cap=4)
         return [base, *([base.with_(name=f"{base.name}_sinks", sinks=True)]
                          if k.sinks is Sinks.LEARNED else [])]
-    out = []
-    for hd, groups in _flash_shapes(k):
-        name = f"hd{hd}_g{groups}_partial_tile"
-        if k.position is Position.PAGED:
-            reqs = ((T + 3, 2 * T + 4), (1, T + 1)) if k.mode is Mode.PREFILL else \
-                ((1, 3 * T + 3), (1, T))
-            out.append(Case(name, requests=reqs, n_head=2 * groups, n_head_kv=2, head_dim=hd,
-                            block_size=T, kps=T, cap=4))
-        elif k.mode is Mode.PREFILL:
-            out.append(Case(name, n=T + 3, n_head=2 * groups, n_head_kv=2, head_dim=hd,
-                            max_seq=4 * T + 8, pos0=T + 1, sink=2, win=T + 5))
-        elif k.position is Position.SLOTS:
-            out.append(Case(name, n_head=groups, n_head_kv=1, head_dim=hd, max_seq=4 * T + 8,
-                            positions=(2 * T + 2, 0, T), kps=T, cap=4, sink=2, win=T))
-        else:
-            out.append(Case(name, n_head=2 * groups, n_head_kv=2, head_dim=hd,
-                            max_seq=4 * T + 8, seq_len=3 * T + 3, kps=T, cap=4, sink=2,
-                            win=T))
+    out = [_flash_case(k, hd, groups, f"hd{hd}_g{groups}_partial_tile")
+           for hd, groups in _flash_shapes(k)]
     return out + _option_cases(k, out[-1] if len(out) < 3 else out[1])
+
+
+def _flash_case(k: Kernel, hd: int, groups: int, name: str) -> Case:
+    """A small flash launch at ``hd`` with ``groups`` q heads per kv head, over a
+    partial last tile, in the form ``k``'s position takes."""
+    T = k.tile_keys
+    if k.position is Position.PAGED:
+        reqs = ((T + 3, 2 * T + 4), (1, T + 1)) if k.mode is Mode.PREFILL else \
+            ((1, 3 * T + 3), (1, T))
+        return Case(name, requests=reqs, n_head=2 * groups, n_head_kv=2, head_dim=hd,
+                    block_size=T, kps=T, cap=4)
+    if k.mode is Mode.PREFILL:
+        return Case(name, n=T + 3, n_head=2 * groups, n_head_kv=2, head_dim=hd,
+                    max_seq=4 * T + 8, pos0=T + 1, sink=2, win=T + 5)
+    if k.position is Position.SLOTS:
+        return Case(name, n_head=groups, n_head_kv=1, head_dim=hd, max_seq=4 * T + 8,
+                    positions=(2 * T + 2, 0, T), kps=T, cap=4, sink=2, win=T)
+    return Case(name, n_head=2 * groups, n_head_kv=2, head_dim=hd, max_seq=4 * T + 8,
+                seq_len=3 * T + 3, kps=T, cap=4, sink=2, win=T)
+
+
+def register_bound(k: Kernel) -> tuple[int | None, int] | None:
+    """Where the registers ptxas gave ``k`` (its build record) bound its head_dim
+    below what its other contracts accept: (the widest head_dim it launches below the
+    bound, or None; the narrowest its block registers refuse), or None where they
+    bound nothing. A flash kernel only (its block grows with head_dim)."""
+    if k.op is not Op.FLASH or query_tiles(k):
+        return None
+    step = head_dim_step(k)
+    widest = None
+    for hd in range(step, TARGET.max_threads + 1, step):
+        exc = shape_error(k, hd, 1)
+        if exc is None:
+            widest = hd
+        elif exc.contract == REGISTERS:
+            return widest, hd
+    return None
+
+
+def _register_case(k: Kernel) -> list[Case]:
+    """The narrowest launch past ``k``'s register bound (listed as refused, with the
+    contract: block registers), if its registers bound it. The widest launch below
+    the bound is not made a GPU case: off a K80 the driver JIT-compiles the PTX with
+    registers of its own, which the manifest's sm_37 count does not bound."""
+    bound = register_bound(k)
+    if bound is None:
+        return []
+    return [_flash_case(k, bound[1], 1, f"hd{bound[1]}_g1_block_registers")]
 
 
 def _option_cases(k: Kernel, base: Case) -> list[Case]:
@@ -282,14 +318,20 @@ def plan_cases(k: Kernel) -> tuple[list[Case], list[tuple[str, str]]]:
     A candidate written for the common head_dim is retried at the kernel's
     smallest head_dim (query_tile: its widest) before it counts as refused; refused
     candidates are listed
-    among the kernel tests (skipped, with the reason), never dropped silently."""
+    among the kernel tests (skipped, with the reason), never dropped silently. Where
+    the registers ptxas gave the kernel bound its block below the head_dims its other
+    contracts accept, the narrowest head_dim past the bound is listed as refused
+    (block registers)."""
     out: list[Case] = []
     refused: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for c in [*required(k), *candidates(k)]:
+    past = _register_case(k)
+    as_is = {c.name for c in past}  # past the register bound: not retried narrower
+    for c in [*required(k), *candidates(k), *past]:
         c = _fit(k, c)
         why = refusal(k, c)
-        if why is not None and k.op is Op.FLASH and c.head_dim != retry_head_dim(k):
+        if why is not None and k.op is Op.FLASH and c.head_dim != retry_head_dim(k) and \
+                c.name not in as_is:
             alt = c.with_(name=f"{c.name}_hd{retry_head_dim(k)}", head_dim=retry_head_dim(k))
             if refusal(k, alt) is None:
                 c, why = alt, None

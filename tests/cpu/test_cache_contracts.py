@@ -18,65 +18,18 @@ from kgen.runtime.kv import KVCache, SlotKVCache
 from kgen.runtime.paged import PagedKVCache
 from kgen.runtime.select import generated
 from kgen.testing.built import needs_build
-from kgen.testing.fakecupy import FakeArray, FakeCupy
+from kgen.testing.fakecupy import FakeArray, Guarded
 
 pytestmark = needs_build
 HK, H, HD, MS = 2, 4, 256, 64  # KV heads, q heads, head_dim, max_seq
 NB, BS = 8, 16  # paged: blocks, positions per block
 
 
-class Guarded(FakeCupy):
-    """A fake CuPy that, once armed, records every allocation, upload, fill and launch
-    in ``touched``."""
-
-    def __init__(self):
-        super().__init__()
-        self.armed, self.touched = False, []
-
-    def _touch(self, what):
-        if self.armed:
-            self.touched.append(what)
-
-    def empty(self, shape, dtype=np.float32):
-        self._touch(("alloc", shape))
-        return super().empty(shape, dtype)
-
-    zeros = empty
-
-    def full(self, shape, value, dtype=np.float32):
-        self._touch(("full", shape))
-        return super().full(shape, value, dtype)
-
-    def asarray(self, a, dtype=None):
-        self._touch(("upload", np.shape(a)))
-        return super().asarray(a, dtype)
-
-    def tile(self, a, reps):
-        self._touch(("tile", a.shape))
-        return super().tile(a, reps)
-
-    def function(self, path, name, device):
-        fn = super().function(path, name, device)
-
-        def run(*a, **kw):
-            self._touch(("launch", name))
-            return fn(*a, **kw)
-        return run
-
-
 @pytest.fixture
 def cp(monkeypatch):
     monkeypatch.setattr(tuned, "tuned", lambda *a: None)
     monkeypatch.setattr(tuned, "tuned_prefill", lambda *a: None)
-    fake = Guarded().install(monkeypatch)
-    fill = FakeArray.fill
-
-    def recorded(self, value):
-        fake._touch(("fill", self.shape))
-        fill(self, value)
-
-    monkeypatch.setattr(FakeArray, "fill", recorded)
-    return fake
+    return Guarded().install(monkeypatch)
 
 
 def _state(cache) -> tuple:

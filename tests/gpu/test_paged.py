@@ -143,6 +143,83 @@ def test_paged_is_bit_exact_with_dense_on_one_sequence(kv, hd, G):
             f"{kv} hd{hd} G{G} decode {plan or 'default plan'}, seed={seed}"
 
 
+GRAPH_OPTIONS = [{}, {"window": (23, 0), "softcap": 1.5}, {"sinks": True}]
+
+
+@pytest.mark.parametrize("kv", _paged_formats())
+@pytest.mark.parametrize("opt", GRAPH_OPTIONS, ids=lambda o: "-".join(o) or "plain")
+def test_paged_decode_replays_in_a_cuda_graph(kv, opt):
+    """Capture PagedKVCache.decode_device once; replaying the graph after each
+    prepare (sequences growing across block boundaries, a padding row) equals the
+    non-graph PagedKVCache.decode of a twin cache on the same inputs, bit for bit.
+    Everything the graph reads is written in the order of the stream it replays on."""
+    import cupy as cp
+
+    from kgen.runtime.paged import PagedKVCache
+
+    g, seed = rng()
+    scales = {"k_scale": 0.5, "v_scale": 0.25} if FORMATS[kv].tensor_scales else {}
+    bs, rows = 16, [37, 15, 1]  # prefilled lengths: 15 and 1 cross a block in the steps
+    R, B = len(rows), len(rows) + 1  # sequences, graph rows (the last is padding)
+    plan = dict(kps=16, splits_cap=4)
+    graphed = PagedKVCache(64, bs, HK, HD, kv=kv, max_blocks_per_seq=8, **scales)
+    direct = PagedKVCache(64, bs, HK, HD, kv=kv, max_blocks_per_seq=8, **scales)
+    direct.free_blocks = list(g.permutation(64).tolist())  # other pages: the same bits
+    sg = [graphed.add() for _ in rows]
+    sd = [direct.add() for _ in rows]
+    n = sum(rows)
+    q0, k0, v0 = _rand(g, n, H, HD), _rand(g, n, HK, HD), _rand(g, n, HK, HD)
+    for c, sids in ((graphed, sg), (direct, sd)):
+        c.prefill(sids, cp.asarray(q0), cp.asarray(k0), cp.asarray(v0), rows)
+    logits = _rand(g, H) * 2 if opt.get("sinks") else None
+    kw = {k: v for k, v in opt.items() if k != "sinks"}
+    graph_kw = dict(kw, sinks=cp.asarray(np.tile(logits, (B, 1)))) if logits is not None \
+        else kw
+    direct_kw = dict(kw, sinks=cp.asarray(logits)) if logits is not None else kw
+
+    meta = graphed.decode_metadata(B, max_seq_len=8 * bs)
+    q = cp.zeros((B, H, HD), cp.float32)
+    kn, vn = cp.zeros((B, HK, HD), cp.float32), cp.zeros((B, HK, HD), cp.float32)
+    out = cp.zeros((B, H, HD), cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()  # the set-up (legacy stream) is done before the stream's
+
+    def step_inputs():
+        qh, kh, vh = _rand(g, B, H, HD), _rand(g, B, HK, HD), _rand(g, B, HK, HD)
+        graphed.prepare(meta, sg, stream=stream)
+        q.set(qh, stream=stream), kn.set(kh, stream=stream), vn.set(vh, stream=stream)
+        with stream:
+            out.fill(np.nan)
+        return qh, kh, vh
+
+    def check(step, qh, kh, vh):
+        stream.synchronize()
+        want = direct.decode(sd, cp.asarray(qh[:R]), cp.asarray(kh[:R]), cp.asarray(vh[:R]),
+                             **plan, **direct_kw).get()
+        got = out.get()[:R]
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+            f"{kv} {opt}: graph step {step} differs from PagedKVCache.decode, seed={seed}"
+        assert [graphed.lengths[s] for s in sg] == [direct.lengths[s] for s in sd]
+
+    # Step 0 outside the capture, validated: loads the kernels, allocates the partials.
+    qh, kh, vh = step_inputs()
+    try:
+        graphed.decode_device(q, kn, vn, meta, out=out, stream=stream, **plan, **graph_kw)
+    except ContractError as exc:
+        pytest.skip(f"no paged {kv} kernel with {opt}: {exc}")
+    check(0, qh, kh, vh)
+    with stream:
+        stream.begin_capture()
+        graphed.decode_device(q, kn, vn, meta, out=out, validate_pos=False, stream=stream,
+                              **plan, **graph_kw)
+        graph = stream.end_capture()
+    for step in range(1, 20):  # every sequence crosses a block boundary on the way
+        qh, kh, vh = step_inputs()
+        graph.launch(stream)
+        check(step, qh, kh, vh)
+    assert all(len(graphed.tables[s]) > -(-n0 // bs) for s, n0 in zip(sg, rows, strict=True))
+
+
 def test_running_out_of_blocks_changes_nothing():
     import cupy as cp
 
