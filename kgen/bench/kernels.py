@@ -744,6 +744,27 @@ def charts(out: Path, record: dict) -> list[str]:
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
         made.append(str(path))
+    goal = [r for r in record.get("decode_goals", ()) if "kv" in r and (r["best"] or r["default"])]
+    if goal:
+        keys = sorted({(r["kv"], r["head_dim"], r["n_head"], r["n_kv"], r["seq"]) for r in goal})
+        fig, ax = plt.subplots(figsize=(9, 0.3 * len(keys) + 1.2))
+        for i, (label, pick) in enumerate((("best kernel and plan", "best"),
+                                           ("default (empty tune store)", "default"))):
+            vals = [100 * next((r["of_roofline"] for r in goal if r[pick] and
+                                (r["kv"], r["head_dim"], r["n_head"], r["n_kv"], r["seq"]) == k),
+                               0.0) for k in keys]
+            ax.barh([j + 0.4 * i for j in range(len(keys))], vals, height=0.4, label=label)
+        ax.set_yticks([j + 0.2 for j in range(len(keys))],
+                      [f"{k[0]} hd{k[1]} {k[2]}/{k[3]} {k[4]}" for k in keys], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("% of the roofline (max of bytes / copy rate, FLOPs / SGEMM rate)")
+        ax.set_title(f"split decode on {record['device']}")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, axis="x")
+        path = out / "decode_goals.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        made.append(str(path))
     bars = {  # section -> (rows to plot, value key, axis label)
         "decode_long": ([r for r in record.get("decode_long", ())
                          if not r["arm"].endswith("split only")], "GBps",
