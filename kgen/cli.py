@@ -302,6 +302,8 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
         elif k.op.value in ("kv_append", "decode_combine"):
             axes += f" pos={k.position.value}" + (f" kv={k.kv.value}" if k.op.value ==
                                                   "kv_append" else "")
+        elif k.op.value == "merge_attn_states":
+            axes += f" lse={k.lse.value}"
         dims = coverage.runs(coverage.head_dims(k))
         print(f"{k.name:<{w}}  {k.module:<14}  {axes}  head_dim {dims}")
     return 0

@@ -11,6 +11,7 @@ from kgen.ir.geometry import (
     block_threads,
     flash_shared_bytes,
     head_dim_step,
+    merge_threads,
     query_tiles,
     tile_threads,
 )
@@ -153,6 +154,8 @@ def _served(k: Kernel, bound: int | None) -> list[int]:
 def _block(k: Kernel, hd: int | None, static: int) -> Block:
     if k.op is Op.QZ_SPLIT or hd is None:
         return Block(None, None, QZ_BLOCK if k.op is Op.QZ_SPLIT else 1, static)
+    if k.op is Op.MERGE_ATTN_STATES:  # a fixed block of warps, a warp per row
+        return Block(hd, None, merge_threads(), static)
     if k.op is not Op.FLASH:  # an append or combine block is head_dim threads
         return Block(hd, None, hd, static)
     g = groups_by_head_dim(k, [hd])[hd]

@@ -11,6 +11,7 @@ from functools import cached_property
 
 from kgen.ir.axes import (
     KStage,
+    Lse,
     Mask,
     Mode,
     Op,
@@ -25,6 +26,7 @@ from kgen.ir.axes import (
     Window,
 )
 from kgen.ir.geometry import (
+    MERGE_ROWS,
     Region,
     ScoreScatter,
     flash_regions,
@@ -171,6 +173,16 @@ class KernelView:
     @property
     def learned_sinks(self) -> bool:
         return self.k.sinks is Sinks.LEARNED
+
+    @property
+    def writes_lse(self) -> bool:
+        """merge_attn_states: the merged LSE is written too (lse = write)."""
+        return self.k.lse is Lse.WRITE
+
+    @property
+    def merge_rows(self) -> int:
+        """merge_attn_states: (token, head) rows of a block, a warp each."""
+        return MERGE_ROWS
 
     @property
     def block_note(self) -> str:

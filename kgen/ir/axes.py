@@ -20,6 +20,8 @@ class Op(StrEnum):
     KV_APPEND = "kv_append"            # write new K/V rows into the cache
     FLASH = "flash"                    # tiled online-softmax attention
     DECODE_COMBINE = "decode_combine"  # merge split-decode partials
+    MERGE_ATTN_STATES = "merge_attn_states"  # the engine's MergeAttnStates: two partial
+    #                                          results over disjoint keys, by their LSEs
 
 
 class Mode(StrEnum):
@@ -105,6 +107,11 @@ class StreamLoads(StrEnum):
     #                      unconditional and in flight before the first is used
 
 
+class Lse(StrEnum):
+    NONE = "none"    # the merge writes the output only (the engine's output_lse = none)
+    WRITE = "write"  # it also writes the merged log-sum-exp, [n_head][n_tokens]
+
+
 class RingFloor(StrEnum):
     NONE = "none"    # the fp16 window ring is trusted for every recent key
     BATCH = "batch"  # keys lapped by later rows of the same batch fall back to the body
@@ -174,6 +181,8 @@ KEYS: dict[str, Key] = {
     "micro_keys": Key(int, 4, FLASH, "query_tile: keys of a thread's score patch"),
     "qtile_loads": Key(QtileLoads, QtileLoads.SCALAR, FLASH, "query_tile: the width of "
                        "its shared-memory loads (scalar, or vec4: float4 along head_dim)"),
+    "lse": Key(Lse, Lse.NONE, frozenset({Op.MERGE_ATTN_STATES}), "whether the merged "
+               "log-sum-exp is written too (output_lse), or not (none)"),
 }
 
 

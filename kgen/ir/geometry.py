@@ -250,3 +250,20 @@ def score_scatter(k: Kernel) -> ScoreScatter:
     bl = min(bp, nr)
     return ScoreScatter(bp, n, nr, ns, bl, nr // bl, offs[:cut], offs[cut:],
                         tuple((1 << ns) << e for e in range(6) if 1 << e < bp // bl))
+
+
+# ---- op = merge_attn_states (templates/kernels/merge_attn_states.cu.j2) --------------
+# Row r = token * n_head + head of the [n_tokens][n_head][head_dim] outputs is merged by
+# one warp (its lanes along head_dim, 32 dims a step, coalesced); a block is MERGE_ROWS
+# warps, the 1-D grid covers every row, whatever head_dim is.
+MERGE_ROWS = 4
+
+
+def merge_threads() -> int:
+    """Threads of a merge block: MERGE_ROWS warps."""
+    return MERGE_ROWS * TARGET.warp
+
+
+def merge_grid(n_tokens: int, n_head: int) -> tuple[int, int, int]:
+    """The grid of a merge over n_tokens x n_head rows: a warp per row."""
+    return (-(-n_tokens * n_head // MERGE_ROWS), 1, 1)

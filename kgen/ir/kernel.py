@@ -13,6 +13,7 @@ from kgen.errors import SourcePos
 from kgen.formats import KvFormat, KvFormatName
 from kgen.ir.axes import (
     KStage,
+    Lse,
     Mask,
     Mode,
     Op,
@@ -65,6 +66,7 @@ class Kernel:
     micro_keys: int
     qtile_loads: QtileLoads
     stream_loads: StreamLoads
+    lse: Lse
     budgets: tuple[ExpectResource, ...] = ()
     relations: tuple[ExpectRelation, ...] = ()
     lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 INT_MAX = 2**31 - 1  # the largest C int the kernels take
+INT_MIN = -(2**31)   # the least
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ PARAMS = _table(
           "hold k / k_scale)"),
     Param("v_scale", float, 1.0, 1.0, 0, positive=True, doc="per-tensor V scale (rows "
           "hold v / v_scale)"),
+    Param("prefill_tokens_with_context", int, -1, -1, INT_MIN, INT_MAX, doc="merge: tokens "
+          "at this index and past it take the suffix verbatim; < 0: every token merges"),
 )
 
 NO_WINDOW = (PARAMS["win_left"].neutral, PARAMS["win_right"].neutral)  # (left, right)

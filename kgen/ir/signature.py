@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.ir.axes import Mode, Op, Position, Schedule, Sinks, SoftCap, Window
+from kgen.ir.axes import Lse, Mode, Op, Position, Schedule, Sinks, SoftCap, Window
 from kgen.ir.kernel import Kernel
 
 # NumPy dtypes of the element types of the arrays every kernel of an op takes; a KV
@@ -127,4 +127,9 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _position(k, _p("int", "n_splits"))
         if k.position is not Position.HOST:
             out += _p("int", "kps", "splits_cap")
+    elif k.op is Op.MERGE_ATTN_STATES:  # the engine's argument order and names
+        out += _p("float *", "output", *(["output_lse"] if k.lse is Lse.WRITE else []))
+        out += _p("const float *", "prefix_output", "prefix_lse", "suffix_output",
+                  "suffix_lse")
+        out += _p("int", "n_tokens", "n_head", "head_dim", "prefill_tokens_with_context")
     return tuple(out)

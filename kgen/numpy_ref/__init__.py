@@ -6,6 +6,8 @@
 * :mod:`.attention` -- prefill, decode split partials and combine, in float64
   over the exact key set the kernels attend (whole tiles of the kernel's
   ``tile_keys``).
+* :mod:`.merge` -- the engine's MergeAttnStates (two partial results merged by
+  their LSEs), from the doc's formulas.
 
 GPU tests compare the kernels against these functions: bytes exactly for the
 cache, float64 values within a tolerance for attention.
@@ -48,6 +50,7 @@ from .cache import (
     read_kv_rows,
     shadow_source,
 )
+from .merge import merge_attn_states
 from .paged import PagedCache, dense, slots_of
 
 __all__ = [
@@ -56,6 +59,7 @@ __all__ = [
     "append", "append_dev", "append_rows", "append_slots", "attended_keys", "combine",
     "decode_attention", "decode_attention_slots", "decode_partials", "decode_partials_slots",
     "decode_plan", "exact_keys", "fill", "key_mask", "keys_scored_per_tile",
+    "merge_attn_states",
     "nominal_window_keys", "prefill_attention", "soft_cap",
     "prefill_attention_cache", "prefill_attention_rows", "prefill_live_floor", "qz_split",
     "read_kv_rows", "shadow_source", "split_bounds", "tile_in_window",

@@ -13,10 +13,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kgen.ir.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
+from kgen.ir.axes import KStage, Lse, Mode, Op, Position, Sinks, SoftCap, VStage, Window
 from kgen.ir.geometry import (
+    MERGE_ROWS,
     block_threads,
     flash_shared_bytes,
+    merge_grid,
+    merge_threads,
     out_cols,
     padded,
     prefill_grid,
@@ -82,7 +85,7 @@ def _grid(c: Checker, grid: tuple[int, int, int]) -> tuple[int, int, int]:
 def bind(k: Kernel, a: dict) -> Launch:
     """Check ``a`` (argument name -> value) against ``k``'s contracts; build the Launch."""
     binder = {Op.QZ_SPLIT: _qz_split, Op.KV_APPEND: _kv_append, Op.FLASH: _flash,
-              Op.DECODE_COMBINE: _combine}[k.op]
+              Op.DECODE_COMBINE: _combine, Op.MERGE_ATTN_STATES: _merge}[k.op]
     if k.position is Position.PAGED:
         binder = _paged_append if k.op is Op.KV_APPEND else _paged_flash
     expected = {p.name for p in params(k)}
@@ -343,6 +346,8 @@ def shape_error(k: Kernel, head_dim: int, groups: int = 1) -> ContractError | No
             check_append_shape(k, c, head_dim)
         elif k.op is Op.DECODE_COMBINE:
             check_combine_shape(k, c, head_dim)
+        elif k.op is Op.MERGE_ATTN_STATES:  # a warp per row strides any head_dim
+            c.require(head_dim >= 1, "shape", lambda: f"head_dim = {head_dim}: nothing to merge")
         else:
             _head_dim(k, c, head_dim, rows=False)
     except ContractError as exc:
@@ -513,6 +518,40 @@ def _combine(k: Kernel, c: Checker, a: dict):
     c.require(a["acc_in"].size >= heads * width * hd, "partials size",
               lambda: f"acc_in needs {heads * width * hd} floats")
     return (heads, 1, 1), (hd, 1, 1), 0, values
+
+
+# ---- merge_attn_states -------------------------------------------------------------
+# The engine's MergeAttnStates: output, prefix_output and suffix_output are
+# [n_tokens][n_head][head_dim] f32; prefix_lse, suffix_lse (and output_lse, lse = write)
+# [n_head][n_tokens] f32, every array C-contiguous. A warp merges one (token, head) row.
+
+MERGE_LSES = ("prefix_lse", "suffix_lse")
+
+
+def _merge(k: Kernel, c: Checker, a: dict):
+    out = a["output"]
+    c.array("output", out, np.float32, 3)
+    T, H, D = (int(x) for x in out.shape)
+    c.require(T >= 1 and H >= 1 and D >= 1, "shape",
+              lambda: f"output has shape {(T, H, D)}: nothing to merge")
+    for name in ("prefix_output", "suffix_output"):
+        c.array(name, a[name], np.float32, 3)
+        c.shape(name, a[name], (T, H, D))
+    lses = (*MERGE_LSES, "output_lse") if k.lse is Lse.WRITE else MERGE_LSES
+    for name in lses:
+        x = a[name]
+        c.array(name, x, np.float32, 2)
+        c.require(tuple(x.shape) == (H, T), "lse layout",
+                  lambda x=x, name=name: f"{name} has shape {tuple(x.shape)}; the LSE layout is "
+                  f"[n_head][n_tokens] = {(H, T)}" + (" (this is [n_tokens][n_head]: pass its "
+                                                      "transpose, made contiguous)"
+                                                      if tuple(x.shape) == (T, H) else ""))
+    c.require(T * H <= INT_MAX - MERGE_ROWS, "int32 index",
+              lambda: f"{T} tokens x {H} heads overflow the kernel's int row index")
+    values = {name: a[name] for name in ("output", *lses, "prefix_output", "suffix_output")}
+    values.update(n_tokens=T, n_head=H, head_dim=D,
+                  prefill_tokens_with_context=_param(c, a, "prefill_tokens_with_context"))
+    return merge_grid(T, H), (merge_threads(), 1, 1), 0, values
 
 
 # ---- paged caches (position = paged) --------------------------------------------------

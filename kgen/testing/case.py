@@ -15,7 +15,7 @@ class Case:
     """One launch shape. Unused fields are ignored by ops that do not read them."""
 
     name: str
-    n: int = 1                 # query/append rows (prefill, append) or slots
+    n: int = 1                 # query/append rows (prefill, append), slots or merge tokens
     n_head: int = 8
     n_head_kv: int = 2
     head_dim: int = 256
@@ -38,6 +38,8 @@ class Case:
     kps: int = 64
     cap: int = 8
     n_splits: int = 3          # combine only
+    prefill_tokens_with_context: int = -1  # merge: tokens from here on take the suffix
+    lse_pattern: str = "random"  # merge: the LSEs (kgen.testing.gpu.MERGE_LSE_PATTERNS)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:

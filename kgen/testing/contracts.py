@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
+from kgen.ir.axes import KStage, Lse, Mode, Op, Position, Sinks, SoftCap, VStage, Window
 from kgen.ir.geometry import (
     block_threads,
     flash_shared_bytes,
@@ -29,6 +29,7 @@ from kgen.runtime.contracts import ContractError
 from kgen.testing.case import Case
 from kgen.testing.keywords import options
 
+_MERGE = Op.MERGE_ATTN_STATES
 # The attention scalars every valid flash argument set passes: the plain path.
 _NEUTRAL = {name: PARAMS[name].neutral for name in ("attn_sink", "scale")}
 
@@ -50,6 +51,10 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
         if k.fmt.tensor_scales:
             a.update(k_scale=case.k_scale, v_scale=case.v_scale)
         return a
+    if k.op is Op.MERGE_ATTN_STATES:
+        from kgen.testing.merge import host_args as merge_args
+
+        return merge_args(k, case, z)
     if k.op is Op.QZ_SPLIT:
         return dict(qg=z((case.n, case.n_head, 2 * hd), f32), q=z((case.n, case.n_head, hd), f32),
                     z=z((case.n, case.n_head, hd), f32))
@@ -200,7 +205,7 @@ def _strided(a, k, case):
 
 def _first_array(k):
     return {Op.QZ_SPLIT: "q", Op.KV_APPEND: "k_new", Op.FLASH: "q",
-            Op.DECODE_COMBINE: "out"}[k.op]
+            Op.DECODE_COMBINE: "out", Op.MERGE_ATTN_STATES: "output"}[k.op]
 
 
 def _non_contiguous(k, case):
@@ -256,6 +261,8 @@ def _int_scalar(k) -> str | None:
         return "kps" if k.op is Op.FLASH and k.mode is Mode.DECODE else None
     if k.position is not Position.HOST:
         return "kps" if k.op is not Op.KV_APPEND else None
+    if k.op is Op.MERGE_ATTN_STATES:
+        return "prefill_tokens_with_context"
     return "n_splits" if k.op is Op.DECODE_COMBINE else None
 
 
@@ -291,7 +298,7 @@ MUTATIONS: dict[str, Mutation] = {
     "sinks_wrong_size": Mutation("shape", lambda k: k.sinks is Sinks.LEARNED and
                                  k.op in (Op.FLASH, Op.DECODE_COMBINE), lambda k, c: {
                                      **host_args(k, c), "sinks": np.zeros(1, np.float32)}),
-    "head_dim_over_block": Mutation("block size", lambda k: k.op is not Op.QZ_SPLIT
+    "head_dim_over_block": Mutation("block size", lambda k: k.op not in (Op.QZ_SPLIT, _MERGE)
                                     and not (_flash(k) and query_tiles(k)), _big_head_dim),
     "head_dim_over_tile": Mutation(
         "head_dim range", lambda k: _over_tile_width(k) is not None,
@@ -398,6 +405,65 @@ MUTATIONS: dict[str, Mutation] = {
         lambda k, c: {**host_args(k, c), **({"acc_out": np.zeros(8, np.float32)} if _flash(k)
                                             else {"acc_in": np.zeros(8, np.float32)})}),
 }
+
+
+# ---- merge_attn_states: outputs [T][H][Dv] alike, LSEs [H][T] ---------------------------
+
+def _merging(k):
+    return k.op is _MERGE
+
+
+def _merge_set(name, value_fn, **case_kw):
+    """The merge's arguments (at ``case_kw``, a case with n_tokens != n_head, so a
+    transposed LSE is told apart) with ``name`` replaced by value_fn(its array, case)."""
+    def make(k, case):
+        c = case.with_(**{"n": 5, "n_head": 3, **case_kw})
+        a = host_args(k, c)
+        a[name] = value_fn(a[name], c)
+        return a
+    return make
+
+
+def _transposed(a, c):
+    return np.zeros(a.shape[::-1], a.dtype)
+
+
+MUTATIONS.update({
+    "merge_prefix_lse_transposed": Mutation("lse layout", _merging, _merge_set(
+        "prefix_lse", _transposed)),
+    "merge_suffix_lse_transposed": Mutation("lse layout", _merging, _merge_set(
+        "suffix_lse", _transposed)),
+    "merge_output_lse_transposed": Mutation(
+        "lse layout", lambda k: _merging(k) and k.lse is Lse.WRITE,
+        _merge_set("output_lse", _transposed)),
+    "merge_lse_flat": Mutation("shape", _merging, _merge_set(
+        "prefix_lse", lambda a, c: np.zeros(a.size, a.dtype))),
+    "merge_lse_tokens_mismatch": Mutation("lse layout", _merging, _merge_set(
+        "suffix_lse", lambda a, c: np.zeros((a.shape[0], a.shape[1] + 1), a.dtype))),
+    "merge_lse_dtype": Mutation("dtype", _merging, _merge_set(
+        "suffix_lse", lambda a, c: a.astype(np.float64))),
+    "merge_lse_non_contiguous": Mutation("contiguous", _merging, _merge_set(
+        "prefix_lse", lambda a, c: np.zeros((a.shape[0], 2 * a.shape[1]), a.dtype)[:, ::2])),
+    "merge_output_lse_dtype": Mutation(
+        "dtype", lambda k: _merging(k) and k.lse is Lse.WRITE,
+        _merge_set("output_lse", lambda a, c: a.astype(np.float16))),
+    "merge_head_dim_mismatch": Mutation("shape", _merging, _merge_set(
+        "suffix_output", lambda a, c: np.zeros((*a.shape[:2], a.shape[2] + 1), a.dtype))),
+    "merge_tokens_mismatch": Mutation("shape", _merging, _merge_set(
+        "prefix_output", lambda a, c: np.zeros((a.shape[0] + 1, *a.shape[1:]), a.dtype))),
+    "merge_heads_mismatch": Mutation("shape", _merging, _merge_set(
+        "prefix_output", lambda a, c: np.zeros((a.shape[0], a.shape[1] + 1, a.shape[2]),
+                                               a.dtype))),
+    "merge_suffix_non_contiguous": Mutation("contiguous", _merging, _merge_set(
+        "suffix_output", lambda a, c: _strided(a, None, c))),
+    "merge_suffix_not_an_array": Mutation("array", _merging, _merge_set(
+        "suffix_output", lambda a, c: a.tolist())),
+    "merge_no_tokens": Mutation("shape", _merging, _args_with(n=0)),
+    "merge_int32_rows": Mutation("int32 index", _merging, lambda k, c: host_args(
+        k, c.with_(n=2**27, n_head=16, head_dim=1), alloc=ShapeOnly)),
+    "merge_prefill_tokens_over_int": Mutation("range", _merging, lambda k, c: {
+        **host_args(k, c), "prefill_tokens_with_context": INT_MAX + 1}),
+})
 
 
 def mutations_for(k: Kernel) -> list[str]:

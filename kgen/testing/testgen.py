@@ -92,6 +92,39 @@ COMBINE = [
     Case("h8_s8", n_head=8, head_dim=128, n_splits=8, seq_len=1000, kps=64, cap=8),
 ]
 
+# merge_attn_states: n tokens, n_head heads, head_dim = Dv (the engine's 128 and 512, and
+# head sizes that are no whole warps or batches of four dims a lane); rows (token, head)
+# that fill no whole block; prefill_tokens_with_context -1, 0, T / 2 and T; the LSE
+# patterns of kgen.testing.merge (edges: both -inf, +inf, one side empty, differences
+# whose exp underflows, magnitudes near 1e4).
+MERGE = [
+    Case("t1_h1_dv128", n=1, n_head=1, head_dim=128),
+    Case("t1_h128_dv128_ctx0_edges", n=1, n_head=128, head_dim=128,
+         prefill_tokens_with_context=0, lse_pattern="edges"),
+    Case("t37_h3_dv128", n=37, n_head=3, head_dim=128),
+    Case("t37_h3_dv128_ctx18_edges", n=37, n_head=3, head_dim=128,
+         prefill_tokens_with_context=18, lse_pattern="edges"),
+    Case("t64_h16_dv128_ctx64_wide", n=64, n_head=16, head_dim=128,
+         prefill_tokens_with_context=64, lse_pattern="wide"),
+    Case("t33_h128_dv128_ctx16_edges", n=33, n_head=128, head_dim=128,
+         prefill_tokens_with_context=16, lse_pattern="edges"),
+    Case("t1000_h1_dv128_wide", n=1000, n_head=1, head_dim=128, lse_pattern="wide"),
+    Case("t1_h16_dv512_ctx1", n=1, n_head=16, head_dim=512, prefill_tokens_with_context=1),
+    Case("t1_h128_dv512_edges", n=1, n_head=128, head_dim=512, lse_pattern="edges"),
+    Case("t37_h3_dv512_ctx0", n=37, n_head=3, head_dim=512, prefill_tokens_with_context=0),
+    Case("t50_h5_dv512_ctx25_wide", n=50, n_head=5, head_dim=512,
+         prefill_tokens_with_context=25, lse_pattern="wide"),
+    Case("t9_h7_dv512_ctx9_edges", n=9, n_head=7, head_dim=512,
+         prefill_tokens_with_context=9, lse_pattern="edges"),
+    Case("t301_h16_dv512_ctx150_wide", n=301, n_head=16, head_dim=512,
+         prefill_tokens_with_context=150, lse_pattern="wide"),
+    Case("t33_h128_dv512_edges", n=33, n_head=128, head_dim=512, lse_pattern="edges"),
+    Case("t7_h2_dv40_edges", n=7, n_head=2, head_dim=40, lse_pattern="edges"),
+    Case("t5_h3_dv100_ctx2", n=5, n_head=3, head_dim=100, prefill_tokens_with_context=2),
+    Case("t6_h5_dv576_ctx_past_t", n=6, n_head=5, head_dim=576,
+         prefill_tokens_with_context=1000, lse_pattern="edges"),
+]
+
 
 PAGED_APPEND = [
     Case("n7_block4", n=7, n_head_kv=2, head_dim=256, block_size=4),
@@ -150,6 +183,8 @@ def candidates(k: Kernel) -> list[Case]:
                 Position.SLOTS: APPEND_SLOTS}[k.position]
     if k.op is Op.DECODE_COMBINE:
         return COMBINE
+    if k.op is Op.MERGE_ATTN_STATES:
+        return MERGE
     if k.mode is Mode.PREFILL:
         return PREFILL + query_tile_cases(k) if query_tiles(k) else PREFILL
     return DECODE_SLOTS if k.position is Position.SLOTS else DECODE
@@ -186,6 +221,10 @@ def required(k: Kernel) -> list[Case]:
         n = 1 if k.position is Position.DEVICE else 3
         return [Case(f"hd{hd}_smallest", n=n, n_head_kv=2, head_dim=hd, max_seq=16, pos0=2,
                      positions=(2,) if k.position is Position.DEVICE else (), sink=4, win=8)]
+    if k.op is Op.MERGE_ATTN_STATES:  # one dim a row, the edges over a partial block
+        return [Case(f"hd{hd}_smallest", n=3, n_head=5, head_dim=hd, lse_pattern="edges"),
+                Case(f"hd{hd}_smallest_ctx1", n=3, n_head=1, head_dim=hd,
+                     prefill_tokens_with_context=1)]
     if k.op is Op.DECODE_COMBINE:
         base = Case(f"hd{hd}_smallest", n_head=3, head_dim=hd, n_splits=2, seq_len=2 * T + 3,
                     kps=T, cap=4)
