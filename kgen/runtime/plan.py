@@ -25,7 +25,8 @@ DEFAULT_KPS, DEFAULT_SPLITS_CAP = 256, 16
 # thread and wants 8 blocks of 128 threads an SM (within 1.03x of its best plan on
 # geometric mean, 1.18x at worst); a hoisted warp_stream unit keeps 4 keys in flight
 # and wants 256 threads (1.02x mean, 1.44x worst: head_dim 128 at 8 kv heads would take
-# twice the splits, head_dim 256 at 2 kv heads half). Both numbers are launch arguments,
+# twice the splits, head_dim 256 at 2 kv heads half). The cap rounds down, so the
+# blocks of a long context fill whole waves. Both numbers are launch arguments,
 # so the device-position kernels follow the context the same way in a graph replay;
 # a single split (batch-invariant runs) is splits_cap = 1.
 PLAN_RULES = {Schedule.BLOCK_TILE: (16, 1024), Schedule.WARP_STREAM: (64, 256)}
@@ -39,7 +40,9 @@ def default_plan(sm_count: int, n_head_kv: int, block_threads: int,
         raise ValueError(f"default_plan needs positive SM, kv head and thread counts; got "
                          f"{sm_count}, {n_head_kv}, {block_threads}")
     min_kps, per_sm = PLAN_RULES[schedule]
-    return min_kps, max(1, -(-per_sm * sm_count // (n_head_kv * block_threads)))
+    # Rounded down: one more split than fits puts a few blocks in a second wave (at
+    # head_dim 256 with 8 kv heads on the H200, 17 splits took 263 us, 16 took 157).
+    return min_kps, max(1, per_sm * sm_count // (n_head_kv * block_threads))
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def test_the_tuned_plan_is_asked_every_step(cp, full_steps, monkeypatch):
     # the decode kernel's block: PLAN_RULES of its schedule over HK kv heads.
     k = cache.kernels.get("decode", H // HK)[0]
     min_kps, per_sm = plan.PLAN_RULES[k.schedule]
-    derived = (min_kps, -(-per_sm * 13 // (HK * block_threads(k, cache.head_dim))))
+    derived = (min_kps, max(1, per_sm * 13 // (HK * block_threads(k, cache.head_dim))))
     for pos in (7, 8):
         cache.decode(q, k1, v1, pos)
         assert cache.last_plan == (*derived, "default")
