@@ -372,8 +372,9 @@ class KVCache:
         every launch argument and grid is position-invariant. ``pos_dev``: int32 [1];
         ``out``: float32 [n_head][head_dim], or None for a new one. Every launch is
         checked before the first runs; with ``validate_pos`` (a device-to-host read)
-        that includes the position, without it (in a graph capture, say) the caller
-        keeps it in [0, max_seq)."""
+        that includes the position, and ``length`` advances past it as decode's does;
+        without it (in a graph capture, say) the caller keeps it in [0, max_seq) and
+        the host does not know it: ``length`` stays."""
         G = self._check_decode(q, k_new, v_new)
         opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
         kps, splits_cap = self.plan(G, kps, splits_cap, opts)
@@ -389,8 +390,11 @@ class KVCache:
         if type(validate_pos) is not bool:
             raise ContractError("KVCache", "type", "validate_pos must be True or False, not "
                                 f"{validate_pos!r}")
-        return self._device_step(q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
-                                 validate_pos, stream)
+        out = self._device_step(q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
+                                validate_pos, stream)
+        if validate_pos:  # the check read it already: the position is known and checked
+            self.length = max(self.length, int(np.asarray(pos_dev.get())[0]) + 1)
+        return out
 
     def _device_step(self, q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
                      validate_pos, stream, calls: list | None = None):

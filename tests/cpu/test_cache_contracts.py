@@ -427,7 +427,12 @@ def test_slot_refuses_an_unknown_prefill_kernel(cp, slots):
 def test_accepted_calls_still_launch_and_advance(cp, dense, paged, slots):
     """The checks run first; the launches and the state changes then happen as before."""
     first = len(cp.launched)
+    before = dense.length
+    dense.decode_device(cp.empty((H, HD)), _rows(cp, 1), _rows(cp, 1), _pos(12),
+                        validate_pos=False)
+    assert dense.length == before  # unread: the host does not know the position
     dense.decode_device(cp.empty((H, HD)), _rows(cp, 1), _rows(cp, 1), _pos(10))
+    assert dense.length == max(before, 11)  # read by the check: length follows, as decode
     out = dense.decode(cp.empty((H, HD)), _rows(cp, 1), _rows(cp, 1), 10)
     assert out.shape == (H, HD) and dense.length == 11 and dense._pos.host.tolist() == [10]
     got = paged.decode([0, 1], cp.empty((2, H, HD)), _rows(cp, 2), _rows(cp, 2),
@@ -439,4 +444,4 @@ def test_accepted_calls_still_launch_and_advance(cp, dense, paged, slots):
     assert slots.decode(cp.empty((3, H, HD)), _rows(cp, 3), _rows(cp, 3), [1, 2, 3]).shape \
         == (3, H, HD)
     names = [x[0] for x in cp.launched[first:]]
-    assert len(names) == 3 + 3 + 3 + 1 + 3 and all("validate" not in n for n in names)
+    assert len(names) == 3 + 3 + 3 + 3 + 1 + 3 and all("validate" not in n for n in names)
