@@ -4,7 +4,7 @@ coverage without a GPU: `kgen list --json`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from kgen.ir.axes import KStage, Op, VStage
 from kgen.ir.geometry import (
@@ -18,6 +18,7 @@ from kgen.ir.geometry import (
 from kgen.ir.kernel import Kernel
 from kgen.ir.target import TARGET
 from kgen.runtime.bind import QZ_BLOCK, shape_refusal
+from kgen.runtime.record import Built
 from kgen.toolchain.resources import Resources
 
 
@@ -72,7 +73,11 @@ def occupancy(k: Kernel, resources: dict, dims: list[int]) -> dict:
 
 def limits(k: Kernel, resources: dict | None = None) -> dict:
     """The shape limits of one kernel, as data; with ptxas's ``resources`` for it, its
-    registers, stack frame and sm_37 occupancy too."""
+    registers, stack frame and sm_37 occupancy too, and the head_dims its registers
+    leave it (the launch contract ``block registers`` weighs them)."""
+    if resources is not None and resources.get("registers") is not None:
+        k = Built(**{f.name: getattr(k, f.name) for f in fields(Kernel)},
+                  registers=int(resources["registers"]))
     dims = head_dims(k)
     out: dict = {"head_dims": dims}
     if k.op is Op.FLASH:
