@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kgen import __version__
 from kgen.compiler.coverage import block_misfit
+from kgen.compiler.cpp_api import render_cpp_api
 from kgen.compiler.golden import Golden, golden_files, load_golden
 from kgen.compiler.render import (
     Module,
@@ -50,7 +51,7 @@ from kgen.errors import KgenError, SpecError, ToolError
 from kgen.ir.kernel import Kernel
 from kgen.ir.pyapi import py_args
 from kgen.ir.target import TARGET
-from kgen.runtime import manifest
+from kgen.runtime import manifest, record
 from kgen.runtime.record import axes_of
 from kgen.toolchain import compile, elf, ptx_entries, resources, sass_listing
 from kgen.toolchain.cache import Cache, sha256
@@ -515,6 +516,11 @@ def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context) -> dict[str, 
     embedded = [(e.module, e.name, fatbins[e.name]) for e in entries.values()
                 if embed is None or e.module in embed]
     files[C_HEADER] = render_c_header(embedded, s.templates, ctx.cache_dir).encode()
+    built = [(record.kernel(e.name, e.axes, e.resources), e.fatbin, e.spec)
+             for e in entries.values()]
+    for name, text in render_cpp_api(built, [n for _, n, _ in embedded], C_HEADER,
+                                     s.templates, ctx.cache_dir).items():
+        files[name] = text.encode()
     files[manifest.MANIFEST] = manifest.dump(manifest.Manifest(
         s.generated, f"kgen {__version__}", dict(ctx.toolchain.versions), entries, C_HEADER,
         tuple(sorted({m for m, _, _ in embedded}))))

@@ -1,0 +1,228 @@
+"""The C++ host API (generated/kgen_launch.hpp, kgen_launch.cpp): per kernel, its
+argument struct, its launch contracts and geometry, and a launch through the CUDA
+driver API (templates/c/kgen_launch.*.j2).
+
+What the C++ side needs of a kernel is asked here of the same Python sources the
+runtime asks: the parameter list (``kgen.ir.signature.params``), the launcher's
+arguments (``kgen.ir.pyapi.py_args``), the optional scalars (``kgen.ir.params``),
+the target's limits (``kgen.ir.target``) and the geometry (``kgen.ir.geometry``).
+The geometry functions are not ported: each is *evaluated* with symbolic
+arguments (:class:`Sym`), so the C++ expression of a kernel's block size, shared
+memory, cache row width and prefill grid is the Python function's own arithmetic.
+The contract rules themselves (``kgen.runtime.bind``) are Python control flow; they
+are ported once, by hand, into the template's ``detail`` namespace, in the same
+order with the same contract names and messages (tests/toolchain/test_tc_cpp_api.py
+compares both answers on every mutation of ``kgen.testing.contracts``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kgen import __version__
+from kgen.formats.base import SHADOW_SCALARS
+from kgen.ir import geometry as geo
+from kgen.ir.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
+from kgen.ir.params import INT_MAX, PARAMS
+from kgen.ir.pyapi import py_args
+from kgen.ir.signature import params
+from kgen.ir.target import TARGET
+from kgen.runtime.bind import REGISTERS
+from kgen.runtime.record import Built
+
+HEADER = "kgen_launch.hpp"
+SOURCE = "kgen_launch.cpp"
+
+
+class Sym:
+    """An integer expression in C++ (int64_t), built by running a Python geometry
+    function on it. Only the arithmetic the geometry uses is defined: anything else
+    (a comparison, a float) raises, so a function that branches on its argument
+    cannot be silently mistranslated."""
+
+    def __init__(self, expr: str):
+        self.expr = expr
+
+    @staticmethod
+    def _c(v) -> str:
+        if isinstance(v, Sym):
+            return v.expr
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"not an integer expression: {v!r}")
+        return f"INT64_C({v})" if abs(v) > 2**31 - 1 else str(v)
+
+    def _bin(self, op: str, a, b) -> Sym:
+        return Sym(f"({self._c(a)} {op} {self._c(b)})")
+
+    def __add__(self, o):
+        return self if not isinstance(o, Sym) and o == 0 else self._bin("+", self, o)
+
+    def __radd__(self, o):
+        return self if not isinstance(o, Sym) and o == 0 else self._bin("+", o, self)
+
+    def __sub__(self, o):
+        return self._bin("-", self, o)
+
+    def __rsub__(self, o):
+        return self._bin("-", o, self)
+
+    def __mul__(self, o):
+        return self._bin("*", self, o)
+
+    def __rmul__(self, o):
+        return self._bin("*", o, self)
+
+    def __floordiv__(self, o):  # Python's floor division, not C's truncation
+        return Sym(f"fdiv({self._c(self)}, {self._c(o)})")
+
+    def __rfloordiv__(self, o):
+        return Sym(f"fdiv({self._c(o)}, {self._c(self)})")
+
+    def __neg__(self):
+        return Sym(f"(-{self.expr})")
+
+    def __bool__(self):
+        raise TypeError("a symbolic geometry argument cannot be branched on")
+
+    def __eq__(self, o):
+        raise TypeError("a symbolic geometry argument cannot be compared")
+
+    __hash__ = None
+
+
+def expr(v) -> str:
+    return Sym._c(v)
+
+
+HD, G, N = Sym("hd"), Sym("G"), Sym("n")
+
+
+# The arguments the hand-written port in templates/c/kgen_launch.cpp.j2 names, whatever
+# kernels a build holds (a build of one spec file may have no kernel taking some).
+ALWAYS = {
+    **{n: "tensor" for n in (
+        "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "sinks",
+        "m_out", "l_out", "acc_out", "m_in", "l_in", "acc_in", "block_table", "seq_lens",
+        "query_start_loc", "slot_mapping", "pos", "k_new", "v_new", "qg", "z")},
+    **{n: "int" for n in (
+        "sink", "win", "kv_groups", "head_dim", "block_size", "max_blocks", "num_reqs", "kps",
+        "splits_cap", "max_seq", "seq_len", "n_splits", "split_len", "pos0", "n_rows",
+        "n_head_kv", "total", "launch_splits", "max_seq_len")},
+    **{n: ("int" if p.kind is int else "float") for n, p in PARAMS.items()},
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One argument of any kernel: an array (a Tensor), an int or a float."""
+
+    name: str
+    kind: str  # "tensor", "int", "float"
+
+
+def _fields(kernels) -> list[Field]:
+    """Every argument name of every kernel (kernel parameters and launcher-only
+    scalars), sorted: the generic Args' slots."""
+    seen: dict[str, str] = {}
+    for k in kernels:
+        for p in params(k):
+            seen[p.name] = "tensor" if p.is_pointer else ("float" if p.ctype == "float"
+                                                           else "int")
+        for a in py_args(k)[1]:
+            if a.name in ("launch_splits", "max_seq_len"):
+                seen[a.name] = "int"
+    seen.update({n: kind for n, kind in ALWAYS.items() if n not in seen})
+    return [Field(n, seen[n]) for n in sorted(seen) if n != "validate_pos"]
+
+
+def _cpp_default(name: str, ann: str, default: str | None) -> str | None:
+    """A launcher scalar's default as C++ (None: required)."""
+    if name in SHADOW_SCALARS:  # bind: a.get(name, 0)
+        return "0"
+    if default is None:
+        return None
+    if default == "None":
+        return "std::nullopt"
+    p = PARAMS.get(name)
+    if p is not None and p.kind is float:
+        return repr(float(p.default))
+    return default
+
+
+def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
+    fmt = k.fmt
+    flash = k.op is Op.FLASH
+    cache = k.op in (Op.FLASH, Op.KV_APPEND)
+    arrays, scalars = py_args(k)
+    args = [{"name": a.name, "kind": "tensor", "default": None} for a in arrays]
+    for a in scalars:
+        if a.name == "validate_pos":  # the C++ host reads no device memory
+            continue
+        kind = "float" if a.annotation.startswith("float") else "int"
+        args.append({"name": a.name, "kind": kind,
+                     "default": _cpp_default(a.name, a.annotation, a.default)})
+    for a in args:
+        a["ctype"] = {"tensor": "Tensor", "int": "std::int64_t", "float": "double"}[a["kind"]]
+        if a["default"] == "std::nullopt":
+            a["ctype"] = f"std::optional<{a['ctype']}>"
+    pl = [{"name": p.name, "kind": "tensor" if p.is_pointer else
+           ("float" if p.ctype == "float" else "int")} for p in params(k)]
+    v = {
+        "name": k.name, "index": index, "module": k.module, "spec": spec, "fatbin": fatbin,
+        "doc": k.doc.replace("*/", "* /"), "args": args, "params": pl,
+        "op": k.op.name, "mode": k.mode.name, "position": k.position.name,
+        "fmt_name": fmt.name, "fmt_block": fmt.block,
+        "fmt_shadows": fmt.shadows, "fmt_append_staging": fmt.append_staging,
+        "fmt_append_wraps": fmt.append_wraps, "fmt_tensor_scales": fmt.tensor_scales,
+        "sink_rows": k.sink_rows, "ring_rows": k.ring_rows, "max_head_dim": k.max_head_dim,
+        "max_groups": k.max_groups, "rows_per_block": k.rows_per_block,
+        "tile_keys": k.tile_keys, "tile_rows": k.tile_rows, "dot_lanes": k.dot_lanes,
+        "kreg_max_chunk": k.kreg_max_chunk,
+        "k_registers": k.k_stage is KStage.REGISTERS,
+        "v_shared_q4": k.v_stage is VStage.SHARED_Q4,
+        "window_exact": k.window is Window.EXACT, "softcap": k.softcap is SoftCap.TANH,
+        "sinks": k.sinks is Sinks.LEARNED,
+        "registers": -1 if k.registers is None else k.registers,
+        "query_tiles": flash and geo.query_tiles(k), "padded": flash and geo.padded(k),
+        "hoisted": flash and geo.stream_hoisted(k),
+        "stream_head_dim": geo.stream_head_dim(k) if flash and geo.streams(k) else 0,
+        "tile_threads": geo.tile_threads(k) if flash else 0,
+        "out_cols": geo.out_cols(k) if flash and geo.query_tiles(k) else 0,
+        "row_lanes": geo.row_lanes(k) if flash and geo.query_tiles(k) else 0,
+        # The geometry, as the Python functions compute it (symbolic arguments).
+        "block_threads": expr(geo.block_threads(k, HD)) if flash else None,
+        "shared_bytes": expr(geo.flash_shared_bytes(k, G, HD)) if flash else None,
+        "row_width": expr(geo.row_width(k, HD)) if cache else None,
+        "prefill_grid_x": (expr(geo.prefill_grid(k, N, G, 1)[0])
+                           if flash and k.mode is Mode.PREFILL
+                           and k.position is not Position.PAGED else None),
+    }
+    return v
+
+
+def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
+                   header: str, templates: Path, cache_dir: Path | None = None
+                   ) -> dict[str, str]:
+    """{file name: text} of the C++ API over ``kernels`` ((kernel, fatbin path, spec)
+    triples in the manifest's order); ``embedded``: the kernels whose fatbins
+    ``header`` (the C header) holds."""
+    from kgen.compiler.render import environment
+
+    env = environment(templates, cache_dir)
+    views = [_kernel_view(k, i, fb, spec) for i, (k, fb, spec) in enumerate(kernels)]
+    ctx = dict(
+        kernels=views, fields=_fields([k for k, _, _ in kernels]),
+        specs=sorted({v["spec"] for v in views}),
+        modules=sorted({v["module"] for v in views}),
+        ops=sorted({v["op"] for v in views}),
+        embedded=set(embedded), c_header=header, kgen_version=__version__,
+        header_name=HEADER, target=TARGET, registers_contract=REGISTERS, int_max=INT_MAX,
+        params=[{"name": p.name, "is_int": p.kind is int,
+                 "default": ("0" if p.default is None else repr(p.default)),
+                 "has_default": p.default is not None, "lo": p.lo,
+                 "hi": -1 if p.hi is None else p.hi, "positive": p.positive}
+                for p in PARAMS.values()],
+    )
+    return {HEADER: env.get_template("c/kgen_launch.hpp.j2").render(**ctx),
+            SOURCE: env.get_template("c/kgen_launch.cpp.j2").render(**ctx)}
