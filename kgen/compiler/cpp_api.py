@@ -23,7 +23,7 @@ from pathlib import Path
 from kgen import __version__
 from kgen.formats.base import SHADOW_SCALARS
 from kgen.ir import geometry as geo
-from kgen.ir.axes import KStage, Mode, Op, Position, Sinks, SoftCap, VStage, Window
+from kgen.ir.axes import KStage, Lse, Mode, Op, Position, Sinks, SoftCap, VStage, Window
 from kgen.ir.params import INT_MAX, PARAMS
 from kgen.ir.pyapi import py_args
 from kgen.ir.signature import params
@@ -186,6 +186,7 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "registers": -1 if k.registers is None else k.registers,
         "query_tiles": flash and geo.query_tiles(k), "padded": flash and geo.padded(k),
         "hoisted": flash and geo.stream_hoisted(k),
+        "lse_write": k.op is Op.MERGE_ATTN_STATES and k.lse is Lse.WRITE,
         "stream_head_dim": geo.stream_head_dim(k) if flash and geo.streams(k) else 0,
         "tile_threads": geo.tile_threads(k) if flash else 0,
         "out_cols": geo.out_cols(k) if flash and geo.query_tiles(k) else 0,
@@ -217,6 +218,9 @@ def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
         modules=sorted({v["module"] for v in views}),
         ops=sorted({v["op"] for v in views}),
         embedded=set(embedded), c_header=header, kgen_version=__version__,
+        op_names=[o.name for o in Op], merge_rows=geo.MERGE_ROWS,
+        merge_threads=geo.merge_threads(),
+        merge_grid_x=expr(geo.merge_grid(Sym("T"), Sym("H"))[0]),
         header_name=HEADER, target=TARGET, registers_contract=REGISTERS, int_max=INT_MAX,
         params=[{"name": p.name, "is_int": p.kind is int,
                  "default": ("0" if p.default is None else repr(p.default)),
