@@ -19,8 +19,8 @@ from kgen.ir.axes import Op
 
 pytestmark = pytest.mark.toolchain
 
-# The slots decode path's sequence length; only flash kernels with
-# position = slots (and not prefill) render this line.
+# The slots decode path's sequence length (kernels/flash_parts.j2, request_span): only
+# flash kernels with position = slots (and not prefill) render this line.
 SLOTS_LINE = "const int seq_len = pos[slot] + 1;"
 SLOTS_MUTANT = "const int seq_len = pos[slot] + 2;"
 RIGHT = 2 + COLUMN + 3  # where the generated column starts in a diff row
@@ -76,7 +76,7 @@ def test_unchanged_workspace_verifies_identical(ws):
 
 
 def test_one_changed_template_token_is_caught_with_a_sass_diff(ws):
-    ws.edit(ws.templates / "kernels" / "flash.cu.j2", SLOTS_LINE, SLOTS_MUTANT)
+    ws.edit(ws.templates / "kernels" / "flash_parts.j2", SLOTS_LINE, SLOTS_MUTANT)
     kernels = kernels_of(ws)
     affected = sorted(k.name for k in kernels if k.op is Op.FLASH
                       and KernelView(k).slots and not KernelView(k).prefill)
@@ -122,7 +122,7 @@ def test_one_changed_template_token_is_caught_with_a_sass_diff(ws):
 
 
 def test_verify_diff_prints_the_whole_aligned_diff(ws):
-    ws.edit(ws.templates / "kernels" / "flash.cu.j2", SLOTS_LINE, SLOTS_MUTANT)
+    ws.edit(ws.templates / "kernels" / "flash_parts.j2", SLOTS_LINE, SLOTS_MUTANT)
     assert ws.kgen("build").rc == 0
     name = "fc_attn_flash_decode_slots"
     r = ws.kgen("verify", "--diff", name)
