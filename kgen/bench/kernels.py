@@ -419,6 +419,23 @@ def bench_slow(cp, arms: dict) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def split_arm(cp, cache, fn, fcomb, q1, seq: int, kps: int, cap: int, tile: int):
+    """(split kernel launch, combine launch, out, plan): a host-plan split decode of q1
+    over ``seq`` keys of ``cache``, its partials and output NaN-poisoned, bound once."""
+    from kgen.runtime.plan import decode_plan
+
+    n_head, hd = q1.shape
+    plan = decode_plan(seq, kps, cap, tile)
+    m = cp.full(n_head * plan.n_splits, np.nan, cp.float32)
+    l = cp.full(n_head * plan.n_splits, np.nan, cp.float32)  # noqa: E741
+    acc = cp.full(n_head * plan.n_splits * hd, np.nan, cp.float32)
+    out = cp.full((n_head, hd), np.nan, cp.float32)
+    b1 = fn(q1, cache.k, cache.v, *cache.shadows, m, l, acc, seq_len=seq,
+            n_splits=plan.n_splits, split_len=plan.split_len, **cache._shadow_args)
+    b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
+    return b1, b2, out, plan
+
+
 # ---- decode bandwidth at a long context --------------------------------------------
 
 def decode_long_table(cp, g) -> list[dict]:
@@ -430,7 +447,6 @@ def decode_long_table(cp, g) -> list[dict]:
     from kgen import numpy_ref as ref
     from kgen.ir.axes import Mode, Op, Position, Schedule
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.plan import decode_plan
     from kgen.runtime.select import Role, generated
 
     hd, seq = 256, 32768
@@ -449,14 +465,7 @@ def decode_long_table(cp, g) -> list[dict]:
         n_head = HK * groups
         q1 = cp.asarray(g.standard_normal((n_head, hd), dtype=np.float32))
         for kps, cap in plans:
-            plan = decode_plan(seq, kps, cap, k.tile_keys)
-            m = cp.full(n_head * plan.n_splits, np.nan, cp.float32)
-            l = cp.full(n_head * plan.n_splits, np.nan, cp.float32)  # noqa: E741
-            acc = cp.full(n_head * plan.n_splits * hd, np.nan, cp.float32)
-            out = cp.full((n_head, hd), np.nan, cp.float32)
-            b1 = fn(q1, cache.k, cache.v, m, l, acc, seq_len=seq, n_splits=plan.n_splits,
-                    split_len=plan.split_len)
-            b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
+            b1, b2, out, plan = split_arm(cp, cache, fn, fcomb, q1, seq, kps, cap, k.tile_keys)
             want = ref.decode_attention(q1.get(), kr, vr, groups, seq, kps, cap, 0, 0,
                                         1 / math.sqrt(hd), tile=k.tile_keys)
             gqa = "" if groups == H // HK else f" [{groups} q head per kv head]"
@@ -515,7 +524,7 @@ def decode_goals_table(cp, g) -> list[dict]:
     from kgen.formats import FORMATS
     from kgen.ir.axes import Mode, Op, Position, Schedule
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.plan import decode_plan, kernel_plan
+    from kgen.runtime.plan import kernel_plan
     from kgen.runtime.select import Role, generated
 
     match = os.environ.get("KGEN_BENCH_MATCH")
@@ -558,15 +567,8 @@ def decode_goals_table(cp, g) -> list[dict]:
                         if k.name == chosen.name:
                             plans.append((dkps, dcap))
                         for kps, cap in plans:
-                            plan = decode_plan(seq, kps, cap, k.tile_keys)
-                            m = cp.full(n_head * plan.n_splits, np.nan, cp.float32)
-                            l = cp.full(n_head * plan.n_splits, np.nan, cp.float32)  # noqa: E741
-                            acc = cp.full(n_head * plan.n_splits * hd, np.nan, cp.float32)
-                            out = cp.full((n_head, hd), np.nan, cp.float32)
-                            b1 = fn(q1, cache.k, cache.v, *cache.shadows, m, l, acc,
-                                    seq_len=seq, n_splits=plan.n_splits,
-                                    split_len=plan.split_len, **cache._shadow_args)
-                            b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
+                            b1, b2, out, plan = split_arm(cp, cache, fn, fcomb, q1, seq, kps,
+                                                          cap, k.tile_keys)
                             name = f"{k.name} kps {kps} cap {cap} ({plan.n_splits} splits)"
                             if (kps, cap) == (dkps, dcap) and k.name == chosen.name:
                                 name += " [default]"
