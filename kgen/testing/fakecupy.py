@@ -189,6 +189,26 @@ class Guarded(FakeCupy):
             return fn(*a, **kw)
         return run
 
+    def refuses(self, state, match: str, fn, *a, **kw) -> None:
+        """``fn(*a, **kw)`` raises a ContractError whose message matches ``match``,
+        having touched nothing on the GPU and left ``state()`` as it was."""
+        import re
+
+        from kgen.runtime.contracts import ContractError
+
+        before = state()
+        self.armed, self.touched = True, []
+        try:
+            fn(*a, **kw)
+        except ContractError as exc:
+            assert re.search(match, str(exc)), f"refused with {exc!s}, not {match!r}"
+        else:
+            raise AssertionError(f"accepted; expected a refusal matching {match!r}")
+        finally:
+            self.armed = False
+        assert self.touched == [], f"touched the GPU before refusing: {self.touched}"
+        assert state() == before, "changed its state before refusing"
+
     def install(self, monkeypatch) -> Guarded:
         """As FakeCupy.install; an array's ``fill`` and ``set`` are recorded too."""
         super().install(monkeypatch)

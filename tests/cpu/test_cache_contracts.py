@@ -45,15 +45,7 @@ def _state(cache) -> tuple:
 
 
 def refused(cp, cache, match: str, fn, *a, **kw) -> None:
-    before = _state(cache)
-    cp.armed, cp.touched = True, []
-    try:
-        with pytest.raises(ContractError, match=match):
-            fn(*a, **kw)
-    finally:
-        cp.armed = False
-    assert cp.touched == [], f"touched the GPU before refusing: {cp.touched}"
-    assert _state(cache) == before, "changed its state before refusing"
+    cp.refuses(lambda: _state(cache), match, fn, *a, **kw)
 
 
 def _rows(cp, n, heads=HK, hd=HD):

@@ -56,15 +56,7 @@ def _state(cache, meta) -> tuple:
 
 
 def _refused(cp, cache, meta, match, fn, *a, **kw) -> None:
-    before = _state(cache, meta)
-    cp.armed, cp.touched = True, []
-    try:
-        with pytest.raises(ContractError, match=match):
-            fn(*a, **kw)
-    finally:
-        cp.armed = False
-    assert cp.touched == [], f"touched the GPU before refusing: {cp.touched}"
-    assert _state(cache, meta) == before, "changed its state before refusing"
+    cp.refuses(lambda: _state(cache, meta), match, fn, *a, **kw)
 
 
 def _signature(launch: tuple) -> tuple:
