@@ -13,10 +13,6 @@ from kgen.ir.axes import Schedule
 from kgen.ir.geometry import block_threads
 from kgen.ir.kernel import Kernel
 
-# The plan a cache object decodes with when none is given, none is tuned and no
-# device is at hand to derive one from (default_plan).
-DEFAULT_KPS, DEFAULT_SPLITS_CAP = 256, 16
-
 # The default plan derived from the device: per schedule, splits of at least its
 # min_kps keys, as many as the context gives, capped where the blocks of every kv head
 # hold its threads_per_sm threads per SM. Measured on the H200 (make bench-kernels,

@@ -38,10 +38,10 @@ DEFAULT_CONTEXTS = (1024, 4096, 16384, 32768)
 def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print) -> Choice:
     """Check, then time, every (kernel, plan) candidate of one shape class."""
     from kgen import numpy_ref as ref
-    from kgen.bench.kernels import HK, bench, filled_cache, replay
+    from kgen.bench.kernels import HK, bench, filled_cache, replay, split_arm
     from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.plan import DEFAULT_KPS, DEFAULT_SPLITS_CAP, decode_plan
+    from kgen.runtime.plan import decode_plan, kernel_plan
     from kgen.runtime.select import Role, generated
 
     g = np.random.default_rng(0)
@@ -61,29 +61,27 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
         want = ref.decode_attention(q1.get(), kr, vr, groups, seq_len, 1, 1, 0, 0,
                                     1 / math.sqrt(head_dim), tile=k.tile_keys)
         seen: dict[tuple[int, int], str] = {}
-        for kps in KPS:
-            for cap in CAPS:
-                plan = decode_plan(seq_len, kps, cap, k.tile_keys)
-                if (plan.n_splits, plan.split_len) in seen:
-                    continue  # another (kps, cap) already gives this plan
-                seen[(plan.n_splits, plan.split_len)] = f"{k.name}/{kps}/{cap}"
-                m = cp.full(H * plan.n_splits, np.nan, cp.float32)
-                l = cp.full(H * plan.n_splits, np.nan, cp.float32)  # noqa: E741
-                acc = cp.full(H * plan.n_splits * head_dim, np.nan, cp.float32)
-                out = cp.full((H, head_dim), np.nan, cp.float32)
-                b1 = fdec(q1, cache.k, cache.v, *cache.shadows, m, l, acc, seq_len=seq_len,
-                          n_splits=plan.n_splits, split_len=plan.split_len,
-                          **cache._shadow_args)
-                b2 = fcomb(m, l, acc, out, n_splits=plan.n_splits)
-                got = out.get()
-                if np.isnan(got).any() or not np.allclose(got, want, rtol=2e-4, atol=2e-5):
-                    say(f"  {k.name} kps {kps} cap {cap}: wrong output, not timed")
-                    continue
-                name = f"{k.name}/{kps}/{cap}"
-                arms[name] = replay([(fdec, b1), (fcomb, b2)])
-                meta[name] = (k.name, kps, cap)
-        if k.name == cache.kernels.get("decode", groups)[0].name:
-            p = decode_plan(seq_len, DEFAULT_KPS, DEFAULT_SPLITS_CAP, k.tile_keys)  # untuned
+        chosen = k.name == cache.kernels.get("decode", groups)[0].name
+        plans = [(kps, cap) for kps in KPS for cap in CAPS]
+        if chosen:  # the plan the cache uses untuned (derived from this device)
+            plans.append(kernel_plan(k, head_dim, HK))
+        for kps, cap in plans:
+            plan = decode_plan(seq_len, kps, cap, k.tile_keys)
+            if (plan.n_splits, plan.split_len) in seen:
+                continue  # another (kps, cap) already gives this plan
+            seen[(plan.n_splits, plan.split_len)] = f"{k.name}/{kps}/{cap}"
+            b1, b2, out, plan = split_arm(cp, cache, fdec, fcomb, q1, seq_len, kps, cap,
+                                          k.tile_keys)
+            got = out.get()
+            if np.isnan(got).any() or not np.allclose(got, want, rtol=2e-4, atol=2e-5):
+                say(f"  {k.name} kps {kps} cap {cap}: wrong output, not timed")
+                continue
+            name = f"{k.name}/{kps}/{cap}"
+            arms[name] = replay([(fdec, b1), (fcomb, b2)])
+            meta[name] = (k.name, kps, cap)
+        if chosen:
+            kps, cap = kernel_plan(k, head_dim, HK)
+            p = decode_plan(seq_len, kps, cap, k.tile_keys)
             default = seen.get((p.n_splits, p.split_len))
     if not arms:
         raise SystemExit(f"tune: nothing serves decode kv={kv} head_dim={head_dim} "
