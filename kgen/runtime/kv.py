@@ -29,7 +29,7 @@ from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.options import Options, groups, is_int, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
-from kgen.runtime.plan import decode_plan, kernel_plan
+from kgen.runtime.plan import decode_plan, given_plan, kernel_plan
 from kgen.runtime.replay import STEPS_LIMIT
 from kgen.runtime.roles import ROLES, CacheKernels
 
@@ -322,8 +322,7 @@ class KVCache:
     def plan(self, groups: int, kps=None, splits_cap=None, opts=None) -> tuple[int, int]:
         """(kps, splits_cap) checked: the given ones, the missing ones derived from the
         device for the decode kernel that serves ``groups`` (kgen.runtime.plan)."""
-        kps = None if kps is None else positive("kps", kps)
-        splits_cap = None if splits_cap is None else positive("splits_cap", splits_cap)
+        kps, splits_cap = given_plan(kps, splits_cap)
         if kps is None or splits_cap is None:  # asks the device (read-only) for its SMs
             needs = opts.needs("decode") if opts is not None else ()
             key = (groups, tuple(needs), self.kernels.version)
@@ -334,7 +333,7 @@ class KVCache:
                                                                  self.n_head_kv)
             kps = derived[0] if kps is None else kps
             splits_cap = derived[1] if splits_cap is None else splits_cap
-        return positive("kps", kps), positive("splits_cap", splits_cap)
+        return kps, splits_cap
 
     def _tuned_plan(self, groups: int, seq_len: int) -> tuple[int | None, int | None]:
         """(kps, splits_cap) stored by `kgen tune`, adopting its variant for decode
@@ -543,9 +542,8 @@ class SlotKVCache:
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, None, True)
         kdec, fdec = self.kernels.get("decode_slots", G, needs=opts.needs("decode_slots"))
         _, fcomb = self.kernels.get("combine")
-        kps = None if kps is None else positive("kps", kps)
-        splits_cap = None if splits_cap is None else positive("splits_cap", splits_cap)
-        kps, splits_cap = kernel_plan(kdec, self.head_dim, self.n_head_kv, kps, splits_cap)
+        kps, splits_cap = kernel_plan(kdec, self.head_dim, self.n_head_kv, kps, splits_cap,
+                                      "SlotKVCache")
         width = max(decode_plan(p + 1, kps, splits_cap, kdec.tile_keys).n_splits
                     for p in pos_host)
         pos_dev = upload(np.array(pos_host, np.int32))

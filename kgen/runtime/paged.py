@@ -305,9 +305,7 @@ class PagedKVCache:
         the kernels serving ``G`` q heads per KV head with ``opts``, and the plan
         (the given one checked, the missing parts derived: kgen.runtime.plan)."""
         kd, fdec = self.kernels.get("decode_paged", G, needs=opts.needs("decode_paged"))
-        kps = None if kps is None else positive("kps", kps, WHO)
-        splits_cap = None if splits_cap is None else positive("splits_cap", splits_cap, WHO)
-        kps, splits_cap = kernel_plan(kd, self.head_dim, self.n_head_kv, kps, splits_cap)
+        kps, splits_cap = kernel_plan(kd, self.head_dim, self.n_head_kv, kps, splits_cap, WHO)
         kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
         return kd, fdec, kc, fcomb, kps, splits_cap
 

@@ -68,10 +68,19 @@ def decode_plan(seq_len: int, kps: int, cap: int, tile: int = 16) -> DecodePlan:
     return DecodePlan(seq_len, (seq_len + split_len - 1) // split_len, split_len)
 
 
-def kernel_plan(k: Kernel, head_dim: int, n_head_kv: int, kps: int | None = None,
-                splits_cap: int | None = None) -> tuple[int, int]:
-    """(kps, splits_cap) for decoding with ``k``: the given values, the missing ones
-    from default_plan on the current device."""
+def given_plan(kps, splits_cap, who: str = "KVCache") -> tuple[int | None, int | None]:
+    """The plan values a caller gave, checked (positive ints); None where not given."""
+    from kgen.runtime.options import positive
+
+    return (None if kps is None else positive("kps", kps, who),
+            None if splits_cap is None else positive("splits_cap", splits_cap, who))
+
+
+def kernel_plan(k: Kernel, head_dim: int, n_head_kv: int, kps=None, splits_cap=None,
+                who: str = "KVCache") -> tuple[int, int]:
+    """(kps, splits_cap) for decoding with ``k``: the given values, checked (positive
+    ints), the missing ones from default_plan on the current device (asked only then)."""
+    kps, splits_cap = given_plan(kps, splits_cap, who)
     if kps is not None and splits_cap is not None:
         return kps, splits_cap
     from kgen.runtime.device import sm_count
