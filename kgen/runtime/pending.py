@@ -14,7 +14,8 @@ import numpy as np
 from kgen.runtime import device
 
 
-def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """Byte strides of a C-contiguous array of ``shape``."""
     out, step = [], itemsize
     for n in reversed(shape):
         out.append(step)
@@ -36,7 +37,7 @@ class Pending:
         self.dtype = np.dtype(dtype)
         self.ndim = len(self.shape)
         self.size = math.prod(self.shape)
-        self.strides = _c_strides(self.shape, self.dtype.itemsize)  # as it will be made
+        self.strides = c_strides(self.shape, self.dtype.itemsize)  # as it will be made
         self.host, self._make, self._made = host, make, None
 
     def get(self, stream=None) -> np.ndarray:

@@ -10,13 +10,7 @@ import types
 
 import numpy as np
 
-
-def _contiguous(shape: tuple, itemsize: int) -> tuple:
-    out, step = [], itemsize
-    for n in reversed(shape):
-        out.append(step)
-        step *= n
-    return tuple(reversed(out))
+from kgen.runtime.pending import c_strides as _contiguous
 
 
 class _Ptr:
