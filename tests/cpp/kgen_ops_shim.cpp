@@ -269,3 +269,6 @@ extern "C" int kgen_ops_call(const char *request, int run, void *stream, char *r
 
 // Where the fatbins are read from (kgen::set_generated_dir).
 extern "C" void kgen_ops_set_generated_dir(const char *dir) { kgen::set_generated_dir(dir); }
+
+// Read the tune stores again at the next lookup (kgen::ops::forget_tune_stores).
+extern "C" void kgen_ops_forget_tune_stores() { kgen::ops::forget_tune_stores(); }
