@@ -12,7 +12,6 @@ through tests/cpp/kgen_ops_shim.cpp (a C ABI, loaded with ctypes) in plan mode."
 from __future__ import annotations
 
 import ctypes
-import json
 import subprocess
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from kgen.testing.built import BUILT
 from kgen.testing.cxx import cuda_include as _cuda_include
 from kgen.testing.cxx import cxx as _cxx
 from kgen.testing.fakecupy import FakeArray, FakeCupy
-
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "tests" / "cpp" / "kgen_ops_shim.cpp"
@@ -336,13 +334,15 @@ def _compare(lib, outcome, wrong, label):
         return
     head, mine = cpp_launches(got, rest[0])
     if mine != launches:
-        first = next((i for i, (a, b) in enumerate(zip(mine, launches)) if a != b),
+        first = next((i for i, (a, b) in enumerate(zip(mine, launches, strict=False)) if a != b),
                      min(len(mine), len(launches)))
         wrong.append(f"{label}: launch {first} differs\n  python: "
                      f"{launches[first] if first < len(launches) else None}\n  c++:    "
                      f"{mine[first] if first < len(mine) else None}")
-    elif plan is not None and source and head[2] != source:
-        wrong.append(f"{label}: plan source {head} vs {plan}")
+    elif plan is not None and source:
+        SEEN[f"plan {source}"] = SEEN.get(f"plan {source}", 0) + 1
+        if head[2] != source:
+            wrong.append(f"{label}: plan source {head} vs {plan}")
 
 
 def test_dense_ops_launch_as_python(shim, cp):
@@ -369,6 +369,7 @@ def test_dense_ops_launch_as_python(shim, cp):
 
 def test_dense_plans_given_and_tuned(shim, cp, tmp_path):
     """A given plan, and a tune store's plan and variant (stale entries ignored)."""
+    SEEN.clear()
     wrong, n = [], 0
     pool = generated()
     path = tuned.cache_path("kgen fake GPU", 13000)
@@ -400,6 +401,7 @@ def test_dense_plans_given_and_tuned(shim, cp, tmp_path):
         _compare(shim, out, wrong, f"{kv} tuned prefill")
     assert not wrong, f"{len(wrong)} of {n} differ:\n" + "\n".join(wrong[:8])
     print(f"{n} given/tuned plans compared: {SEEN}")
+    assert min(SEEN.get(f"plan {s}", 0) for s in ("given", "tuned", "default")) > 0, SEEN
 
 
 def _dense_tuned_long(cp, lib, kv, pos, plan, store):
@@ -450,11 +452,11 @@ def _paged_case(cp, lib, kv, hd, hk, g, mode, rows, opt, plan=None):
     py, c = _opts(opt, mode == "prefill")
     sinks = cp.empty((n_head,)) if opt.get("sinks") else None
     labels = Labels()
-    base = {"kv": kv, "n_head_kv": hk, "head_dim": hd, "key_cache": labels.add("key_cache", cache.k),
+    base = {"kv": kv, "n_head_kv": hk, "head_dim": hd,
+            "key_cache": labels.add("key_cache", cache.k),
             "value_cache": labels.add("value_cache", cache.v)}
-    if FORMATS[kv].tensor_scales:
-        pass
-    lens = [cache.lengths[s] + (r if mode == "prefill" else 1) for s, r in zip(sids, rows)]
+    lens = [cache.lengths[s] + (r if mode == "prefill" else 1)
+            for s, r in zip(sids, rows, strict=True)]
     labels.add("q", q), labels.add("k_new", kn), labels.add("v_new", vn)
     cl = Labels()
     cl.spans = list(labels.spans)
