@@ -202,12 +202,66 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
     return v
 
 
+def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
+    """What the op-level entry points (templates/c/kgen_ops.*.j2) ask of the build, each
+    fact from its Python home: the choice among kernels (``kgen.runtime.select``: the
+    pool's order, ``rank``, the option axes and the device-position ``sibling``, all
+    static per kernel, so the C++ side only filters by shape, with the ported
+    shape_refusal, and takes the first), the roles of ``kgen.runtime.roles``, the plan
+    rules of ``kgen.runtime.plan`` and the formats of ``kgen.formats``."""
+    from kgen.formats import FORMATS
+    from kgen.ir.params import NO_WINDOW
+    from kgen.runtime import select
+    from kgen.runtime.kv import DEFAULT_KV
+    from kgen.runtime.options import NO_SCALES
+    from kgen.runtime.plan import PLAN_RULES
+    from kgen.runtime.roles import ROLES
+
+    # select.generated's pool: kgen_kernels.MODULES (kgen.runtime.manifest.Manifest
+    # .modules: modules in first appearance, kernels in manifest order within each).
+    first: dict[str, int] = {}
+    for i, k in enumerate(kernels):
+        first.setdefault(k.module, i)
+    pool = sorted(range(len(kernels)), key=lambda i: (first[kernels[i].module], i))
+    # min(ok, key=rank) is stable in the pool's order: the position in this order decides.
+    ranked = sorted(pool, key=lambda i: select.rank(kernels[i]))
+    rank_order = {i: r for r, i in enumerate(ranked)}
+    pairs = [(k, None) for k in kernels]
+    index = {k.name: i for i, k in enumerate(kernels)}
+
+    def sibling(k) -> int:
+        name = select.sibling(k.name, Position.DEVICE, pairs)
+        return -1 if name is None else index[name]
+
+    views = [{
+        "index": i, "rank": rank_order[i], "kv": k.kv.value, "op": k.op.value,
+        "mode": k.mode.value, "position": k.position.value,
+        "options": [getattr(k, a).value for a in select.OPTION_AXES],
+        "device_sibling": sibling(k),
+        "plan": PLAN_RULES.get(k.schedule, (0, 0)),
+        "source_sha256": sources.get(k.name, ""),
+    } for i, k in enumerate(kernels)]
+    return {
+        "pool": pool, "kernels": views, "option_axes": select.OPTION_AXES,
+        "roles": [{"name": n, "op": r.op.name, "position": r.position.name,
+                   "mode": "" if r.mode is None else r.mode.name,
+                   "has_mode": r.mode is not None,
+                   "has_kv": r.op in (Op.FLASH, Op.KV_APPEND), "op_value": r.op.value,
+                   "mode_value": "" if r.mode is None else r.mode.value,
+                   "position_value": r.position.value} for n, r in ROLES.items()],
+        "formats": [{"name": f.name, "shadows": f.shadows, "tensor_scales": f.tensor_scales,
+                     "block": f.block} for _, f in sorted(FORMATS.items())],
+        "default_kv": DEFAULT_KV, "no_scales": NO_SCALES, "no_window": NO_WINDOW,
+    }
+
+
 def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
-                   header: str, templates: Path, cache_dir: Path | None = None
-                   ) -> dict[str, str]:
+                   header: str, templates: Path, cache_dir: Path | None = None,
+                   sources: dict[str, str] | None = None) -> dict[str, str]:
     """{file name: text} of the C++ API over ``kernels`` ((kernel, fatbin path, spec)
     triples in the manifest's order); ``embedded``: the kernels whose fatbins
-    ``header`` (the C header) holds."""
+    ``header`` (the C header) holds; ``sources``: each kernel's source hash (the
+    manifest's ``source_sha256``: a tune store's entry for a changed kernel is stale)."""
     from kgen.compiler.render import environment
 
     env = environment(templates, cache_dir)
@@ -218,6 +272,8 @@ def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
         modules=sorted({v["module"] for v in views}),
         ops=sorted({v["op"] for v in views}),
         embedded=set(embedded), c_header=header, kgen_version=__version__,
+        embedded_modules=sorted({v["module"] for v in views if v["name"] in set(embedded)}),
+        ops_api=_ops_view([k for k, _, _ in kernels], sources or {}),
         op_names=[o.name for o in Op], merge_rows=geo.MERGE_ROWS,
         merge_threads=geo.merge_threads(),
         merge_grid_x=expr(geo.merge_grid(Sym("T"), Sym("H"))[0]),

@@ -19,6 +19,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+from kgen.compiler import cpp_api
 from kgen.config import Settings
 from kgen.errors import KgenError
 from kgen.runtime import manifest
@@ -47,8 +48,8 @@ packages = [{pkgs}]
 include-package-data = false
 
 [tool.setuptools.package-data]
-kgen_kernels = ["{manifest.MANIFEST}", "*.h", "{manifest.KERNELS_DIR}/*.fatbin",
-                "{manifest.SOURCES_DIR}/*.cu"]
+kgen_kernels = ["{manifest.MANIFEST}", "*.h", "{cpp_api.HEADER}", "{cpp_api.SOURCE}",
+                "{manifest.KERNELS_DIR}/*.fatbin", "{manifest.SOURCES_DIR}/*.cu"]
 kgen = ["compiler/spec/*.lark"]
 '''
 
@@ -69,7 +70,9 @@ def wheel(settings: Settings, out: Path) -> Path:
         kk = stage / "kgen_kernels"
         kk.mkdir()
         shutil.copy2(LOADER, kk / "__init__.py")
-        for name in (manifest.MANIFEST, built.c_header):
+        # The C++ host API beside the C header: a C++ caller builds kgen_launch.cpp
+        # from the installed package (kgen_kernels.ROOT) and loads its fatbins from there.
+        for name in (manifest.MANIFEST, built.c_header, cpp_api.HEADER, cpp_api.SOURCE):
             shutil.copy2(settings.generated / name, kk / name)
         for sub in (manifest.KERNELS_DIR, manifest.SOURCES_DIR):
             shutil.copytree(settings.generated / sub, kk / sub)

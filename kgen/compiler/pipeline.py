@@ -519,7 +519,9 @@ def generated_files(builds: tuple[ModuleBuild, ...], ctx: Context) -> dict[str, 
     built = [(record.kernel(e.name, e.axes, e.resources), e.fatbin, e.spec)
              for e in entries.values()]
     for name, text in render_cpp_api(built, [n for _, n, _ in embedded], C_HEADER,
-                                     s.templates, ctx.cache_dir).items():
+                                     s.templates, ctx.cache_dir,
+                                     {e.name: e.source_sha256 for e in entries.values()}
+                                     ).items():
         files[name] = text.encode()
     files[manifest.MANIFEST] = manifest.dump(manifest.Manifest(
         s.generated, f"kgen {__version__}", dict(ctx.toolchain.versions), entries, C_HEADER,

@@ -13,8 +13,6 @@ not read (both sides run with validate_pos=False, where the answers must still a
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -29,6 +27,8 @@ from kgen.runtime.contracts import ContractError
 from kgen.runtime.record import kernel as built_kernel
 from kgen.testing import MUTATIONS, host_args, mutations_for
 from kgen.testing.built import BUILT
+from kgen.testing.cxx import cuda_include as _cuda_include
+from kgen.testing.cxx import cxx as _cxx
 from kgen.testing.testgen import plan_cases
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,29 +37,6 @@ DRIVER = REPO / "tests" / "cpp" / "contract_cases.cpp"
 pytestmark = [pytest.mark.toolchain,
               pytest.mark.skipif(BUILT is None, reason="no built kernels: run `kgen build "
                                  "specs/` (it writes generated/kgen_launch.hpp)")]
-
-
-def _cxx() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or \
-        shutil.which("clang++")
-
-
-def _cuda_include() -> Path | None:
-    """The directory of the toolkit's cuda.h (KGEN_CUDA_HOME, the located toolchain,
-    the system include directory)."""
-    roots = []
-    if os.environ.get("KGEN_CUDA_HOME"):
-        roots.append(Path(os.environ["KGEN_CUDA_HOME"]) / "include")
-    try:
-        from kgen.toolchain.locate import find_toolchain
-
-        nvcc = Path(find_toolchain().nvcc).resolve()
-        roots += [nvcc.parents[1] / "include", nvcc.parents[1] / "targets" / "x86_64-linux"
-                  / "include"]
-    except Exception:
-        pass
-    roots += [Path("/usr/include"), Path("/usr/local/cuda/include")]
-    return next((r for r in roots if (r / "cuda.h").is_file()), None)
 
 
 @pytest.fixture(scope="module")

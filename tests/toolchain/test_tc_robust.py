@@ -178,9 +178,12 @@ def test_build_one_file_writes_its_kernels_and_the_set_comes_back_from_the_store
     assert r.rc == 0 and json.loads(r.out)["compiled"] == ["fc_attn_qz_split"], r.text
     now = ws.tree("generated")
     changed = {n for n in set(now) | set(whole) if now.get(n) != whole.get(n)}
-    # A doc is a comment: the source, the manifest and the C++ header (which quotes each
-    # kernel's doc above its launch function) change; the fatbin is the same bytes.
-    assert changed == {"src/fc_attn_qz_split.cu", "manifest.json", "kgen_launch.hpp"}, changed
+    # A doc is a comment: the source, the manifest, the C++ header (which quotes each
+    # kernel's doc above its launch function) and the C++ source (which holds each
+    # kernel's source hash, a tune store's staleness test) change; the fatbin is the
+    # same bytes.
+    assert changed == {"src/fc_attn_qz_split.cu", "manifest.json", "kgen_launch.hpp",
+                       "kgen_launch.cpp"}, changed
 
 
 def test_paths_from_the_project_root_wherever_kgen_runs(ws, monkeypatch):
