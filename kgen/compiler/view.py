@@ -36,6 +36,7 @@ from kgen.ir.geometry import (
     row_groups,
     row_lanes,
     score_scatter,
+    stream_full_steps,
     stream_hoisted,
 )
 from kgen.ir.kernel import Kernel
@@ -85,6 +86,11 @@ class KernelView:
     def hoisted(self) -> bool:
         """warp_stream with stream_loads = hoisted (see kgen.ir.geometry.stream_hoisted)."""
         return stream_hoisted(self.k)
+
+    @property
+    def full_steps(self) -> bool:
+        """An unmasked copy of the key step (kgen.ir.geometry.stream_full_steps)."""
+        return stream_full_steps(self.k)
 
     @property
     def qtile(self) -> bool:

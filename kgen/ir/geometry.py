@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.ir.axes import KStage, QtileLoads, Schedule, StreamLoads, Threads, VStage
+from kgen.ir.axes import KStage, Mode, QtileLoads, Schedule, StreamLoads, Threads, VStage
 from kgen.ir.kernel import Kernel
 from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM
 from kgen.ir.target import TARGET
@@ -32,6 +32,12 @@ def stream_hoisted(k: Kernel) -> bool:
     """warp_stream, stream_loads = hoisted: one head_dim (stream_head_dim), each unit's
     chunk a compile-time constant, every load of a step unconditional."""
     return streams(k) and k.stream_loads is StreamLoads.HOISTED
+
+
+def stream_full_steps(k: Kernel) -> bool:
+    """A hoisted warp_stream decode runs a step whose keys all lie in the split and the
+    window from an unmasked copy of the step (the masked copy at the edges)."""
+    return stream_hoisted(k) and k.mode is not Mode.PREFILL
 
 
 def stream_head_dim(k: Kernel) -> int:
