@@ -304,9 +304,9 @@ def _option_cases(k: Kernel, base: Case) -> list[Case]:
 
 
 # The head sizes of current models (Llama, Mistral, Qwen: 128; older and small
-# models: 64; some 80, 96, 112, 192; Gemma 256; a few 512): every flash kernel is
-# tested at each one it accepts.
-MODEL_HEAD_DIMS = (64, 80, 96, 112, 128, 192, 256, 512)
+# models: 64; some 80, 96, 112, 192; Gemma 256; a few 512; small models and vision
+# towers 40, 48 and 72): every flash kernel is tested at each one it accepts.
+MODEL_HEAD_DIMS = (40, 48, 64, 72, 80, 96, 112, 128, 192, 256, 512)
 
 
 def _top_groups(k: Kernel, hd: int) -> int:
