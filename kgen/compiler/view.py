@@ -185,6 +185,29 @@ class KernelView:
         return MERGE_ROWS
 
     @property
+    def mla(self) -> dict:
+        """The MLA kernels' compile-time geometry (kgen.ir.geometry, one home)."""
+        from kgen.ir import geometry as g
+
+        return {"latent": g.MLA_LATENT, "rope": g.MLA_ROPE, "row": g.MLA_ROW,
+                "store_threads": g.MLA_STORE_THREADS, "gather_rows": g.MLA_GATHER_ROWS,
+                "tile": g.MLA_TILE, "heads": g.MLA_HEADS, "threads": g.MLA_THREADS,
+                "v_cols": g.MLA_V_COLS, "v_threads": g.MLA_V_THREADS,
+                "combine_threads": g.MLA_COMBINE_THREADS}
+
+    @property
+    def writes_mla_lse(self) -> bool:
+        """mla_combine: the LSE [B][Hq] is written too (lse = write)."""
+        return self.k.op is Op.MLA_COMBINE and self.k.lse is Lse.WRITE
+
+    @property
+    def mla_seq_starts(self) -> bool:
+        """gather_mla_cache: a request's rows start at seq_starts[b] (seq_starts = given)."""
+        from kgen.ir.axes import SeqStarts
+
+        return self.k.seq_starts is SeqStarts.GIVEN
+
+    @property
     def block_note(self) -> str:
         return "head_dim rounded up to whole warps" if self.padded else "head_dim threads"
 
