@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from kgen.ir import geometry
 from kgen.ir.axes import (
     KStage,
     Lse,
@@ -19,6 +20,7 @@ from kgen.ir.axes import (
     QStage,
     RingFloor,
     Schedule,
+    SeqStarts,
     Sinks,
     SoftCap,
     Threads,
@@ -187,8 +189,7 @@ class KernelView:
     @property
     def mla(self) -> dict:
         """The MLA kernels' compile-time geometry (kgen.ir.geometry, one home)."""
-        from kgen.ir import geometry as g
-
+        g = geometry
         return {"latent": g.MLA_LATENT, "rope": g.MLA_ROPE, "row": g.MLA_ROW,
                 "store_threads": g.MLA_STORE_THREADS, "gather_rows": g.MLA_GATHER_ROWS,
                 "tile": g.MLA_TILE, "heads": g.MLA_HEADS, "threads": g.MLA_THREADS,
@@ -203,8 +204,6 @@ class KernelView:
     @property
     def mla_seq_starts(self) -> bool:
         """gather_mla_cache: a request's rows start at seq_starts[b] (seq_starts = given)."""
-        from kgen.ir.axes import SeqStarts
-
         return self.k.seq_starts is SeqStarts.GIVEN
 
     @property

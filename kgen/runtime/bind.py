@@ -734,6 +734,17 @@ def _paged_append(k: Kernel, c: Checker, a: dict):
 # kernels skip a slot, table entry or token that points outside the arrays).
 
 
+MLA_ALIGN = 16  # bytes: the gather and the decode move latent rows as float4s
+
+
+def _aligned(c: Checker, name: str, x) -> None:
+    """A device array the kernel reads or writes as float4s starts on 16 bytes (rows of
+    MLA_ROW floats keep every row there); checked where the array tells its address."""
+    ptr = getattr(getattr(x, "data", None), "ptr", None)
+    c.require(ptr is None or int(ptr) % MLA_ALIGN == 0, "alignment",
+              lambda: f"{name} must start on a {MLA_ALIGN}-byte boundary (address {ptr:#x})")
+
+
 def _latent_pages(c: Checker, name: str, x) -> tuple[int, int]:
     """The paged latent cache [num_blocks][block_size][MLA_ROW] f32; (num_blocks, block_size)."""
     c.array(name, x, np.float32, 3)
@@ -821,7 +832,9 @@ def _mla_gather(k: Kernel, c: Checker, a: dict):
     c.array("dst", dst, np.float32, 2)
     rows = int(dst.shape[0])
     c.shape("dst", dst, (rows, MLA_ROW))
+    _aligned(c, "dst", dst)
     nb, bs = _latent_pages(c, "src_cache", a["src_cache"])
+    _aligned(c, "src_cache", a["src_cache"])
     reqs, mb = _mla_tables(c, a, None)
     _index(c, a, "cu_seq_lens", (reqs + 1,))
     t2s = a["token_to_seq"]
@@ -889,6 +902,7 @@ def _mla_decode(k: Kernel, c: Checker, a: dict):
     c.shape("query", q, (B, H, MLA_ROW))
     c.require(B >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
     nb, bs = _latent_pages(c, "kv_cache", a["kv_cache"])
+    _aligned(c, "kv_cache", a["kv_cache"])
     _, mb = _mla_tables(c, a, B)
     _mla_lens(c, a, B)
     if a.get("validate_pos", True):

@@ -369,6 +369,23 @@ def test_decode_entry_point_refuses_before_anything(cp):
                0.1, validate_pos=1)
 
 
+def test_float4_arrays_must_be_aligned(cp):
+    from kgen.testing.fakecupy import _Ptr
+
+    out, lse, q, cache, table, lens = _decode_args(cp)
+    odd = FakeArray(cache.shape, np.float32, data=_Ptr(0, cache.data.ptr + 4))
+    cp.refuses(lambda: len(cp.launched), "16-byte boundary", rmla.mla_decode_attention, out,
+               lse, q, odd, table, lens, 0.1)
+    dst = cp.empty((4, MLA_ROW))
+    cu, t2s = _upload(cp, np.array([0, 4], np.int32)), _upload(cp, np.zeros(4, np.int32))
+    one = _upload(cp, np.zeros((1, 4), np.int32))
+    rmla.gather_mla_cache(dst, cache, one, cu, t2s, None, 4)  # aligned: launches
+    shifted = FakeArray(dst.shape, np.float32, data=_Ptr(0, dst.data.ptr + 8))
+    with pytest.raises(ContractError) as e:
+        rmla.gather_mla_cache(shifted, cache, one, cu, t2s, None, 4)
+    assert e.value.contract == "alignment"
+
+
 def test_gather_entry_point(cp):
     dst, cache = cp.empty((9, MLA_ROW)), cp.empty((4, 16, MLA_ROW))
     table = _upload(cp, np.array([[0, 1], [2, 3]], np.int32))
