@@ -111,9 +111,10 @@ ALWAYS = {
         "n_head_kv", "total", "launch_splits", "max_seq_len")},
     # the MLA ops (the latent cache's store and gather, the split decode)
     **{n: "tensor" for n in ("kv_c", "k_pe", "kv_cache", "dst", "src_cache", "cu_seq_lens",
-                             "token_to_seq", "seq_starts", "query", "lse")},
+                             "token_to_seq", "seq_starts", "query", "lse", "key", "value",
+                             "cu_seqlens_q", "cu_seqlens_k")},
     **{n: "int" for n in ("n_slots", "kv_c_stride", "k_pe_stride", "num_blocks", "num_tokens",
-                          "n_head", "kv_splits")},
+                          "n_head", "kv_splits", "total_q", "max_seqlen_q")},
     **{n: ("int" if p.kind is int else "float") for n, p in PARAMS.items()},
 }
 
@@ -135,7 +136,7 @@ def _fields(kernels) -> list[Field]:
             seen[p.name] = "tensor" if p.is_pointer else ("float" if p.ctype == "float"
                                                            else "int")
         for a in py_args(k)[1]:
-            if a.name in ("launch_splits", "max_seq_len"):
+            if a.name in ("launch_splits", "max_seq_len", "max_seqlen_q"):
                 seen[a.name] = "int"
     seen.update({n: kind for n, kind in ALWAYS.items() if n not in seen})
     return [Field(n, seen[n]) for n in sorted(seen) if n != "validate_pos"]
@@ -214,7 +215,10 @@ def _mla_geometry() -> dict:
             "gather_threads": geo.mla_gather_threads(),
             "combine_threads": geo.MLA_COMBINE_THREADS,
             "gather_grid_x": expr(geo.mla_gather_grid(Sym("n"))[0]),
-            "decode_grid_x": expr(geo.mla_decode_grid(Sym("H"), 1, 1)[0])}
+            "decode_grid_x": expr(geo.mla_decode_grid(Sym("H"), 1, 1)[0]),
+            "prefill_qk": geo.MLA_PREFILL_QK, "prefill_v": geo.MLA_PREFILL_V,
+            "prefill_threads": geo.MLA_PREFILL_ROWS * TARGET.warp,
+            "prefill_grid_x": expr(geo.mla_prefill_grid(Sym("mq"), 1, 1)[0])}
 
 
 def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],

@@ -194,12 +194,19 @@ class KernelView:
                 "store_threads": g.MLA_STORE_THREADS, "gather_rows": g.MLA_GATHER_ROWS,
                 "tile": g.MLA_TILE, "heads": g.MLA_HEADS, "threads": g.MLA_THREADS,
                 "v_cols": g.MLA_V_COLS, "v_threads": g.MLA_V_THREADS,
-                "combine_threads": g.MLA_COMBINE_THREADS}
+                "combine_threads": g.MLA_COMBINE_THREADS, "prefill_qk": g.MLA_PREFILL_QK,
+                "prefill_v": g.MLA_PREFILL_V, "prefill_rows": g.MLA_PREFILL_ROWS,
+                "prefill_tile": g.MLA_PREFILL_TILE}
 
     @property
     def writes_mla_lse(self) -> bool:
-        """mla_combine: the LSE [B][Hq] is written too (lse = write)."""
-        return self.k.op is Op.MLA_COMBINE and self.k.lse is Lse.WRITE
+        """mla_combine ([B][Hq]), mla_prefill ([H][total_q]): the LSE is written too."""
+        return self.k.op in (Op.MLA_COMBINE, Op.MLA_PREFILL) and self.k.lse is Lse.WRITE
+
+    @property
+    def mla_causal(self) -> bool:
+        """mla_prefill, mask = causal: query i sees keys j <= i + Lk - Lq."""
+        return self.k.op is Op.MLA_PREFILL and self.k.mask is Mask.CAUSAL
 
     @property
     def mla_seq_starts(self) -> bool:

@@ -26,10 +26,12 @@ class Op(StrEnum):
     MLA_GATHER = "gather_mla_cache"     # MLA: requests' cache rows into a contiguous workspace
     MLA_DECODE = "mla_decode"           # MLA decode, split stage: (m, l, acc) per key split
     MLA_COMBINE = "mla_combine"         # MLA decode, merge stage: splits in ascending order
+    MLA_PREFILL = "mla_prefill"         # MLA prefill: varlen attention, QK 192, V 128
 
 
 # The multi-head latent attention ops: kernels over the latent cache, one row width each.
-MLA_OPS = frozenset({Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE, Op.MLA_COMBINE})
+MLA_OPS = frozenset({Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE, Op.MLA_COMBINE,
+                     Op.MLA_PREFILL})
 
 
 class Mode(StrEnum):
@@ -165,7 +167,8 @@ KEYS: dict[str, Key] = {
     "schedule": Key(Schedule, Schedule.BLOCK_TILE, FLASH, "how a block walks its keys"),
     "keys_per_step": Key(int, 2, FLASH, "keys a warp_stream unit loads before scoring them"),
     "window": Key(Window, Window.SINK_RECENT, FLASH, "which key tiles are attended"),
-    "mask": Key(Mask, Mask.CAUSAL, FLASH, "which keys a query sees before any window"),
+    "mask": Key(Mask, Mask.CAUSAL, frozenset({Op.FLASH, Op.MLA_PREFILL}), "which keys a "
+                "query sees before any window"),
     "softcap": Key(SoftCap, SoftCap.NONE, FLASH, "logit soft-capping"),
     "sinks": Key(Sinks, Sinks.NONE, frozenset({Op.FLASH, Op.DECODE_COMBINE}),
                  "learned attention-sink logits (decode: in the combine)"),
@@ -194,8 +197,9 @@ KEYS: dict[str, Key] = {
     "micro_keys": Key(int, 4, FLASH, "query_tile: keys of a thread's score patch"),
     "qtile_loads": Key(QtileLoads, QtileLoads.SCALAR, FLASH, "query_tile: the width of "
                        "its shared-memory loads (scalar, or vec4: float4 along head_dim)"),
-    "lse": Key(Lse, Lse.NONE, frozenset({Op.MERGE_ATTN_STATES, Op.MLA_COMBINE}), "whether "
-               "the merged log-sum-exp is written too (output_lse, lse), or not (none)"),
+    "lse": Key(Lse, Lse.NONE, frozenset({Op.MERGE_ATTN_STATES, Op.MLA_COMBINE,
+                                         Op.MLA_PREFILL}), "whether the (merged) "
+               "log-sum-exp is written too (output_lse, lse), or not (none)"),
     "seq_starts": Key(SeqStarts, SeqStarts.NONE, frozenset({Op.MLA_GATHER}), "whether a "
                       "request's context rows start at seq_starts[b] (given) or at 0 (none)"),
 }

@@ -296,16 +296,41 @@ MLA_V_THREADS = MLA_LATENT // MLA_V_COLS  # threads covering one head's V column
 MLA_COMBINE_THREADS = 128
 
 
+# mla_prefill: varlen attention with QK head size MLA_PREFILL_QK (nope 128 + rope 64) and V
+# head size MLA_PREFILL_V, H q heads = H kv heads. A block is MLA_PREFILL_ROWS warps, warp w
+# serving query row qt * ROWS + w of one (request, head); the block stages MLA_PREFILL_TILE
+# keys' K and V rows in shared memory once for all its rows; each lane holds
+# MLA_PREFILL_QK / 32 query elements, the TILE partial dots reduce-scatter across the lanes
+# (lane l ends with one key's dot), and lane l accumulates V columns l + 32 c.
+MLA_PREFILL_QK = 192
+MLA_PREFILL_V = 128
+MLA_PREFILL_ROWS = 16
+MLA_PREFILL_TILE = 32
+
+
+def mla_prefill_grid(max_seqlen_q: int, n_head: int, reqs: int) -> tuple[int, int, int]:
+    """mla_prefill: (query tiles of the longest request, heads, requests)."""
+    return (-(-max_seqlen_q // MLA_PREFILL_ROWS), n_head, reqs)
+
+
+def mla_prefill_shared() -> int:
+    """mla_prefill's static shared memory in bytes: the K and V tiles, each row's p."""
+    return 4 * (MLA_PREFILL_TILE * (MLA_PREFILL_QK + MLA_PREFILL_V)
+                + MLA_PREFILL_ROWS * MLA_PREFILL_TILE)
+
+
 def mla_width(op: Op) -> int:
     """The one row width the MLA kernels of ``op`` serve (their "head_dim"): MLA_LATENT
-    for the merge stage (V rows), else MLA_ROW (cache rows, queries)."""
-    return MLA_LATENT if op is Op.MLA_COMBINE else MLA_ROW
+    for the merge stage (V rows), MLA_PREFILL_QK for the prefill (its q.k head size),
+    else MLA_ROW (cache rows, queries)."""
+    return {Op.MLA_COMBINE: MLA_LATENT, Op.MLA_PREFILL: MLA_PREFILL_QK}.get(op, MLA_ROW)
 
 
 def mla_threads(k: Kernel) -> int:
     """Threads of an MLA kernel's block (fixed by its op)."""
     return {Op.MLA_STORE: MLA_STORE_THREADS, Op.MLA_GATHER: mla_gather_threads(),
-            Op.MLA_DECODE: MLA_THREADS, Op.MLA_COMBINE: MLA_COMBINE_THREADS}[k.op]
+            Op.MLA_DECODE: MLA_THREADS, Op.MLA_COMBINE: MLA_COMBINE_THREADS,
+            Op.MLA_PREFILL: MLA_PREFILL_ROWS * TARGET.warp}[k.op]
 
 
 def mla_store_grid(n_slots: int) -> tuple[int, int, int]:

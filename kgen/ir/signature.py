@@ -153,4 +153,9 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _p("const float *", "m_in", "l_in", "acc_in") + _p("const int *", "seq_lens")
         out += _p("float *", "out", *(["lse"] if k.lse is Lse.WRITE else []))
         out += _p("int", "n_head", "kv_splits")
+    elif k.op is Op.MLA_PREFILL:  # the engine's MlaPrefillAttention; lse [n_head][total_q]
+        out += _p("const float *", "query", "key", "value")
+        out += _p("const int *", "cu_seqlens_q", "cu_seqlens_k")
+        out += _p("float *", "out", *(["lse"] if k.lse is Lse.WRITE else []))
+        out += _p("int", "n_head", "num_reqs", "total_q") + _p("float", "scale")
     return tuple(out)

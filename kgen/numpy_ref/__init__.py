@@ -59,6 +59,7 @@ from .mla import (
     mla_decode,
     mla_decode_partials,
     mla_merge,
+    mla_prefill,
 )
 from .paged import PagedCache, dense, slots_of
 
@@ -69,7 +70,7 @@ __all__ = [
     "decode_attention", "decode_attention_slots", "decode_partials", "decode_partials_slots",
     "decode_plan", "exact_keys", "fill", "key_mask", "keys_scored_per_tile",
     "merge_attn_states", "concat_and_cache_mla", "gather_mla_cache", "mla_decode",
-    "mla_decode_partials", "mla_merge",
+    "mla_decode_partials", "mla_merge", "mla_prefill",
     "nominal_window_keys", "prefill_attention", "soft_cap",
     "prefill_attention_cache", "prefill_attention_rows", "prefill_live_floor", "qz_split",
     "read_kv_rows", "shadow_source", "split_bounds", "tile_in_window",

@@ -11,6 +11,8 @@ one KV head; V is the first kv_lora_rank columns of a row.
 * MlaDecodeAttention: per request b and head h, over keys j < seq_lens[b],
   qk_j = scale * query[b, h] . row_j, out = sum_j softmax(qk)_j row_j[:kv_lora_rank],
   lse = max + log sum exp(qk - max).
+* MlaPrefillAttention: varlen attention, H q heads = H kv heads, QK and V head sizes
+  apart; causal is bottom-right aligned (query i of Lq sees keys j <= i + Lk - Lq).
 """
 
 from __future__ import annotations
@@ -127,4 +129,34 @@ def mla_merge(m: np.ndarray, l_: np.ndarray, acc: np.ndarray, live: np.ndarray
         out[b, ok] = (np.asarray(acc[b][:, idx], dtype=np.float64)[ok] * w[:, :, None]
                       ).sum(axis=1) / L[:, None]
         lse[b, ok] = M[ok] + np.log(L)
+    return out, lse
+
+
+def mla_prefill(query: np.ndarray, key: np.ndarray, value: np.ndarray,
+                cu_seqlens_q: np.ndarray, cu_seqlens_k: np.ndarray, scale: float,
+                causal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """MlaPrefillAttention in float64: request r owns query rows [cu_q[r], cu_q[r+1]) and
+    key rows [cu_k[r], cu_k[r+1]); per head, query i (of Lq) sees keys j < Lk, and with
+    ``causal`` only j <= i + Lk - Lq (bottom-right aligned). Returns (out [total_q][H][Dv],
+    lse [H][total_q]); a row that sees no key gives 0 and -inf."""
+    q = np.asarray(query, dtype=np.float64)
+    k = np.asarray(key, dtype=np.float64)
+    v = np.asarray(value, dtype=np.float64)
+    Tq, H, _ = q.shape
+    out = np.zeros((Tq, H, v.shape[2]))
+    lse = np.full((H, Tq), -np.inf)
+    for r in range(len(cu_seqlens_q) - 1):
+        q0, q1 = int(cu_seqlens_q[r]), int(cu_seqlens_q[r + 1])
+        k0, k1 = int(cu_seqlens_k[r]), int(cu_seqlens_k[r + 1])
+        Lq, Lk = q1 - q0, k1 - k0
+        for i in range(Lq):
+            n = min(Lk, i + Lk - Lq + 1) if causal else Lk
+            if n <= 0:
+                continue
+            s = scale * np.einsum("hd,jhd->hj", q[q0 + i], k[k0:k0 + n])
+            m = s.max(axis=1, keepdims=True)
+            e = np.exp(s - m)
+            tot = e.sum(axis=1, keepdims=True)
+            out[q0 + i] = np.einsum("hj,jhd->hd", e / tot, v[k0:k0 + n])
+            lse[:, q0 + i] = (m + np.log(tot))[:, 0]
     return out, lse

@@ -30,6 +30,9 @@ from kgen.ir.geometry import (
     MERGE_ROWS,
     MLA_COMBINE_THREADS,
     MLA_LATENT,
+    MLA_PREFILL_QK,
+    MLA_PREFILL_ROWS,
+    MLA_PREFILL_V,
     MLA_ROPE,
     MLA_ROW,
     MLA_STORE_THREADS,
@@ -42,6 +45,7 @@ from kgen.ir.geometry import (
     mla_decode_grid,
     mla_gather_grid,
     mla_gather_threads,
+    mla_prefill_grid,
     mla_store_grid,
     mla_width,
     out_cols,
@@ -112,7 +116,7 @@ def bind(k: Kernel, a: dict) -> Launch:
     binder = {Op.QZ_SPLIT: _qz_split, Op.KV_APPEND: _kv_append, Op.FLASH: _flash,
               Op.DECODE_COMBINE: _combine, Op.MERGE_ATTN_STATES: _merge,
               Op.MLA_STORE: _mla_store, Op.MLA_GATHER: _mla_gather, Op.MLA_DECODE: _mla_decode,
-              Op.MLA_COMBINE: _mla_combine}[k.op]
+              Op.MLA_COMBINE: _mla_combine, Op.MLA_PREFILL: _mla_prefill}[k.op]
     if k.position is Position.PAGED:
         binder = _paged_append if k.op is Op.KV_APPEND else _paged_flash
     expected = {p.name for p in params(k)}
@@ -935,3 +939,49 @@ def _mla_combine(k: Kernel, c: Checker, a: dict):
     c.require(B * H <= INT_MAX, "int32 index", lambda: f"{B} requests x {H} heads overflow "
               "the kernel's int row index")
     return mla_combine_grid(B, H), (MLA_COMBINE_THREADS, 1, 1), 0, values
+
+
+def _mla_prefill(k: Kernel, c: Checker, a: dict):
+    q = a["query"]
+    c.array("query", q, np.float32, 3)
+    Tq, H = (int(n) for n in q.shape[:2])
+    c.shape("query", q, (Tq, H, MLA_PREFILL_QK))
+    key, value = a["key"], a["value"]
+    c.array("key", key, np.float32, 3)
+    Tk = int(key.shape[0])
+    c.shape("key", key, (Tk, H, MLA_PREFILL_QK))
+    c.array("value", value, np.float32, 3)
+    c.shape("value", value, (Tk, H, MLA_PREFILL_V))
+    c.require(Tq >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
+    for name, x in (("query", q), ("key", key), ("value", value)):
+        _aligned(c, name, x)
+    cu_q = a["cu_seqlens_q"]
+    c.array("cu_seqlens_q", cu_q, np.int32, 1)
+    reqs = int(cu_q.shape[0]) - 1
+    c.require(reqs >= 1, "shape", "cu_seqlens_q needs num_reqs + 1 entries")
+    _index(c, a, "cu_seqlens_k", (reqs + 1,))
+    c.array("out", a["out"], np.float32, 3)
+    c.shape("out", a["out"], (Tq, H, MLA_PREFILL_V))
+    values = dict(query=q, key=key, value=value, cu_seqlens_q=cu_q,
+                  cu_seqlens_k=a["cu_seqlens_k"], out=a["out"], n_head=H, num_reqs=reqs,
+                  total_q=Tq, scale=_param(c, a, "scale", 1.0 / math.sqrt(MLA_PREFILL_QK)))
+    if k.lse is Lse.WRITE:
+        c.array("lse", a["lse"], np.float32, 2)
+        c.require(tuple(a["lse"].shape) == (H, Tq), "lse layout", lambda: f"lse has shape "
+                  f"{tuple(a['lse'].shape)}; the LSE layout is [n_head][total_q] = {(H, Tq)}")
+        values["lse"] = a["lse"]
+    c.require(H * max(Tq, Tk) <= INT_MAX, "int32 index", lambda: f"{max(Tq, Tk)} rows x {H} "
+              "heads overflow the kernel's int row index")
+    mq = c.integer("max_seqlen_q", a["max_seqlen_q"], 1, Tq, "max_seqlen_q")
+    if a.get("validate_pos", True):
+        for name, total in (("cu_seqlens_q", Tq), ("cu_seqlens_k", Tk)):
+            cu = _host_ints(a[name]).astype(np.int64)
+            c.require(int(cu[0]) == 0 and int(cu[-1]) <= total and
+                      bool((np.diff(cu) >= 0).all()), name,
+                      lambda name=name, total=total: f"{name} must rise from 0 to at most "
+                      f"the {total} rows")
+        lens = np.diff(_host_ints(cu_q).astype(np.int64))
+        c.require(int(lens.max()) <= mq, "max_seqlen_q", lambda: f"a request has "
+                  f"{int(lens.max())} query rows, above max_seqlen_q = {mq}")
+    _block_registers(k, c, MLA_PREFILL_ROWS * TARGET.warp, None)
+    return mla_prefill_grid(mq, H, reqs), (MLA_PREFILL_ROWS * TARGET.warp, 1, 1), 0, values

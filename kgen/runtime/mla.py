@@ -8,6 +8,8 @@ first MLA_LATENT columns of a row (../shared/docs/engine-ops.md):
   strided) into the slots of slot_mapping ``[S]`` int64 (S <= T; a negative slot skips).
 * ``gather_mla_cache`` -- requests' context rows out of the pages into a contiguous
   ``[N, 576]`` workspace laid out by cu_seq_lens (from seq_starts[b] on, if given).
+* ``mla_prefill_attention`` -- varlen prefill attention with QK head size 192 and V
+  head size 128 over contiguous K/V (causal bottom-right aligned, or over every key).
 * ``mla_decode_attention`` -- decode of one query per request over its paged latent
   rows: the split stage (mla_decode) writes each key split's max, sum and weighted V,
   the merge stage (mla_combine) merges the splits in ascending order (empty splits
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.ir.axes import Lse, Op, SeqStarts
+from kgen.ir.axes import Lse, Mask, Op, SeqStarts
 from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, MLA_ROW, mla_default_splits, mla_width
 from kgen.ir.params import ENTRY_PARAMS, INT_MAX
 from kgen.runtime import device
@@ -129,6 +131,28 @@ def _decode_calls(calls: Calls, out, lse, query, kv_cache, block_table, seq_lens
               validate_pos=validate_pos)
     outs = (out,) if lse is None else (out, lse)
     calls.add(combine, m, l_, acc, seq_lens, *outs, validate_pos=False)  # read by the first
+
+
+def mla_prefill_attention(out, lse, query, key, value, cu_seqlens_q, cu_seqlens_k, scale,
+                          causal: bool, max_seqlen_q: int, max_seqlen_k: int | None = None, *,
+                          validate_pos: bool = True, stream=None, variant: str | None = None):
+    """Varlen attention with QK head size 192 and V head size 128 (H q heads = H kv heads):
+    request r owns query rows [cu_seqlens_q[r], cu_seqlens_q[r+1]) and key rows likewise;
+    ``causal``: query i of Lq sees keys j <= i + Lk - Lq (bottom-right aligned), else
+    every key of its request. out [total_q, H, 128]; lse [H, total_q] or None.
+    ``max_seqlen_q`` (the host's bound on query rows) sizes the grid; ``max_seqlen_k`` is
+    the engine's argument, checked (an int >= 1) and not needed by the kernel, which reads
+    each request's key count on the device. Returns the bound Launch."""
+    who = "mla_prefill_attention"
+    if type(causal) is not bool:
+        raise ContractError(who, "type", f"causal must be True or False, not {causal!r}")
+    if max_seqlen_k is not None:
+        count("max_seqlen_k", max_seqlen_k, 1, who)
+    fn = launcher(role(Op.MLA_PREFILL, mask=(Mask.CAUSAL if causal else Mask.FULL).value,
+                       lse=(Lse.NONE if lse is None else Lse.WRITE).value), variant)
+    outs = (out,) if lse is None else (out, lse)
+    return fn(query, key, value, cu_seqlens_q, cu_seqlens_k, *outs, max_seqlen_q=max_seqlen_q,
+              scale=scale, validate_pos=validate_pos, stream=stream)
 
 
 class MLACache(PagedBlocks):

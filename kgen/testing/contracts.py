@@ -222,7 +222,8 @@ def _strided(a, k, case):
 def _first_array(k):
     return {Op.QZ_SPLIT: "q", Op.KV_APPEND: "k_new", Op.FLASH: "q",
             Op.DECODE_COMBINE: "out", Op.MERGE_ATTN_STATES: "output", Op.MLA_STORE: "kv_cache",
-            Op.MLA_GATHER: "dst", Op.MLA_DECODE: "query", Op.MLA_COMBINE: "out"}[k.op]
+            Op.MLA_GATHER: "dst", Op.MLA_DECODE: "query", Op.MLA_COMBINE: "out",
+            Op.MLA_PREFILL: "query"}[k.op]
 
 
 def _non_contiguous(k, case):
@@ -516,6 +517,7 @@ def _huge_pages(x, a):
 
 _STORE, _GATHER, _DECODE, _COMBINE = (_mla(o) for o in (Op.MLA_STORE, Op.MLA_GATHER,
                                                        Op.MLA_DECODE, Op.MLA_COMBINE))
+_PREFILL = _mla(Op.MLA_PREFILL)
 _MLA_DECODING = lambda k: k.op in (Op.MLA_DECODE, Op.MLA_COMBINE)  # noqa: E731
 
 MUTATIONS.update({
@@ -608,6 +610,31 @@ MUTATIONS.update({
         "seq_lens", lambda x, a: np.zeros_like(x))),
     "mla_combine_rows_over_int": Mutation("int32 index", _COMBINE, _mla_shape_only(
         requests=((1, 1),) * 2**16, n_head=2**15, n_splits=1)),
+    "mla_prefill_key_width": Mutation("shape", _PREFILL, _mla_set(
+        "key", _zeros_like_shape(lambda s: (s[0], s[1], s[2] - 64)))),
+    "mla_prefill_value_rows": Mutation("shape", _PREFILL, _mla_set(
+        "value", _zeros_like_shape(lambda s: (s[0] + 1, s[1], s[2])))),
+    "mla_prefill_heads_mismatch": Mutation("shape", _PREFILL, _mla_set(
+        "key", _zeros_like_shape(lambda s: (s[0], s[1] + 1, s[2])))),
+    "mla_prefill_out_width": Mutation("shape", _PREFILL, _mla_set(
+        "out", _zeros_like_shape(lambda s: (s[0], s[1], s[2] + 64)))),
+    "mla_prefill_cu_k_size": Mutation("shape", _PREFILL, _mla_set(
+        "cu_seqlens_k", lambda x, a: np.zeros(x.size + 1, x.dtype))),
+    "mla_prefill_lse_transposed": Mutation(
+        "lse layout", lambda k: _PREFILL(k) and k.lse is Lse.WRITE,
+        _mla_set("lse", _zeros_like_shape(lambda s: s[::-1]), requests=((5, 5),), n_head=3)),
+    "mla_prefill_max_seqlen_q_over_rows": Mutation("max_seqlen_q", _PREFILL, _mla_set(
+        "max_seqlen_q", lambda x, a: int(a["query"].shape[0]) + 1)),
+    "mla_prefill_max_seqlen_q_short": Mutation("max_seqlen_q", _PREFILL, _mla_set(
+        "max_seqlen_q", lambda x, a: x - 1, requests=((1, 1), (3, 3)))),
+    "mla_prefill_cu_q_not_rising": Mutation("cu_seqlens_q", _PREFILL, _mla_set(
+        "cu_seqlens_q", lambda x, a: x[::-1].copy(), requests=((1, 1), (3, 3)))),
+    "mla_prefill_cu_k_past_rows": Mutation("cu_seqlens_k", _PREFILL, _mla_set(
+        "cu_seqlens_k", lambda x, a: x * 2)),
+    "mla_prefill_rows_over_int": Mutation("int32 index", _PREFILL, _mla_shape_only(
+        requests=((2**16, 2**16),), n_head=2**15 + 1)),
+    "mla_prefill_scale_not_finite": Mutation("scale", _PREFILL, _mla_set(
+        "scale", lambda x, a: float("nan"))),
 })
 
 

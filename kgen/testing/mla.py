@@ -12,6 +12,9 @@ host (contracts) and their GPU checks against the NumPy definitions (kgen.numpy_
 * mla_combine (merge stage): random partials with NaN in every split that holds no
   keys (the kernel must skip them), some live splits fully masked (m = -inf, l = 0);
   out and lse against the float64 merge.
+* mla_prefill: requests ``Case.requests`` = (query rows, keys), q/k/v random; out and
+  lse against the float64 varlen attention (causal bottom-right or full, by the mask);
+  rows that see no key must be zeros with an LSE of -inf.
 """
 
 from __future__ import annotations
@@ -21,8 +24,15 @@ import math
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import Lse, Op, SeqStarts
-from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, MLA_ROW, mla_split_keys
+from kgen.ir.axes import Lse, Mask, Op, SeqStarts
+from kgen.ir.geometry import (
+    MLA_LATENT,
+    MLA_PREFILL_QK,
+    MLA_PREFILL_V,
+    MLA_ROPE,
+    MLA_ROW,
+    mla_split_keys,
+)
 from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, bits_equal, rng
 from kgen.testing.device import assert_close, dev, poisoned
@@ -80,7 +90,24 @@ DECODE = [
 ]
 
 
+# mla_prefill: (query rows, keys) per request, n_head heads: one row; chunks appended to a
+# context (Lq < Lk); more rows than keys (causal rows that see none); an empty request
+# (no query rows, or no keys); rows that fill no whole block.
+PREFILL = [
+    Case("mla_prefill_r1_1", requests=((1, 1),), n_head=1),
+    Case("mla_prefill_r3_h4", requests=((5, 5), (3, 10), (17, 17)), n_head=4),
+    Case("mla_prefill_r1_40_h16", requests=((40, 40),), n_head=16),
+    Case("mla_prefill_more_rows_than_keys", requests=((7, 3),), n_head=2),
+    Case("mla_prefill_r2_chunk_h8", requests=((100, 300), (64, 64)), n_head=8),
+    Case("mla_prefill_r2_edges_h3", requests=((33, 1), (1, 33)), n_head=3),
+    Case("mla_prefill_empty_requests", requests=((0, 5), (4, 4), (3, 0)), n_head=2),
+    Case("mla_prefill_r1_129_h128", requests=((129, 129),), n_head=128),
+]
+
+
 def candidates(k: Kernel) -> list[Case]:
+    if k.op is Op.MLA_PREFILL:
+        return PREFILL
     if k.op is Op.MLA_STORE:
         return STORE
     if k.op is Op.MLA_GATHER:
@@ -94,6 +121,8 @@ def required(k: Kernel) -> list[Case]:
         return [Case("mla_smallest", n=2, block_size=2)]
     if k.op is Op.MLA_GATHER:
         return [Case("mla_smallest", requests=((1, 1),), block_size=1)]
+    if k.op is Op.MLA_PREFILL:
+        return [Case("mla_smallest", requests=((1, 1),), n_head=1)]
     return [Case("mla_smallest", requests=((1, 1),), n_head=1, n_splits=1, block_size=1)]
 
 
@@ -135,8 +164,27 @@ def gather_layout(case: Case) -> dict:
             "num_tokens": n}
 
 
+def prefill_layout(case: Case) -> dict:
+    qlens = [q for q, _ in case.requests]
+    klens = [kk for _, kk in case.requests]
+    return {"cu_seqlens_q": np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32),
+            "cu_seqlens_k": np.concatenate([[0], np.cumsum(klens)]).astype(np.int32),
+            "max_seqlen_q": max(max(qlens), 1)}
+
+
 def host_args(k: Kernel, case: Case, z) -> dict:
     """A valid argument set for ``bind`` (index tensors with real values)."""
+    if k.op is Op.MLA_PREFILL:
+        lay = prefill_layout(case)
+        Tq, Tk = int(lay["cu_seqlens_q"][-1]), int(lay["cu_seqlens_k"][-1])
+        H = case.n_head
+        a = dict(query=z((Tq, H, MLA_PREFILL_QK), f32), key=z((Tk, H, MLA_PREFILL_QK), f32),
+                 value=z((Tk, H, MLA_PREFILL_V), f32), cu_seqlens_q=lay["cu_seqlens_q"],
+                 cu_seqlens_k=lay["cu_seqlens_k"], out=z((Tq, H, MLA_PREFILL_V), f32),
+                 max_seqlen_q=lay["max_seqlen_q"], scale=1.0 / math.sqrt(MLA_PREFILL_QK))
+        if k.lse is Lse.WRITE:
+            a["lse"] = z((H, Tq), f32)
+        return a
     if k.op is Op.MLA_STORE:
         slots, nb = store_slots(case)
         return dict(kv_c=z((case.n, MLA_LATENT), f32), k_pe=z((case.n, MLA_ROPE), f32),
@@ -170,7 +218,7 @@ def host_args(k: Kernel, case: Case, z) -> dict:
 
 def check(k: Kernel, fn, case: Case) -> None:
     {Op.MLA_STORE: _check_store, Op.MLA_GATHER: _check_gather, Op.MLA_DECODE: _check_decode,
-     Op.MLA_COMBINE: _check_combine}[k.op](k, fn, case)
+     Op.MLA_COMBINE: _check_combine, Op.MLA_PREFILL: _check_prefill}[k.op](k, fn, case)
 
 
 def _strided_rows(g, rows: int, width: int, pad: int):
@@ -265,3 +313,28 @@ def _check_combine(k: Kernel, fn, case: Case) -> None:
                      want_lse[np.isfinite(want_lse)], seed)
         assert bool(np.isneginf(got_lse[~np.isfinite(want_lse)]).all()), \
             f"{k.name}: a row with no scored key has an LSE other than -inf, seed={seed}"
+
+
+def _check_prefill(k: Kernel, fn, case: Case) -> None:
+    g, seed = rng()
+    lay = prefill_layout(case)
+    Tq, Tk = int(lay["cu_seqlens_q"][-1]), int(lay["cu_seqlens_k"][-1])
+    H = case.n_head
+    q = g.standard_normal((Tq, H, MLA_PREFILL_QK)).astype(f32)
+    key = g.standard_normal((max(Tk, 1), H, MLA_PREFILL_QK)).astype(f32)[:Tk]
+    value = g.standard_normal((max(Tk, 1), H, MLA_PREFILL_V)).astype(f32)[:Tk]
+    scale = 1.0 / math.sqrt(MLA_PREFILL_QK)
+    out = poisoned((Tq, H, MLA_PREFILL_V))
+    outs = [out] + ([poisoned((H, Tq))] if k.lse is Lse.WRITE else [])
+    fn(dev(q), dev(np.ascontiguousarray(key)), dev(np.ascontiguousarray(value)),
+       dev(lay["cu_seqlens_q"]), dev(lay["cu_seqlens_k"]), *outs,
+       max_seqlen_q=lay["max_seqlen_q"], scale=scale)
+    want, want_lse = ref.mla_prefill(q, key, value, lay["cu_seqlens_q"], lay["cu_seqlens_k"],
+                                     scale, k.mask is Mask.CAUSAL)
+    assert_close(f"{k.name} out", out.get(), want, seed)
+    if k.lse is Lse.WRITE:
+        got = outs[1].get()
+        seen = np.isfinite(want_lse)
+        assert_close(f"{k.name} lse", got[seen], want_lse[seen], seed)
+        assert bool(np.isneginf(got[~seen]).all()), \
+            f"{k.name}: a row that sees no key has an LSE other than -inf, seed={seed}"

@@ -17,11 +17,14 @@ import numpy as np
 import pytest
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import Lse, Op, SeqStarts
+from kgen.ir.axes import Lse, Mask, Op, SeqStarts
 from kgen.ir.geometry import (
     MLA_COMBINE_THREADS,
     MLA_HEADS,
     MLA_LATENT,
+    MLA_PREFILL_QK,
+    MLA_PREFILL_ROWS,
+    MLA_PREFILL_V,
     MLA_ROPE,
     MLA_ROW,
     MLA_SPLIT_KEYS,
@@ -31,6 +34,7 @@ from kgen.ir.geometry import (
     mla_decode_shared,
     mla_default_splits,
     mla_gather_threads,
+    mla_prefill_shared,
     mla_split_keys,
 )
 from kgen.runtime import ContractError, bind
@@ -50,10 +54,15 @@ GATHER_STARTS = KERNELS[(Op.MLA_GATHER, SeqStarts.GIVEN)]
 DECODE = KERNELS[(Op.MLA_DECODE, SeqStarts.NONE)]
 COMBINE = KERNELS[(Op.MLA_COMBINE, Lse.NONE)]
 COMBINE_LSE = KERNELS[(Op.MLA_COMBINE, Lse.WRITE)]
+PREFILLS = {(k.mask, k.lse): k for k in (m for mod in kgen_kernels.MODULES.values()
+                                         for m in mod.KERNELS.values())
+            if k.op is Op.MLA_PREFILL}
 
 
 def test_every_mla_kernel_is_built():
     assert len(KERNELS) == 6
+    assert set(PREFILLS) == {(m, lse) for m in (Mask.CAUSAL, Mask.FULL)
+                             for lse in (Lse.NONE, Lse.WRITE)}
 
 
 # ---- the definitions -----------------------------------------------------------------
@@ -211,6 +220,32 @@ def _combine(k, fault=None):
     return fn
 
 
+def _prefill(k, fault=None):
+    causal = k.mask is Mask.CAUSAL
+
+    def fn(q, key, value, cu_q, cu_k, out, *lse, max_seqlen_q, scale, stream=None):
+        for r in range(len(cu_q) - 1):
+            q0, q1, k0, k1 = int(cu_q[r]), int(cu_q[r + 1]), int(cu_k[r]), int(cu_k[r + 1])
+            Lq, Lk = q1 - q0, k1 - k0
+            for i in range(Lq):
+                shift = 0 if fault == "top_left" else Lk - Lq
+                n = min(Lk, i + shift + 1) if causal else Lk
+                if n <= 0:
+                    out[q0 + i] = np.nan if fault == "nan_empty" else 0.0
+                    if lse:
+                        lse[0][:, q0 + i] = -np.inf
+                    continue
+                s_ = np.einsum("hd,jhd->hj", q[q0 + i], key[k0:k0 + n]).astype(np.float32)
+                s_ *= np.float32(scale)
+                m = s_.max(axis=1, keepdims=True)
+                e = np.exp(s_ - m)
+                tot = e.sum(axis=1, keepdims=True)
+                out[q0 + i] = np.einsum("hj,jhd->hd", e / tot, value[k0:k0 + n])
+                if lse:
+                    lse[0][:, q0 + i] = (m + np.log(tot))[:, 0]
+    return fn
+
+
 def _cases(k):
     return [pytest.param(c, id=str(c)) for c in plan_cases(k)[0]]
 
@@ -252,6 +287,37 @@ def test_the_gpu_checks_fail_a_kernel_that_breaks_the_definition(host_device, k,
         tmla.check(k, fn, case)
 
 
+@pytest.mark.parametrize("key", sorted(PREFILLS), ids=lambda x: f"{x[0].value}-{x[1].value}")
+def test_prefill_check_passes_the_kernels_arithmetic(host_device, key):
+    k = PREFILLS[key]
+    for case in plan_cases(k)[0]:
+        if case.n_head * sum(q for q, _ in case.requests) > 2000:
+            continue  # the emulation is slow; the GPU runs the large ones
+        tmla.check(k, _prefill(k), case)
+
+
+@pytest.mark.parametrize("fault", ["top_left", "nan_empty"])
+def test_the_prefill_check_fails_a_kernel_that_breaks_the_definition(host_device, fault):
+    k = PREFILLS[(Mask.CAUSAL, Lse.WRITE)]
+    with pytest.raises(AssertionError):
+        tmla.check(k, _prefill(k, fault), tmla.PREFILL[3] if fault == "nan_empty"
+                   else tmla.PREFILL[1])
+
+
+def test_prefill_reference_causal_is_bottom_right():
+    g = np.random.default_rng(1)
+    q = g.standard_normal((2, 1, 4))
+    k = g.standard_normal((5, 1, 4))
+    v = g.standard_normal((5, 1, 3))
+    cu_q, cu_k = np.array([0, 2]), np.array([0, 5])
+    out, lse = ref.mla_prefill(q, k, v, cu_q, cu_k, 0.5, True)
+    full, _ = ref.mla_prefill(q[1:], k, v, np.array([0, 1]), cu_k, 0.5, True)
+    np.testing.assert_allclose(out[1], full[0])  # the last query sees every key
+    first, _ = ref.mla_prefill(q[:1], k[:4], v[:4], np.array([0, 1]), np.array([0, 4]), 0.5,
+                               False)
+    np.testing.assert_allclose(out[0], first[0])  # query 0 of 2 sees keys 0..3
+
+
 def test_the_gpu_cases_cover_the_engines_shapes():
     decode = plan_cases(DECODE)[0]
     assert {16, 128} <= {c.n_head for c in decode}
@@ -283,6 +349,39 @@ def test_decode_fits_sm37():
     regs = registers(DECODE)
     assert regs is not None and regs <= 255
     assert mla_decode_shared() <= 48 * 1024
+    assert mla_prefill_shared() <= 48 * 1024
+
+
+def test_prefill_bind_geometry():
+    k = PREFILLS[(Mask.CAUSAL, Lse.WRITE)]
+    case = tmla.PREFILL[4]  # (100, 300), (64, 64); 8 heads
+    a = tmla.host_args(k, case, np.zeros)
+    b = bind(k, a)
+    assert b.grid == (-(-100 // MLA_PREFILL_ROWS), 8, 2)
+    assert b.block == (MLA_PREFILL_ROWS * 32, 1, 1) and int(b.arg("total_q")) == 164
+    a["lse"] = np.zeros((164, 8), np.float32)
+    with pytest.raises(ContractError) as e:
+        bind(k, a)
+    assert e.value.contract == "lse layout"
+
+
+def test_prefill_entry_point(cp):
+    Tq, Tk, H = 9, 20, 4
+    args = (cp.empty((Tq, H, MLA_PREFILL_V)), cp.empty((H, Tq)),
+            cp.empty((Tq, H, MLA_PREFILL_QK)), cp.empty((Tk, H, MLA_PREFILL_QK)),
+            cp.empty((Tk, H, MLA_PREFILL_V)), _upload(cp, np.array([0, 4, 9], np.int32)),
+            _upload(cp, np.array([0, 10, 20], np.int32)))
+    for causal, with_lse in ((True, True), (False, False)):
+        out, lse, *rest = args
+        b = rmla.mla_prefill_attention(out, lse if with_lse else None, *rest, 0.07, causal, 5,
+                                       max_seqlen_k=10)
+        assert b.kernel == PREFILLS[(Mask.CAUSAL if causal else Mask.FULL,
+                                     Lse.WRITE if with_lse else Lse.NONE)].name
+    n = lambda: len(cp.launched)  # noqa: E731
+    cp.refuses(n, "above max_seqlen_q", rmla.mla_prefill_attention, *args, 0.07, True, 4)
+    cp.refuses(n, "causal must be", rmla.mla_prefill_attention, *args, 0.07, 1, 5)
+    cp.refuses(n, "max_seqlen_k", rmla.mla_prefill_attention, *args, 0.07, True, 5,
+               max_seqlen_k=0)
 
 
 def test_store_takes_strided_rows():

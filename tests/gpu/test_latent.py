@@ -3,7 +3,8 @@
 counts and split counts (the default rule, one split, more splits than keys), with and
 without the LSE; its bits reproducible run to run for a fixed split count, and with one
 split independent of the batch a request decodes in; the store from strided sources and
-the gather back; MLACache chaining store -> decode -> gather."""
+the gather back; MLACache chaining store -> decode -> gather; the prefill (QK 192, V 128)
+against the definition, and its context chunks merged by MergeAttnStates."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from kgen import numpy_ref as ref
-from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, MLA_ROW
+from kgen.ir.geometry import MLA_LATENT, MLA_PREFILL_QK, MLA_PREFILL_V, MLA_ROPE, MLA_ROW
 from kgen.testing import rng
 from kgen.testing.case import bits_equal
 
@@ -166,3 +167,66 @@ def test_mla_cache_store_decode_gather():
                            np.concatenate(rows[sids[2]])[32:]])
     assert bits_equal(got, want), f"seed={seed}"
     assert math.isfinite(float(np.abs(got).sum()))
+
+
+def _prefill(cp, q, k, v, cu_q, cu_k, causal, with_lse=True):
+    from kgen.runtime import mla_prefill_attention
+
+    Tq, H = q.shape[:2]
+    out = cp.full((Tq, H, MLA_PREFILL_V), np.nan, np.float32)
+    lse = cp.full((H, Tq), np.nan, np.float32) if with_lse else None
+    mla_prefill_attention(out, lse, cp.asarray(q), cp.asarray(k), cp.asarray(v),
+                          cp.asarray(cu_q), cp.asarray(cu_k), SCALE, causal,
+                          int(np.diff(cu_q).max()), int(np.diff(cu_k).max()))
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n_head", [16, 128])
+def test_prefill_against_the_definition(causal, n_head):
+    import cupy as cp
+
+    g, seed = rng()
+    lens = [(1, 1), (300, 300), (17, 530), (64, 20)]  # a chunk on a context; rows > keys
+    cu_q = np.concatenate([[0], np.cumsum([a for a, _ in lens])]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum([b for _, b in lens])]).astype(np.int32)
+    q = _rand(g, int(cu_q[-1]), n_head, MLA_PREFILL_QK)
+    k = _rand(g, int(cu_k[-1]), n_head, MLA_PREFILL_QK)
+    v = _rand(g, int(cu_k[-1]), n_head, MLA_PREFILL_V)
+    out, lse = _prefill(cp, q, k, v, cu_q, cu_k, causal)
+    want, want_lse = ref.mla_prefill(q, k, v, cu_q, cu_k, SCALE, causal)
+    np.testing.assert_allclose(out.get(), want, rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
+    got_lse = lse.get()
+    seen = np.isfinite(want_lse)
+    np.testing.assert_allclose(got_lse[seen], want_lse[seen], rtol=RTOL, atol=ATOL,
+                               err_msg=f"seed={seed}")
+    assert bool(np.isneginf(got_lse[~seen]).all()), f"seed={seed}"
+
+
+def test_prefill_context_chunks_merge_to_the_whole():
+    """The engine's chunked MLA prefill: the new tokens attend causally to themselves and,
+    non-causally, to each context chunk; MergeAttnStates folds the chunks in by their
+    LSEs ([H, T], the layout both ops share)."""
+    import cupy as cp
+
+    from kgen.runtime import merge_attn_states
+
+    g, seed = rng()
+    H, T, C = 16, 40, 200  # T new tokens after C context tokens, context in two chunks
+    q = _rand(g, T, H, MLA_PREFILL_QK)
+    k = _rand(g, C + T, H, MLA_PREFILL_QK)
+    v = _rand(g, C + T, H, MLA_PREFILL_V)
+    cu_q = np.array([0, T], np.int32)
+    acc, acc_lse = _prefill(cp, q, k[C:], v[C:], cu_q, np.array([0, T], np.int32), True)
+    for lo, hi in ((0, 120), (120, C)):
+        part, part_lse = _prefill(cp, q, k[lo:hi], v[lo:hi], cu_q,
+                                  np.array([0, hi - lo], np.int32), False)
+        out = cp.empty_like(acc)
+        out_lse = cp.empty_like(acc_lse)
+        merge_attn_states(out, out_lse, part, part_lse, acc, acc_lse)
+        acc, acc_lse = out, out_lse
+    want, want_lse = ref.mla_prefill(q, k, v, cu_q, np.array([0, C + T], np.int32), SCALE,
+                                     True)
+    np.testing.assert_allclose(acc.get(), want, rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
+    np.testing.assert_allclose(acc_lse.get(), want_lse, rtol=RTOL, atol=ATOL,
+                               err_msg=f"seed={seed}")
