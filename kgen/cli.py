@@ -302,8 +302,12 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
         elif k.op.value in ("kv_append", "decode_combine"):
             axes += f" pos={k.position.value}" + (f" kv={k.kv.value}" if k.op.value ==
                                                   "kv_append" else "")
-        elif k.op.value == "merge_attn_states":
+        elif k.op.value in ("merge_attn_states", "mla_combine"):
             axes += f" lse={k.lse.value}"
+        elif k.op.value == "mla_prefill":
+            axes += f" mask={k.mask.value} lse={k.lse.value}"
+        elif k.op.value == "gather_mla_cache":
+            axes += f" seq_starts={k.seq_starts.value}"
         dims = coverage.runs(coverage.head_dims(k))
         print(f"{k.name:<{w}}  {k.module:<14}  {axes}  head_dim {dims}")
     return 0

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from kgen.ir.axes import KStage, Op, VStage
+from kgen.ir.axes import MLA_OPS, KStage, Op, VStage
 from kgen.ir.geometry import (
     block_threads,
     flash_shared_bytes,
     head_dim_step,
     merge_threads,
+    mla_threads,
     query_tiles,
     tile_threads,
 )
@@ -161,6 +162,8 @@ def _block(k: Kernel, hd: int | None, static: int) -> Block:
         return Block(None, None, QZ_BLOCK if k.op is Op.QZ_SPLIT else 1, static)
     if k.op is Op.MERGE_ATTN_STATES:  # a fixed block of warps, a warp per row
         return Block(hd, None, merge_threads(), static)
+    if k.op in MLA_OPS:  # a fixed block per op, all its shared memory static
+        return Block(hd, None, mla_threads(k), static)
     if k.op is not Op.FLASH:  # an append or combine block is head_dim threads
         return Block(hd, None, hd, static)
     g = groups_by_head_dim(k, [hd])[hd]

@@ -109,6 +109,12 @@ ALWAYS = {
         "sink", "win", "kv_groups", "head_dim", "block_size", "max_blocks", "num_reqs", "kps",
         "splits_cap", "max_seq", "seq_len", "n_splits", "split_len", "pos0", "n_rows",
         "n_head_kv", "total", "launch_splits", "max_seq_len")},
+    # the MLA ops (the latent cache's store and gather, the split decode)
+    **{n: "tensor" for n in ("kv_c", "k_pe", "kv_cache", "dst", "src_cache", "cu_seq_lens",
+                             "token_to_seq", "seq_starts", "query", "lse", "key", "value",
+                             "cu_seqlens_q", "cu_seqlens_k")},
+    **{n: "int" for n in ("n_slots", "kv_c_stride", "k_pe_stride", "num_blocks", "num_tokens",
+                          "n_head", "kv_splits", "total_q", "max_seqlen_q")},
     **{n: ("int" if p.kind is int else "float") for n, p in PARAMS.items()},
 }
 
@@ -130,7 +136,7 @@ def _fields(kernels) -> list[Field]:
             seen[p.name] = "tensor" if p.is_pointer else ("float" if p.ctype == "float"
                                                            else "int")
         for a in py_args(k)[1]:
-            if a.name in ("launch_splits", "max_seq_len"):
+            if a.name in ("launch_splits", "max_seq_len", "max_seqlen_q"):
                 seen[a.name] = "int"
     seen.update({n: kind for n, kind in ALWAYS.items() if n not in seen})
     return [Field(n, seen[n]) for n in sorted(seen) if n != "validate_pos"]
@@ -186,7 +192,7 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "registers": -1 if k.registers is None else k.registers,
         "query_tiles": flash and geo.query_tiles(k), "padded": flash and geo.padded(k),
         "hoisted": flash and geo.stream_hoisted(k),
-        "lse_write": k.op is Op.MERGE_ATTN_STATES and k.lse is Lse.WRITE,
+        "lse_write": k.lse is Lse.WRITE,  # merge_attn_states, mla_combine
         "stream_head_dim": geo.stream_head_dim(k) if flash and geo.streams(k) else 0,
         "tile_threads": geo.tile_threads(k) if flash else 0,
         "out_cols": geo.out_cols(k) if flash and geo.query_tiles(k) else 0,
@@ -255,6 +261,19 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
     }
 
 
+def _mla_geometry() -> dict:
+    """The MLA kernels' launch geometry (kgen.ir.geometry) for the C++ port."""
+    return {"latent": geo.MLA_LATENT, "rope": geo.MLA_ROPE, "row": geo.MLA_ROW,
+            "store_threads": geo.MLA_STORE_THREADS, "threads": geo.MLA_THREADS,
+            "gather_threads": geo.mla_gather_threads(),
+            "combine_threads": geo.MLA_COMBINE_THREADS,
+            "gather_grid_x": expr(geo.mla_gather_grid(Sym("n"))[0]),
+            "decode_grid_x": expr(geo.mla_decode_grid(Sym("H"), 1, 1)[0]),
+            "prefill_qk": geo.MLA_PREFILL_QK, "prefill_v": geo.MLA_PREFILL_V,
+            "prefill_threads": geo.MLA_PREFILL_ROWS * TARGET.warp,
+            "prefill_grid_x": expr(geo.mla_prefill_grid(Sym("mq"), 1, 1)[0])}
+
+
 def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
                    header: str, templates: Path, cache_dir: Path | None = None,
                    sources: dict[str, str] | None = None) -> dict[str, str]:
@@ -277,6 +296,7 @@ def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
         op_names=[o.name for o in Op], merge_rows=geo.MERGE_ROWS,
         merge_threads=geo.merge_threads(),
         merge_grid_x=expr(geo.merge_grid(Sym("T"), Sym("H"))[0]),
+        mla=_mla_geometry(),
         header_name=HEADER, target=TARGET, registers_contract=REGISTERS, int_max=INT_MAX,
         params=[{"name": p.name, "is_int": p.kind is int,
                  "default": ("0" if p.default is None else repr(p.default)),

@@ -117,6 +117,7 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
         "window": any(k.op is Op.FLASH for k in kernels),
         "combine": any(k.op is Op.DECODE_COMBINE for k in kernels),
         "merge": any(k.op is Op.MERGE_ATTN_STATES for k in kernels),
+        "mla": any(k.op in (Op.MLA_DECODE, Op.MLA_COMBINE) for k in kernels),  # split bounds
         "paged": any(k.paged and k.op is Op.FLASH for k in kernels),
         "combine_sinks": any(k.op is Op.DECODE_COMBINE and k.learned_sinks for k in kernels),
         "exact_window": any(k.op is Op.FLASH and k.exact_window for k in kernels),
@@ -129,6 +130,8 @@ def render_module(env: jinja2.Environment, name: str, kernels: list[Kernel],
                   root: Path, group: str | None = None) -> Module:
     views = [KernelView(k) for k in kernels]
     parts = ["kernels/flash_parts.j2"] if any(k.op is Op.FLASH for k in kernels) else []
+    if any(k.op in (Op.MLA_DECODE, Op.MLA_PREFILL) for k in kernels):
+        parts.append("kernels/mla_parts.j2")
     used = sorted({"module.cu.j2", "lib/*.cuh.j2", *(v.template for v in views), *parts,
                    *(k.fmt.template for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND))})
     spec_paths = sorted({spec_rel(k.spec_path, root) for k in kernels})

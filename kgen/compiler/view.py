@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from kgen.ir import geometry
 from kgen.ir.axes import (
     KStage,
     Lse,
@@ -19,6 +20,7 @@ from kgen.ir.axes import (
     QStage,
     RingFloor,
     Schedule,
+    SeqStarts,
     Sinks,
     SoftCap,
     Threads,
@@ -189,6 +191,33 @@ class KernelView:
     def merge_rows(self) -> int:
         """merge_attn_states: (token, head) rows of a block, a warp each."""
         return MERGE_ROWS
+
+    @property
+    def mla(self) -> dict:
+        """The MLA kernels' compile-time geometry (kgen.ir.geometry, one home)."""
+        g = geometry
+        return {"latent": g.MLA_LATENT, "rope": g.MLA_ROPE, "row": g.MLA_ROW,
+                "store_threads": g.MLA_STORE_THREADS, "gather_rows": g.MLA_GATHER_ROWS,
+                "tile": g.MLA_TILE, "heads": g.MLA_HEADS, "threads": g.MLA_THREADS,
+                "v_cols": g.MLA_V_COLS, "v_threads": g.MLA_V_THREADS,
+                "combine_threads": g.MLA_COMBINE_THREADS, "prefill_qk": g.MLA_PREFILL_QK,
+                "prefill_v": g.MLA_PREFILL_V, "prefill_rows": g.MLA_PREFILL_ROWS,
+                "prefill_tile": g.MLA_PREFILL_TILE}
+
+    @property
+    def writes_mla_lse(self) -> bool:
+        """mla_combine ([B][Hq]), mla_prefill ([H][total_q]): the LSE is written too."""
+        return self.k.op in (Op.MLA_COMBINE, Op.MLA_PREFILL) and self.k.lse is Lse.WRITE
+
+    @property
+    def mla_causal(self) -> bool:
+        """mla_prefill, mask = causal: query i sees keys j <= i + Lk - Lq."""
+        return self.k.op is Op.MLA_PREFILL and self.k.mask is Mask.CAUSAL
+
+    @property
+    def mla_seq_starts(self) -> bool:
+        """gather_mla_cache: a request's rows start at seq_starts[b] (seq_starts = given)."""
+        return self.k.seq_starts is SeqStarts.GIVEN
 
     @property
     def block_note(self) -> str:

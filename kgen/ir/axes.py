@@ -22,6 +22,16 @@ class Op(StrEnum):
     DECODE_COMBINE = "decode_combine"  # merge split-decode partials
     MERGE_ATTN_STATES = "merge_attn_states"  # the engine's MergeAttnStates: two partial
     #                                          results over disjoint keys, by their LSEs
+    MLA_STORE = "concat_and_cache_mla"  # MLA: latent kv_c and k_pe rows into the paged cache
+    MLA_GATHER = "gather_mla_cache"     # MLA: requests' cache rows into a contiguous workspace
+    MLA_DECODE = "mla_decode"           # MLA decode, split stage: (m, l, acc) per key split
+    MLA_COMBINE = "mla_combine"         # MLA decode, merge stage: splits in ascending order
+    MLA_PREFILL = "mla_prefill"         # MLA prefill: varlen attention, QK 192, V 128
+
+
+# The multi-head latent attention ops: kernels over the latent cache, one row width each.
+MLA_OPS = frozenset({Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE, Op.MLA_COMBINE,
+                     Op.MLA_PREFILL})
 
 
 class Mode(StrEnum):
@@ -112,6 +122,11 @@ class Lse(StrEnum):
     WRITE = "write"  # it also writes the merged log-sum-exp, [n_head][n_tokens]
 
 
+class SeqStarts(StrEnum):
+    NONE = "none"    # gather_mla_cache: each request's context starts at its row 0
+    GIVEN = "given"  # gather_mla_cache: seq_starts [B] gives each request's first row
+
+
 class RingFloor(StrEnum):
     NONE = "none"    # the fp16 window ring is trusted for every recent key
     BATCH = "batch"  # keys lapped by later rows of the same batch fall back to the body
@@ -152,7 +167,8 @@ KEYS: dict[str, Key] = {
     "schedule": Key(Schedule, Schedule.BLOCK_TILE, FLASH, "how a block walks its keys"),
     "keys_per_step": Key(int, 2, FLASH, "keys a warp_stream unit loads before scoring them"),
     "window": Key(Window, Window.SINK_RECENT, FLASH, "which key tiles are attended"),
-    "mask": Key(Mask, Mask.CAUSAL, FLASH, "which keys a query sees before any window"),
+    "mask": Key(Mask, Mask.CAUSAL, frozenset({Op.FLASH, Op.MLA_PREFILL}), "which keys a "
+                "query sees before any window"),
     "softcap": Key(SoftCap, SoftCap.NONE, FLASH, "logit soft-capping"),
     "sinks": Key(Sinks, Sinks.NONE, frozenset({Op.FLASH, Op.DECODE_COMBINE}),
                  "learned attention-sink logits (decode: in the combine)"),
@@ -181,8 +197,11 @@ KEYS: dict[str, Key] = {
     "micro_keys": Key(int, 4, FLASH, "query_tile: keys of a thread's score patch"),
     "qtile_loads": Key(QtileLoads, QtileLoads.SCALAR, FLASH, "query_tile: the width of "
                        "its shared-memory loads (scalar, or vec4: float4 along head_dim)"),
-    "lse": Key(Lse, Lse.NONE, frozenset({Op.MERGE_ATTN_STATES}), "whether the merged "
-               "log-sum-exp is written too (output_lse), or not (none)"),
+    "lse": Key(Lse, Lse.NONE, frozenset({Op.MERGE_ATTN_STATES, Op.MLA_COMBINE,
+                                         Op.MLA_PREFILL}), "whether the (merged) "
+               "log-sum-exp is written too (output_lse, lse), or not (none)"),
+    "seq_starts": Key(SeqStarts, SeqStarts.NONE, frozenset({Op.MLA_GATHER}), "whether a "
+                      "request's context rows start at seq_starts[b] (given) or at 0 (none)"),
 }
 
 

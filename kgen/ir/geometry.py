@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.ir.axes import KStage, Mode, QtileLoads, Schedule, StreamLoads, Threads, VStage
+from kgen.ir.axes import KStage, Mode, Op, QtileLoads, Schedule, StreamLoads, Threads, VStage
 from kgen.ir.kernel import Kernel
 from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM
 from kgen.ir.target import TARGET
@@ -273,3 +273,124 @@ def merge_threads() -> int:
 def merge_grid(n_tokens: int, n_head: int) -> tuple[int, int, int]:
     """The grid of a merge over n_tokens x n_head rows: a warp per row."""
     return (-(-n_tokens * n_head // MERGE_ROWS), 1, 1)
+
+
+# ---- multi-head latent attention (templates/kernels/{concat_and_cache_mla,
+# gather_mla_cache, mla_decode, mla_combine}.cu.j2) -------------------------------------
+# One latent cache row per token: kv_lora_rank latent columns, then rope_dim rotary
+# columns (MLA_ROW in all); one KV head, and V is the row's first MLA_LATENT columns.
+MLA_LATENT = 512  # kv_lora_rank: kv_c's width, V's head size and the output's
+MLA_ROPE = 64     # rope_dim: k_pe's width
+MLA_ROW = MLA_LATENT + MLA_ROPE  # a cache row, and the query's (and q.k's) head size
+
+# concat_and_cache_mla: a block stores one slot's row, MLA_STORE_THREADS threads along it.
+MLA_STORE_THREADS = 192
+# gather_mla_cache: a warp copies one token's row (float4s), MLA_GATHER_ROWS warps a block.
+MLA_GATHER_ROWS = 4
+# mla_decode: a block serves MLA_HEADS q heads of one request over one key split. It
+# stages MLA_TILE latent rows in shared memory once for all of them; warp w scores
+# MLA_HEADS / warps heads (each lane holds MLA_ROW / 32 query elements of each in
+# registers; the TILE partial dots reduce-scatter across the lanes), then thread t
+# accumulates V columns t % MLA_V_THREADS + MLA_V_THREADS * i of MLA_HEADS /
+# (MLA_THREADS / MLA_V_THREADS) heads.
+MLA_TILE = 16
+MLA_HEADS = 16
+MLA_THREADS = 256
+MLA_V_COLS = 4                       # V columns a thread accumulates, per head it owns
+MLA_V_THREADS = MLA_LATENT // MLA_V_COLS  # threads covering one head's V columns
+# mla_combine: a block merges one (request, head) row, MLA_COMBINE_THREADS threads along V.
+MLA_COMBINE_THREADS = 128
+
+
+# mla_prefill: varlen attention with QK head size MLA_PREFILL_QK (nope 128 + rope 64) and V
+# head size MLA_PREFILL_V, H q heads = H kv heads. A block is MLA_PREFILL_ROWS warps, warp w
+# serving query row qt * ROWS + w of one (request, head); the block stages MLA_PREFILL_TILE
+# keys' K and V rows in shared memory once for all its rows; each lane holds
+# MLA_PREFILL_QK / 32 query elements, the TILE partial dots reduce-scatter across the lanes
+# (lane l ends with one key's dot), and lane l accumulates V columns l + 32 c.
+MLA_PREFILL_QK = 192
+MLA_PREFILL_V = 128
+MLA_PREFILL_ROWS = 16
+MLA_PREFILL_TILE = 32
+
+
+def mla_prefill_grid(max_seqlen_q: int, n_head: int, reqs: int) -> tuple[int, int, int]:
+    """mla_prefill: (query tiles of the longest request, heads, requests)."""
+    return (-(-max_seqlen_q // MLA_PREFILL_ROWS), n_head, reqs)
+
+
+def mla_prefill_shared() -> int:
+    """mla_prefill's static shared memory in bytes: the K and V tiles, each row's p."""
+    return 4 * (MLA_PREFILL_TILE * (MLA_PREFILL_QK + MLA_PREFILL_V)
+                + MLA_PREFILL_ROWS * MLA_PREFILL_TILE)
+
+
+def mla_width(op: Op) -> int:
+    """The one row width the MLA kernels of ``op`` serve (their "head_dim"): MLA_LATENT
+    for the merge stage (V rows), MLA_PREFILL_QK for the prefill (its q.k head size),
+    else MLA_ROW (cache rows, queries)."""
+    return {Op.MLA_COMBINE: MLA_LATENT, Op.MLA_PREFILL: MLA_PREFILL_QK}.get(op, MLA_ROW)
+
+
+def mla_threads(k: Kernel) -> int:
+    """Threads of an MLA kernel's block (fixed by its op)."""
+    return {Op.MLA_STORE: MLA_STORE_THREADS, Op.MLA_GATHER: mla_gather_threads(),
+            Op.MLA_DECODE: MLA_THREADS, Op.MLA_COMBINE: MLA_COMBINE_THREADS,
+            Op.MLA_PREFILL: MLA_PREFILL_ROWS * TARGET.warp}[k.op]
+
+
+def mla_store_grid(n_slots: int) -> tuple[int, int, int]:
+    """concat_and_cache_mla: a block per slot_mapping entry."""
+    return (n_slots, 1, 1)
+
+
+def mla_gather_threads() -> int:
+    """gather_mla_cache: MLA_GATHER_ROWS warps."""
+    return MLA_GATHER_ROWS * TARGET.warp
+
+
+def mla_gather_grid(n_tokens: int) -> tuple[int, int, int]:
+    """gather_mla_cache: a warp per workspace row."""
+    return (-(-n_tokens // MLA_GATHER_ROWS), 1, 1)
+
+
+def mla_head_groups(n_head: int) -> int:
+    """mla_decode: blocks along the q heads (MLA_HEADS each, the last one partial)."""
+    return -(-n_head // MLA_HEADS)
+
+
+def mla_decode_grid(n_head: int, splits: int, reqs: int) -> tuple[int, int, int]:
+    """mla_decode: (head groups, splits, requests); the head groups of one split are
+    adjacent blocks, so they read its latent rows while they are in L2."""
+    return (mla_head_groups(n_head), splits, reqs)
+
+
+def mla_decode_shared() -> int:
+    """mla_decode's static shared memory in bytes: the latent tile, the probabilities
+    and rescale factors of its heads, the tile's row flags."""
+    return 4 * (MLA_TILE * MLA_ROW + MLA_HEADS * MLA_TILE + MLA_HEADS + MLA_TILE)
+
+
+def mla_combine_grid(reqs: int, n_head: int) -> tuple[int, int, int]:
+    """mla_combine: a block per (request, head)."""
+    return (reqs * n_head, 1, 1)
+
+
+def mla_split_keys(seq_len: int, splits: int) -> int:
+    """Keys of each split of a request of ``seq_len`` keys cut in ``splits``: ceil(seq_len /
+    splits) rounded up to whole tiles (the kernels compute the same on the device; later
+    splits may be empty, and both stages skip them)."""
+    if seq_len <= 0:
+        return 0
+    per = -(-seq_len // splits)
+    return -(-per // MLA_TILE) * MLA_TILE
+
+
+def mla_default_splits(max_seq_len: int, sms: int) -> int:
+    """The split count when num_kv_splits = 0: min(next_pow2(max(1, max_seq_len /
+    MLA_SPLIT_KEYS)), 2 * SM count), the engine's rule (integer division)."""
+    want = max(1, max_seq_len // MLA_SPLIT_KEYS)
+    return min(1 << (want - 1).bit_length(), 2 * sms)
+
+
+MLA_SPLIT_KEYS = 512  # the default split count grows by one split per this many keys

@@ -22,6 +22,7 @@ from kgen.ir.axes import (
     QtileLoads,
     RingFloor,
     Schedule,
+    SeqStarts,
     Sinks,
     SoftCap,
     StreamLoads,
@@ -67,6 +68,7 @@ class Kernel:
     qtile_loads: QtileLoads
     stream_loads: StreamLoads
     lse: Lse
+    seq_starts: SeqStarts
     budgets: tuple[ExpectResource, ...] = ()
     relations: tuple[ExpectRelation, ...] = ()
     lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kgen.ir.target import TARGET
+
 INT_MAX = 2**31 - 1  # the largest C int the kernels take
 INT_MIN = -(2**31)   # the least
 
@@ -51,6 +53,14 @@ PARAMS = _table(
           "hold v / v_scale)"),
     Param("prefill_tokens_with_context", int, -1, -1, INT_MIN, INT_MAX, doc="merge: tokens "
           "at this index and past it take the suffix verbatim; < 0: every token merges"),
+)
+
+# Parameters of the entry points that chain launches (kgen.runtime.mla), not of any
+# launcher: they decide the launches' shapes.
+ENTRY_PARAMS = _table(
+    Param("num_kv_splits", int, 0, 1, 0, TARGET.grid_yz_max, doc="MLA decode: key splits "
+          "per request (the split grid's y); 0: the default (kgen.ir.geometry."
+          "mla_default_splits), 1: one split (batch-invariant)"),
 )
 
 NO_WINDOW = (PARAMS["win_left"].neutral, PARAMS["win_right"].neutral)  # (left, right)

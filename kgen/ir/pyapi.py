@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.ir.axes import Mode, Op, Position
+from kgen.ir.axes import MLA_OPS, Mode, Op, Position
 from kgen.ir.kernel import Kernel
 from kgen.ir.params import PARAMS
 from kgen.ir.signature import params
 
 DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "n_rows",
-                     "block_size", "max_blocks", "num_reqs", "n_tokens", "n_head"})
+                     "block_size", "max_blocks", "num_reqs", "n_tokens", "n_head",
+                     "n_slots", "kv_c_stride", "k_pe_stride", "num_blocks", "kv_splits",
+                     "total_q"})
+
 # The default of each parameter a caller may leave out (kgen.ir.params), as source.
 DEFAULTS = {name: repr(p.default) for name, p in PARAMS.items()}
 
@@ -48,6 +51,9 @@ def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
         scalars.append(PyArg("launch_splits", "int | None", "None"))
     if k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.PAGED:
         scalars.append(PyArg("max_seq_len", "int | None", "None"))  # host bound: the grid
-    if k.position is not Position.HOST and k.op is not Op.QZ_SPLIT:
+    if k.op is Op.MLA_PREFILL:
+        scalars.append(PyArg("max_seqlen_q", "int"))  # host bound: the grid
+    # Positions, tables and lengths on the device (the MLA ops' index tensors too).
+    if (k.position is not Position.HOST and k.op is not Op.QZ_SPLIT) or k.op in MLA_OPS:
         scalars.append(PyArg("validate_pos", "bool", "True"))
     return arrays, scalars

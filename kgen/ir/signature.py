@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.ir.axes import Lse, Mode, Op, Position, Schedule, Sinks, SoftCap, Window
+from kgen.ir.axes import Lse, Mode, Op, Position, Schedule, SeqStarts, Sinks, SoftCap, Window
 from kgen.ir.kernel import Kernel
 
 # NumPy dtypes of the element types of the arrays every kernel of an op takes; a KV
 # cache array's elements are its format's (``KvFormat.ctype``, ``KvFormat.dtype``).
-ELEMENT_DTYPES = {"float": "float32", "__half": "float16", "int": "int32"}
+ELEMENT_DTYPES = {"float": "float32", "__half": "float16", "int": "int32",
+                  "long long": "int64"}
 
 
 @dataclass(frozen=True)
@@ -132,4 +133,29 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _p("const float *", "prefix_output", "prefix_lse", "suffix_output",
                   "suffix_lse")
         out += _p("int", "n_tokens", "n_head", "head_dim", "prefill_tokens_with_context")
+    elif k.op is Op.MLA_STORE:  # the engine's ConcatAndCacheMla; row strides in elements
+        out += _p("const float *", "kv_c", "k_pe") + _p("float *", "kv_cache")
+        out += _p("const long long *", "slot_mapping")
+        out += _p("int", "n_slots", "kv_c_stride", "k_pe_stride", "num_blocks", "block_size")
+    elif k.op is Op.MLA_GATHER:  # the engine's GatherMlaCache
+        out += _p("float *", "dst") + _p("const float *", "src_cache")
+        out += _p("const int *", "block_table", "cu_seq_lens", "token_to_seq")
+        if k.seq_starts is SeqStarts.GIVEN:
+            out += _p("const int *", "seq_starts")
+        out += _p("int", "num_tokens", "num_reqs", "num_blocks", "block_size", "max_blocks")
+    elif k.op is Op.MLA_DECODE:  # split stage: partials [B][Hq][kv_splits] (acc x V width)
+        out += _p("const float *", "query", "kv_cache")
+        out += _p("const int *", "block_table", "seq_lens")
+        out += _p("float *", "m_out", "l_out", "acc_out")
+        out += _p("int", "n_head", "kv_splits", "num_blocks", "block_size", "max_blocks")
+        out += _p("float", "scale")
+    elif k.op is Op.MLA_COMBINE:  # merge stage, the splits in ascending order
+        out += _p("const float *", "m_in", "l_in", "acc_in") + _p("const int *", "seq_lens")
+        out += _p("float *", "out", *(["lse"] if k.lse is Lse.WRITE else []))
+        out += _p("int", "n_head", "kv_splits")
+    elif k.op is Op.MLA_PREFILL:  # the engine's MlaPrefillAttention; lse [n_head][total_q]
+        out += _p("const float *", "query", "key", "value")
+        out += _p("const int *", "cu_seqlens_q", "cu_seqlens_k")
+        out += _p("float *", "out", *(["lse"] if k.lse is Lse.WRITE else []))
+        out += _p("int", "n_head", "num_reqs", "total_q") + _p("float", "scale")
     return tuple(out)

@@ -8,6 +8,8 @@
   ``tile_keys``).
 * :mod:`.merge` -- the engine's MergeAttnStates (two partial results merged by
   their LSEs), from the doc's formulas.
+* :mod:`.mla` -- the engine's multi-head latent attention ops (the latent cache's
+  store and gather, the decode), from the doc's definitions.
 
 GPU tests compare the kernels against these functions: bytes exactly for the
 cache, float64 values within a tolerance for attention.
@@ -51,6 +53,14 @@ from .cache import (
     shadow_source,
 )
 from .merge import merge_attn_states
+from .mla import (
+    concat_and_cache_mla,
+    gather_mla_cache,
+    mla_decode,
+    mla_decode_partials,
+    mla_merge,
+    mla_prefill,
+)
 from .paged import PagedCache, dense, slots_of
 
 __all__ = [
@@ -59,7 +69,8 @@ __all__ = [
     "append", "append_dev", "append_rows", "append_slots", "attended_keys", "combine",
     "decode_attention", "decode_attention_slots", "decode_partials", "decode_partials_slots",
     "decode_plan", "exact_keys", "fill", "key_mask", "keys_scored_per_tile",
-    "merge_attn_states",
+    "merge_attn_states", "concat_and_cache_mla", "gather_mla_cache", "mla_decode",
+    "mla_decode_partials", "mla_merge", "mla_prefill",
     "nominal_window_keys", "prefill_attention", "soft_cap",
     "prefill_attention_cache", "prefill_attention_rows", "prefill_live_floor", "qz_split",
     "read_kv_rows", "shadow_source", "split_bounds", "tile_in_window",

@@ -5,12 +5,24 @@ block, dynamic shared memory, argument tuple) after checking every contract
 the kernel relies on; it touches no GPU, so contract checks run anywhere.
 ``launch`` then hands the Launch to CuPy. The generated modules
 (``kgen_kernels``, from generated/) wrap these as one function per kernel.
-``merge_attn_states`` is the engine's MergeAttnStates as one call (kgen.runtime.merge).
+``merge_attn_states`` is the engine's MergeAttnStates as one call (kgen.runtime.merge);
+``concat_and_cache_mla``, ``gather_mla_cache``, ``mla_decode_attention``,
+``mla_prefill_attention`` and ``MLACache``
+are the engine's multi-head latent attention ops (kgen.runtime.mla).
 """
 
 from kgen.runtime.bind import Launch, bind
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.merge import merge_attn_states
+from kgen.runtime.mla import (
+    MLACache,
+    concat_and_cache_mla,
+    gather_mla_cache,
+    mla_decode_attention,
+    mla_prefill_attention,
+)
 from kgen.runtime.plan import DecodePlan, decode_plan
 
-__all__ = ["ContractError", "DecodePlan", "Launch", "bind", "decode_plan", "merge_attn_states"]
+__all__ = ["ContractError", "DecodePlan", "Launch", "MLACache", "bind", "concat_and_cache_mla",
+           "decode_plan", "gather_mla_cache", "merge_attn_states", "mla_decode_attention",
+           "mla_prefill_attention"]

@@ -13,13 +13,41 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kgen.ir.axes import KStage, Lse, Mode, Op, Position, Sinks, SoftCap, VStage, Window
+from kgen.ir.axes import (
+    MLA_OPS,
+    KStage,
+    Lse,
+    Mode,
+    Op,
+    Position,
+    SeqStarts,
+    Sinks,
+    SoftCap,
+    VStage,
+    Window,
+)
 from kgen.ir.geometry import (
     MERGE_ROWS,
+    MLA_COMBINE_THREADS,
+    MLA_LATENT,
+    MLA_PREFILL_QK,
+    MLA_PREFILL_ROWS,
+    MLA_PREFILL_V,
+    MLA_ROPE,
+    MLA_ROW,
+    MLA_STORE_THREADS,
+    MLA_THREADS,
     block_threads,
     flash_shared_bytes,
     merge_grid,
     merge_threads,
+    mla_combine_grid,
+    mla_decode_grid,
+    mla_gather_grid,
+    mla_gather_threads,
+    mla_prefill_grid,
+    mla_store_grid,
+    mla_width,
     out_cols,
     padded,
     prefill_grid,
@@ -61,7 +89,8 @@ def reads_device(k: Kernel, a: dict) -> bool:
     lens and slot maps every non-host-position binder copies back and checks
     unless ``validate_pos`` is false. Such a binding holds for those contents
     only; it is never replayed."""
-    return k.position is not Position.HOST and bool(a.get("validate_pos", True))
+    return (k.position is not Position.HOST or k.op in MLA_OPS) and \
+        bool(a.get("validate_pos", True))
 
 
 def _order(k: Kernel, values: dict) -> tuple[tuple, tuple[str, ...]]:
@@ -85,7 +114,9 @@ def _grid(c: Checker, grid: tuple[int, int, int]) -> tuple[int, int, int]:
 def bind(k: Kernel, a: dict) -> Launch:
     """Check ``a`` (argument name -> value) against ``k``'s contracts; build the Launch."""
     binder = {Op.QZ_SPLIT: _qz_split, Op.KV_APPEND: _kv_append, Op.FLASH: _flash,
-              Op.DECODE_COMBINE: _combine, Op.MERGE_ATTN_STATES: _merge}[k.op]
+              Op.DECODE_COMBINE: _combine, Op.MERGE_ATTN_STATES: _merge,
+              Op.MLA_STORE: _mla_store, Op.MLA_GATHER: _mla_gather, Op.MLA_DECODE: _mla_decode,
+              Op.MLA_COMBINE: _mla_combine, Op.MLA_PREFILL: _mla_prefill}[k.op]
     if k.position is Position.PAGED:
         binder = _paged_append if k.op is Op.KV_APPEND else _paged_flash
     expected = {p.name for p in params(k)}
@@ -348,6 +379,10 @@ def shape_error(k: Kernel, head_dim: int, groups: int = 1) -> ContractError | No
             check_combine_shape(k, c, head_dim)
         elif k.op is Op.MERGE_ATTN_STATES:  # a warp per row strides any head_dim
             c.require(head_dim >= 1, "shape", lambda: f"head_dim = {head_dim}: nothing to merge")
+        elif k.op in MLA_OPS:  # one latent row width, fixed at compile time
+            want = mla_width(k.op)
+            c.require(head_dim == want, "shape", lambda: f"head_dim = {head_dim}: {k.op.value} "
+                      f"serves rows of {want} only")
         else:
             _head_dim(k, c, head_dim, rows=False)
     except ContractError as exc:
@@ -693,3 +728,260 @@ def _paged_append(k: Kernel, c: Checker, a: dict):
                   slot_mapping=sm, n_head_kv=hk, head_dim=hd)
     _cache_values(k, c, a, values)
     return (n, hk, 1), (hd, 1, 1), 0, values
+
+
+# ---- multi-head latent attention --------------------------------------------------------
+# The latent cache is pages [num_blocks][block_size][MLA_ROW] f32, one KV head, V the
+# first MLA_LATENT columns of each row. The index tensors are device tensors the kernels
+# read in place; with validate_pos (the default) the host reads them back and checks
+# them, a graph-captured launch passes validate_pos=False and owns their values (the
+# kernels skip a slot, table entry or token that points outside the arrays).
+
+
+MLA_ALIGN = 16  # bytes: the gather and the decode move latent rows as float4s
+
+
+def _aligned(c: Checker, name: str, x) -> None:
+    """A device array the kernel reads or writes as float4s starts on 16 bytes (rows of
+    MLA_ROW floats keep every row there); checked where the array tells its address."""
+    ptr = getattr(getattr(x, "data", None), "ptr", None)
+    c.require(ptr is None or int(ptr) % MLA_ALIGN == 0, "alignment",
+              lambda: f"{name} must start on a {MLA_ALIGN}-byte boundary (address {ptr:#x})")
+
+
+def _latent_pages(c: Checker, name: str, x) -> tuple[int, int]:
+    """The paged latent cache [num_blocks][block_size][MLA_ROW] f32; (num_blocks, block_size)."""
+    c.array(name, x, np.float32, 3)
+    nb, bs = (int(n) for n in x.shape[:2])
+    c.shape(name, x, (nb, bs, MLA_ROW))
+    c.require(nb >= 1 and bs >= 1, "shape", "empty paged cache")
+    c.require(nb * bs <= INT_MAX, "int32 position", lambda: f"{nb} blocks of {bs} positions "
+              "overflow an int position")
+    return nb, bs
+
+
+def _source_rows(c: Checker, name: str, x, width: int) -> tuple[int, int]:
+    """A [rows][width] f32 source whose rows may be strided (elements of a row adjacent);
+    (rows, row stride in elements)."""
+    c.require(hasattr(x, "shape") and hasattr(x, "dtype"), "array",
+              lambda: f"{name} must be an array, not {type(x).__name__}")
+    c.require(x.dtype == np.float32, "dtype", lambda: f"{name} must be float32, not {x.dtype}")
+    c.require(x.ndim == 2, "shape", lambda: f"{name} must have 2 dimensions, not shape "
+              f"{tuple(x.shape)}")
+    rows = int(x.shape[0])
+    c.shape(name, x, (rows, width))
+    strides = getattr(x, "strides", None)
+    if strides is None:  # a shape-only stand-in: C-contiguous
+        return rows, width
+    item = x.dtype.itemsize
+    row = int(strides[0])
+    c.require(int(strides[1]) == item and row % item == 0 and (rows <= 1 or row >= width * item),
+              "contiguous", lambda: f"{name} must have adjacent elements along a row and rows "
+              f"at least {width} elements apart (strides {tuple(strides)})")
+    stride = row // item if rows > 1 else width
+    c.require(stride <= INT_MAX, "int32 index", lambda: f"{name}'s row stride {stride} "
+              "overflows an int")
+    return rows, stride
+
+
+def _mla_store(k: Kernel, c: Checker, a: dict):
+    T, kv_stride = _source_rows(c, "kv_c", a["kv_c"], MLA_LATENT)
+    T_pe, pe_stride = _source_rows(c, "k_pe", a["k_pe"], MLA_ROPE)
+    c.require(T_pe == T, "shape", lambda: f"k_pe has {T_pe} rows, kv_c {T}")
+    nb, bs = _latent_pages(c, "kv_cache", a["kv_cache"])
+    sm = a["slot_mapping"]
+    c.array("slot_mapping", sm, np.int64, 1)
+    S = int(sm.shape[0])
+    c.require(1 <= S <= T, "shape", lambda: f"slot_mapping has {S} slots for {T} tokens "
+              "(1 <= S <= T: the tail past S is padding)")
+    if a.get("validate_pos", True):
+        slots = _host_ints(sm)
+        c.require(bool((slots < nb * bs).all()), "slot_mapping", lambda: f"a slot beyond the "
+                  f"{nb * bs} positions of the pages")
+        live = slots[slots >= 0]
+        c.require(len(set(live.tolist())) == live.size, "slot_mapping",
+                  "two tokens map to one slot (two blocks would race for it)")
+    values = dict(kv_c=a["kv_c"], k_pe=a["k_pe"], kv_cache=a["kv_cache"], slot_mapping=sm,
+                  n_slots=S, kv_c_stride=kv_stride, k_pe_stride=pe_stride, num_blocks=nb,
+                  block_size=bs)
+    return mla_store_grid(S), (MLA_STORE_THREADS, 1, 1), 0, values
+
+
+def _mla_tables(c: Checker, a: dict, reqs: int | None) -> tuple[int, int]:
+    """block_table [num_reqs][max_blocks] int32 (num_reqs: its rows where ``reqs`` is
+    None); (num_reqs, max_blocks)."""
+    bt = a["block_table"]
+    c.array("block_table", bt, np.int32, 2)
+    rows, mb = (int(n) for n in bt.shape)
+    if reqs is not None:
+        c.require(rows == reqs, "shape", lambda: f"block_table has {rows} rows for {reqs} "
+                  "requests")
+    c.require(rows >= 1 and mb >= 1, "shape", lambda: f"block_table has shape {(rows, mb)}")
+    return rows, mb
+
+
+def _mla_used_blocks(c: Checker, table: np.ndarray, r: int, first: int, last: int,
+                     nb: int, bs: int) -> None:
+    """Request ``r`` reads rows [first, last): its table maps each of their blocks."""
+    mb = table.shape[1]
+    c.require(last <= mb * bs, "block_table", lambda: f"request {r} reads row {last - 1}, "
+              f"past its table's {mb} blocks of {bs}")
+    used = table[r, first // bs: -(-last // bs)]
+    c.require(bool(((used >= 0) & (used < nb)).all()), "block_table",
+              lambda: f"request {r} maps a block outside [0, {nb})")
+
+
+def _mla_gather(k: Kernel, c: Checker, a: dict):
+    dst = a["dst"]
+    c.array("dst", dst, np.float32, 2)
+    rows = int(dst.shape[0])
+    c.shape("dst", dst, (rows, MLA_ROW))
+    _aligned(c, "dst", dst)
+    nb, bs = _latent_pages(c, "src_cache", a["src_cache"])
+    _aligned(c, "src_cache", a["src_cache"])
+    reqs, mb = _mla_tables(c, a, None)
+    _index(c, a, "cu_seq_lens", (reqs + 1,))
+    t2s = a["token_to_seq"]
+    c.array("token_to_seq", t2s, np.int32, 1)
+    given = k.seq_starts is SeqStarts.GIVEN
+    if given:
+        _index(c, a, "seq_starts", (reqs,))
+    n = c.integer("num_tokens", a["num_tokens"], 1, INT_MAX - 32)
+    c.require(n <= rows, "shape", lambda: f"num_tokens = {n}: dst holds {rows} rows")
+    c.require(n <= int(t2s.shape[0]), "shape", lambda: f"num_tokens = {n}: token_to_seq "
+              f"holds {int(t2s.shape[0])} entries")
+    if a.get("validate_pos", True):
+        cu = _host_ints(a["cu_seq_lens"]).astype(np.int64)
+        c.require(int(cu[0]) == 0 and bool((np.diff(cu) >= 0).all()), "cu_seq_lens",
+                  "cu_seq_lens must rise from 0")
+        seqs = _host_ints(t2s)[:n].astype(np.int64)
+        at = np.arange(n)
+        ok = (seqs >= 0) & (seqs < reqs)
+        ok[ok] &= (cu[seqs[ok]] <= at[ok]) & (at[ok] < cu[seqs[ok] + 1])
+        c.require(bool(ok.all()), "token_to_seq", lambda: f"token {int(np.argmin(ok))} is "
+                  "not a row of the request token_to_seq names (cu_seq_lens)")
+        starts = _host_ints(a["seq_starts"]).astype(np.int64) if given else \
+            np.zeros(reqs, np.int64)
+        c.require(bool((starts >= 0).all() and (starts % bs == 0).all()), "seq_starts",
+                  lambda: f"seq_starts must be >= 0 and multiples of block_size = {bs}")
+        table = _host_ints(a["block_table"])
+        for r in sorted(set(seqs.tolist())):
+            last = min(int(cu[r + 1]), n)
+            _mla_used_blocks(c, table, r, int(starts[r]), int(starts[r]) + last - int(cu[r]),
+                             nb, bs)
+    values = dict(dst=dst, src_cache=a["src_cache"], block_table=a["block_table"],
+                  cu_seq_lens=a["cu_seq_lens"], token_to_seq=t2s, num_tokens=n,
+                  num_reqs=reqs, num_blocks=nb, block_size=bs, max_blocks=mb)
+    if given:
+        values["seq_starts"] = a["seq_starts"]
+    return mla_gather_grid(n), (mla_gather_threads(), 1, 1), 0, values
+
+
+def _mla_partials(c: Checker, a: dict, names: tuple[str, str, str], B: int, H: int) -> int:
+    """m, l [B][Hq][kv_splits] and acc [B][Hq][kv_splits][MLA_LATENT] f32; kv_splits."""
+    m, l_, acc = names
+    c.array(m, a[m], np.float32, 3)
+    S = int(a[m].shape[2])
+    c.shape(m, a[m], (B, H, S))
+    c.require(S >= 1, "shape", lambda: f"{m} has no split")
+    c.array(l_, a[l_], np.float32, 3)
+    c.shape(l_, a[l_], (B, H, S))
+    c.array(acc, a[acc], np.float32, 4)
+    c.shape(acc, a[acc], (B, H, S, MLA_LATENT))
+    return S
+
+
+def _mla_lens(c: Checker, a: dict, B: int) -> None:
+    _index(c, a, "seq_lens", (B,))
+    if a.get("validate_pos", True):
+        lens = _host_ints(a["seq_lens"])
+        c.require(bool((lens >= 1).all()), "seq_lens", lambda: f"seq_lens must be >= 1, "
+                  f"got {lens.min()}")
+
+
+def _mla_decode(k: Kernel, c: Checker, a: dict):
+    q = a["query"]
+    c.array("query", q, np.float32, 3)
+    B, H = (int(n) for n in q.shape[:2])
+    c.shape("query", q, (B, H, MLA_ROW))
+    c.require(B >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
+    nb, bs = _latent_pages(c, "kv_cache", a["kv_cache"])
+    _aligned(c, "kv_cache", a["kv_cache"])
+    _, mb = _mla_tables(c, a, B)
+    _mla_lens(c, a, B)
+    if a.get("validate_pos", True):
+        lens, table = _host_ints(a["seq_lens"]), _host_ints(a["block_table"])
+        for r, n in enumerate(lens):
+            _mla_used_blocks(c, table, r, 0, int(n), nb, bs)
+    S = _mla_partials(c, a, ("m_out", "l_out", "acc_out"), B, H)
+    _block_registers(k, c, MLA_THREADS, None)
+    values = dict(query=q, kv_cache=a["kv_cache"], block_table=a["block_table"],
+                  seq_lens=a["seq_lens"], m_out=a["m_out"], l_out=a["l_out"],
+                  acc_out=a["acc_out"], n_head=H, kv_splits=S, num_blocks=nb, block_size=bs,
+                  max_blocks=mb, scale=_param(c, a, "scale", 1.0 / math.sqrt(MLA_ROW)))
+    return mla_decode_grid(H, S, B), (MLA_THREADS, 1, 1), 0, values
+
+
+def _mla_combine(k: Kernel, c: Checker, a: dict):
+    out = a["out"]
+    c.array("out", out, np.float32, 3)
+    B, H = (int(n) for n in out.shape[:2])
+    c.shape("out", out, (B, H, MLA_LATENT))
+    c.require(B >= 1 and H >= 1, "shape", lambda: f"out has shape {tuple(out.shape)}")
+    S = _mla_partials(c, a, ("m_in", "l_in", "acc_in"), B, H)
+    _mla_lens(c, a, B)
+    values = dict(m_in=a["m_in"], l_in=a["l_in"], acc_in=a["acc_in"], seq_lens=a["seq_lens"],
+                  out=out, n_head=H, kv_splits=S)
+    if k.lse is Lse.WRITE:
+        c.array("lse", a["lse"], np.float32, 2)
+        c.shape("lse", a["lse"], (B, H))
+        values["lse"] = a["lse"]
+    c.require(B * H <= INT_MAX, "int32 index", lambda: f"{B} requests x {H} heads overflow "
+              "the kernel's int row index")
+    return mla_combine_grid(B, H), (MLA_COMBINE_THREADS, 1, 1), 0, values
+
+
+def _mla_prefill(k: Kernel, c: Checker, a: dict):
+    q = a["query"]
+    c.array("query", q, np.float32, 3)
+    Tq, H = (int(n) for n in q.shape[:2])
+    c.shape("query", q, (Tq, H, MLA_PREFILL_QK))
+    key, value = a["key"], a["value"]
+    c.array("key", key, np.float32, 3)
+    Tk = int(key.shape[0])
+    c.shape("key", key, (Tk, H, MLA_PREFILL_QK))
+    c.array("value", value, np.float32, 3)
+    c.shape("value", value, (Tk, H, MLA_PREFILL_V))
+    c.require(Tq >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
+    for name, x in (("query", q), ("key", key), ("value", value)):
+        _aligned(c, name, x)
+    cu_q = a["cu_seqlens_q"]
+    c.array("cu_seqlens_q", cu_q, np.int32, 1)
+    reqs = int(cu_q.shape[0]) - 1
+    c.require(reqs >= 1, "shape", "cu_seqlens_q needs num_reqs + 1 entries")
+    _index(c, a, "cu_seqlens_k", (reqs + 1,))
+    c.array("out", a["out"], np.float32, 3)
+    c.shape("out", a["out"], (Tq, H, MLA_PREFILL_V))
+    values = dict(query=q, key=key, value=value, cu_seqlens_q=cu_q,
+                  cu_seqlens_k=a["cu_seqlens_k"], out=a["out"], n_head=H, num_reqs=reqs,
+                  total_q=Tq, scale=_param(c, a, "scale", 1.0 / math.sqrt(MLA_PREFILL_QK)))
+    if k.lse is Lse.WRITE:
+        c.array("lse", a["lse"], np.float32, 2)
+        c.require(tuple(a["lse"].shape) == (H, Tq), "lse layout", lambda: f"lse has shape "
+                  f"{tuple(a['lse'].shape)}; the LSE layout is [n_head][total_q] = {(H, Tq)}")
+        values["lse"] = a["lse"]
+    c.require(H * max(Tq, Tk) <= INT_MAX, "int32 index", lambda: f"{max(Tq, Tk)} rows x {H} "
+              "heads overflow the kernel's int row index")
+    mq = c.integer("max_seqlen_q", a["max_seqlen_q"], 1, Tq, "max_seqlen_q")
+    if a.get("validate_pos", True):
+        for name, total in (("cu_seqlens_q", Tq), ("cu_seqlens_k", Tk)):
+            cu = _host_ints(a[name]).astype(np.int64)
+            c.require(int(cu[0]) == 0 and int(cu[-1]) <= total and
+                      bool((np.diff(cu) >= 0).all()), name,
+                      lambda name=name, total=total: f"{name} must rise from 0 to at most "
+                      f"the {total} rows")
+        lens = np.diff(_host_ints(cu_q).astype(np.int64))
+        c.require(int(lens.max()) <= mq, "max_seqlen_q", lambda: f"a request has "
+                  f"{int(lens.max())} query rows, above max_seqlen_q = {mq}")
+    _block_registers(k, c, MLA_PREFILL_ROWS * TARGET.warp, None)
+    return mla_prefill_grid(mq, H, reqs), (MLA_PREFILL_ROWS * TARGET.warp, 1, 1), 0, values

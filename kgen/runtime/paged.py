@@ -25,12 +25,12 @@ from __future__ import annotations
 import numpy as np
 
 from kgen.formats import FORMATS
-from kgen.ir.params import INT_MAX
 from kgen.runtime import device
+from kgen.runtime.blocks import PagedBlocks
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.kv import DEFAULT_KV, Scratch
-from kgen.runtime.options import Options, count, groups, is_int, positive, scales
+from kgen.runtime.options import Options, count, groups, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
 from kgen.runtime.plan import kernel_plan
 from kgen.runtime.roles import CacheKernels
@@ -65,7 +65,9 @@ class DecodeMetadata:
         self.staged: tuple[np.ndarray, ...] = ()  # the host values it wrote
 
 
-class PagedKVCache:
+class PagedKVCache(PagedBlocks):
+    WHO = WHO
+
     def __init__(self, num_blocks: int, block_size: int, n_head_kv: int, head_dim: int,
                  kv: str = DEFAULT_KV, max_blocks_per_seq: int | None = None,
                  k_scale: float = 1.0, v_scale: float = 1.0,
@@ -73,14 +75,9 @@ class PagedKVCache:
         if kv not in FORMATS:
             raise ContractError(WHO, "kv", f"kv must be one of {sorted(FORMATS)}, not {kv!r}")
         self.fmt, self.kv = FORMATS[kv], kv
-        self.num_blocks = positive("num_blocks", num_blocks, WHO)
-        self.block_size = positive("block_size", block_size, WHO)
+        self._init_blocks(num_blocks, block_size, max_blocks_per_seq)
         self.n_head_kv = positive("n_head_kv", n_head_kv, WHO)
         self.head_dim = positive("head_dim", head_dim, WHO)
-        self.max_blocks = positive("max_blocks_per_seq", num_blocks if max_blocks_per_seq is None
-                                   else max_blocks_per_seq, WHO)
-        if num_blocks * block_size > INT_MAX:
-            raise ContractError(WHO, "range", "positions overflow int32")
         self.k_scale, self.v_scale = scales(self.fmt, k_scale, v_scale, WHO)
         self.kernels = CacheKernels(kv, head_dim, variants, layout_role="append_paged")
         if not self.fmt.accepts_head_dim(head_dim):
@@ -90,100 +87,8 @@ class PagedKVCache:
         shape = (num_blocks, block_size, n_head_kv, self.fmt.row_width(head_dim))
         self.k = cp.zeros(shape, self.fmt.dtype)
         self.v = cp.zeros(shape, self.fmt.dtype)
-        self.free_blocks = list(range(num_blocks - 1, -1, -1))  # pop() takes block 0 first
-        self.tables: dict[int, list[int]] = {}
-        self.lengths: dict[int, int] = {}
-        self._next = 0
+        self._reset_blocks()
         self.scratch = Scratch()
-
-    # ---- sequences ---------------------------------------------------------------
-
-    def add(self) -> int:
-        """A new, empty sequence; returns its id."""
-        sid = self._next
-        self._next += 1
-        self.tables[sid], self.lengths[sid] = [], 0
-        return sid
-
-    def free(self, sid: int) -> None:
-        """Give a sequence's blocks back."""
-        self._known(sid)
-        self.free_blocks.extend(reversed(self.tables.pop(sid)))
-        del self.lengths[sid]
-
-    def _known(self, sid) -> None:
-        if not is_int(sid) or sid not in self.tables:
-            raise ContractError(WHO, "sequence", f"no sequence {sid!r}")
-
-    def _batch(self, sids, rows=None) -> list[int] | None:
-        """``sids``: known sequences, each once; ``rows`` (where given): a count >= 0
-        per sequence. Returns the counts as ints."""
-        if not _listed(sids) or len(sids) == 0:
-            raise ContractError(WHO, "sequence", "sids must be a non-empty list of sequence "
-                                f"ids, not {sids!r}")
-        for sid in sids:
-            self._known(sid)
-        if len(set(sids)) != len(sids):
-            raise ContractError(WHO, "sequence", f"each sequence once, not {list(sids)}")
-        if rows is None:
-            return None
-        if not _listed(rows) or len(rows) != len(sids):
-            raise ContractError(WHO, "sequence", f"rows must list one count per sequence "
-                                f"({len(sids)}), not {rows!r}")
-        return [count(f"rows[{i}]", n, 0, WHO) for i, n in enumerate(rows)]
-
-    def _grown(self, sids: list[int], rows: list[int]) -> dict[int, list[int]]:
-        """Each sequence's block table once it holds ``rows`` more positions, blocks
-        taken from the free list as ``pop`` would; refused (nothing changes) when a
-        sequence would exceed max_blocks_per_seq or the free blocks run out."""
-        need = {}
-        for sid, n in zip(sids, rows, strict=True):
-            blocks = -(-(self.lengths[sid] + n) // self.block_size)
-            if blocks > self.max_blocks:
-                raise ContractError(WHO, "max_blocks_per_seq", f"sequence {sid} "
-                                    f"would need {blocks} blocks (at most {self.max_blocks})")
-            need[sid] = max(blocks - len(self.tables[sid]), 0)
-        if sum(need.values()) > len(self.free_blocks):
-            raise ContractError(WHO, "out of blocks", f"needs {sum(need.values())} "
-                                f"more blocks, {len(self.free_blocks)} free")
-        taken = reversed(self.free_blocks)
-        return {sid: self.tables[sid] + [next(taken) for _ in range(n)]
-                for sid, n in need.items()}
-
-    def _commit(self, sids: list[int], rows: list[int], tables: dict[int, list[int]]) -> None:
-        """Take the blocks ``_grown`` planned and advance the lengths."""
-        used = sum(len(t) - len(self.tables[sid]) for sid, t in tables.items())
-        del self.free_blocks[len(self.free_blocks) - used:]
-        self.tables.update(tables)
-        for sid, n in zip(sids, rows, strict=True):
-            self.lengths[sid] += n
-
-    def block_table(self, sids: list[int]) -> np.ndarray:
-        """int32 [len(sids)][max_blocks]: each sequence's physical blocks (0-padded)."""
-        self._batch(sids)
-        return self._block_table([self.tables[sid] for sid in sids])
-
-    def _block_table(self, tables: list[list[int]]) -> np.ndarray:
-        out = np.zeros((len(tables), self.max_blocks), np.int32)
-        for i, t in enumerate(tables):
-            out[i, : len(t)] = t
-        return out
-
-    def slot_mapping(self, sid: int, positions: range) -> np.ndarray:
-        """int32: the physical slot of each position of sequence ``sid`` (positions
-        within the blocks it holds)."""
-        self._known(sid)
-        held = len(self.tables[sid]) * self.block_size
-        if not isinstance(positions, range) or (len(positions) and (
-                min(positions) < 0 or max(positions) >= held)):
-            raise ContractError(WHO, "range", f"positions must be a range within the "
-                                f"{held} positions sequence {sid} holds blocks for, not "
-                                f"{positions!r}")
-        return self._slots(self.tables[sid], positions)
-
-    def _slots(self, table: list[int], positions: range) -> np.ndarray:
-        bs = self.block_size
-        return np.array([table[p // bs] * bs + p % bs for p in positions], np.int32)
 
     # ---- launches ----------------------------------------------------------------
 

@@ -40,6 +40,10 @@ class Case:
     n_splits: int = 3          # combine only
     prefill_tokens_with_context: int = -1  # merge: tokens from here on take the suffix
     lse_pattern: str = "random"  # merge: the LSEs (kgen.testing.gpu.MERGE_LSE_PATTERNS)
+    slots: int = 0             # concat_and_cache_mla: slot_mapping entries (0: one a token)
+    row_pad: int = 0           # concat_and_cache_mla: source rows this many elements apart
+    #                            beyond their width (the GPU check's strided sources)
+    seq_starts: tuple[int, ...] = ()  # gather_mla_cache: each request's first row
     extra: dict = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:

@@ -9,7 +9,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import KStage, Lse, Mode, Op, Position, Sinks, SoftCap, VStage, Window
+from kgen.ir.axes import (
+    MLA_OPS,
+    KStage,
+    Lse,
+    Mode,
+    Op,
+    Position,
+    SeqStarts,
+    Sinks,
+    SoftCap,
+    VStage,
+    Window,
+)
 from kgen.ir.geometry import (
     block_threads,
     flash_shared_bytes,
@@ -55,6 +67,10 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
         from kgen.testing.merge import host_args as merge_args
 
         return merge_args(k, case, z)
+    if k.op in MLA_OPS:
+        from kgen.testing.mla import host_args as mla_args
+
+        return mla_args(k, case, z)
     if k.op is Op.QZ_SPLIT:
         return dict(qg=z((case.n, case.n_head, 2 * hd), f32), q=z((case.n, case.n_head, hd), f32),
                     z=z((case.n, case.n_head, hd), f32))
@@ -205,7 +221,9 @@ def _strided(a, k, case):
 
 def _first_array(k):
     return {Op.QZ_SPLIT: "q", Op.KV_APPEND: "k_new", Op.FLASH: "q",
-            Op.DECODE_COMBINE: "out", Op.MERGE_ATTN_STATES: "output"}[k.op]
+            Op.DECODE_COMBINE: "out", Op.MERGE_ATTN_STATES: "output", Op.MLA_STORE: "kv_cache",
+            Op.MLA_GATHER: "dst", Op.MLA_DECODE: "query", Op.MLA_COMBINE: "out",
+            Op.MLA_PREFILL: "query"}[k.op]
 
 
 def _non_contiguous(k, case):
@@ -263,6 +281,8 @@ def _int_scalar(k) -> str | None:
         return "kps" if k.op is not Op.KV_APPEND else None
     if k.op is Op.MERGE_ATTN_STATES:
         return "prefill_tokens_with_context"
+    if k.op is Op.MLA_GATHER:
+        return "num_tokens"
     return "n_splits" if k.op is Op.DECODE_COMBINE else None
 
 
@@ -298,7 +318,8 @@ MUTATIONS: dict[str, Mutation] = {
     "sinks_wrong_size": Mutation("shape", lambda k: k.sinks is Sinks.LEARNED and
                                  k.op in (Op.FLASH, Op.DECODE_COMBINE), lambda k, c: {
                                      **host_args(k, c), "sinks": np.zeros(1, np.float32)}),
-    "head_dim_over_block": Mutation("block size", lambda k: k.op not in (Op.QZ_SPLIT, _MERGE)
+    "head_dim_over_block": Mutation("block size", lambda k: k.op not in (Op.QZ_SPLIT, _MERGE,
+                                                                         *MLA_OPS)
                                     and not (_flash(k) and query_tiles(k)), _big_head_dim),
     "head_dim_over_tile": Mutation(
         "head_dim range", lambda k: _over_tile_width(k) is not None,
@@ -463,6 +484,157 @@ MUTATIONS.update({
         k, c.with_(n=2**27, n_head=16, head_dim=1), alloc=ShapeOnly)),
     "merge_prefill_tokens_over_int": Mutation("range", _merging, lambda k, c: {
         **host_args(k, c), "prefill_tokens_with_context": INT_MAX + 1}),
+})
+
+
+# ---- multi-head latent attention: the latent pages [nb][bs][576], device index tensors --
+
+def _mla(op):
+    return lambda k: k.op is op
+
+
+def _mla_set(name, value_fn, **case_kw):
+    """The kernel's arguments (at ``case_kw``) with ``name`` replaced by value_fn(its
+    value, the arguments)."""
+    def make(k, case):
+        a = host_args(k, case.with_(**case_kw))
+        a[name] = value_fn(a[name], a)
+        return a
+    return make
+
+
+def _zeros_like_shape(shape_fn):
+    return lambda x, a: np.zeros(shape_fn(tuple(x.shape)), x.dtype)
+
+
+def _mla_shape_only(**case_kw):
+    return lambda k, case: host_args(k, case.with_(**case_kw), alloc=ShapeOnly)
+
+
+def _huge_pages(x, a):
+    return ShapeOnly((2**20, 2**12, x.shape[2]), x.dtype)
+
+
+_STORE, _GATHER, _DECODE, _COMBINE = (_mla(o) for o in (Op.MLA_STORE, Op.MLA_GATHER,
+                                                       Op.MLA_DECODE, Op.MLA_COMBINE))
+_PREFILL = _mla(Op.MLA_PREFILL)
+_MLA_DECODING = lambda k: k.op in (Op.MLA_DECODE, Op.MLA_COMBINE)  # noqa: E731
+
+MUTATIONS.update({
+    "mla_store_pe_rows_mismatch": Mutation("shape", _STORE, _mla_set(
+        "k_pe", _zeros_like_shape(lambda s: (s[0] + 1, s[1])))),
+    "mla_store_kv_c_width": Mutation("shape", _STORE, _mla_set(
+        "kv_c", _zeros_like_shape(lambda s: (s[0], s[1] - 1)))),
+    "mla_store_kv_c_column_strided": Mutation("contiguous", _STORE, _mla_set(
+        "kv_c", lambda x, a: np.zeros((x.shape[0], 2 * x.shape[1]), x.dtype)[:, ::2])),
+    "mla_store_k_pe_dtype": Mutation("dtype", _STORE, _mla_set(
+        "k_pe", lambda x, a: x.astype(np.float16))),
+    "mla_store_slots_over_tokens": Mutation("shape", _STORE, _mla_set(
+        "slot_mapping", lambda x, a: np.arange(x.size + 1, dtype=np.int64))),
+    "mla_store_slots_int32": Mutation("dtype", _STORE, _mla_set(
+        "slot_mapping", lambda x, a: x.astype(np.int32))),
+    "mla_store_cache_width": Mutation("shape", _STORE, _mla_set(
+        "kv_cache", _zeros_like_shape(lambda s: (s[0], s[1], s[2] - 64)))),
+    "mla_store_positions_overflow": Mutation("int32 position", _STORE, _mla_set(
+        "kv_cache", _huge_pages)),
+    "mla_store_slot_past_pages": Mutation("slot_mapping", _STORE, _mla_set(
+        "slot_mapping", lambda x, a: x + 10**6)),
+    "mla_store_slot_collision": Mutation("slot_mapping", _STORE, _mla_set(
+        "slot_mapping", lambda x, a: np.zeros_like(x), n=3)),
+    "mla_gather_tokens_over_dst": Mutation("shape", _GATHER, _mla_set(
+        "num_tokens", lambda x, a: x + 1)),
+    "mla_gather_tokens_over_map": Mutation("shape", _GATHER, _mla_set(
+        "token_to_seq", lambda x, a: x[:-1].copy())),
+    "mla_gather_no_tokens": Mutation("range", _GATHER, _mla_set("num_tokens", lambda x, a: 0)),
+    "mla_gather_cu_size": Mutation("shape", _GATHER, _mla_set(
+        "cu_seq_lens", lambda x, a: x[:-1].copy())),
+    "mla_gather_dst_width": Mutation("shape", _GATHER, _mla_set(
+        "dst", _zeros_like_shape(lambda s: (s[0], s[1] + 1)))),
+    "mla_gather_src_rank": Mutation("shape", _GATHER, _mla_set(
+        "src_cache", _zeros_like_shape(lambda s: (s[0], s[1], 1, s[2])))),
+    "mla_gather_table_int64": Mutation("dtype", _GATHER, _mla_set(
+        "block_table", lambda x, a: x.astype(np.int64))),
+    "mla_gather_starts_size": Mutation(
+        "shape", lambda k: _GATHER(k) and k.seq_starts is SeqStarts.GIVEN,
+        _mla_set("seq_starts", lambda x, a: np.zeros(x.size + 1, x.dtype))),
+    "mla_gather_start_not_block": Mutation(
+        "seq_starts", lambda k: _GATHER(k) and k.seq_starts is SeqStarts.GIVEN,
+        _mla_set("seq_starts", lambda x, a: x + 1, requests=((2, 9),), block_size=4)),
+    "mla_gather_token_wrong_seq": Mutation("token_to_seq", _GATHER, _mla_set(
+        "token_to_seq", lambda x, a: x[::-1].copy(), requests=((2, 2), (1, 1)))),
+    "mla_gather_cu_not_rising": Mutation("cu_seq_lens", _GATHER, _mla_set(
+        "cu_seq_lens", lambda x, a: x + 1)),
+    "mla_gather_block_outside": Mutation("block_table", _GATHER, _mla_set(
+        "block_table", lambda x, a: x + 10**6)),
+    "mla_gather_row_past_table": Mutation("block_table", _GATHER, _mla_set(
+        "block_table", lambda x, a: x[:, :1].copy(), requests=((3, 3),), block_size=2)),
+    "mla_decode_query_width": Mutation("shape", _DECODE, _mla_set(
+        "query", _zeros_like_shape(lambda s: (s[0], s[1], s[2] - 64)))),
+    "mla_decode_table_rows": Mutation("shape", _DECODE, _mla_set(
+        "block_table", _zeros_like_shape(lambda s: (s[0] + 1, s[1])))),
+    "mla_decode_cache_width": Mutation("shape", _DECODE, _mla_set(
+        "kv_cache", _zeros_like_shape(lambda s: (s[0], s[1], s[2] + 1)))),
+    "mla_decode_positions_overflow": Mutation("int32 position", _DECODE, _mla_set(
+        "kv_cache", _huge_pages)),
+    "mla_decode_scale_not_finite": Mutation("scale", _DECODE, _mla_set(
+        "scale", lambda x, a: float("inf"))),
+    "mla_decode_scale_not_positive": Mutation("scale", _DECODE, _mla_set(
+        "scale", lambda x, a: 0.0)),
+    "mla_decode_seq_len_zero": Mutation("seq_lens", _DECODE, _mla_set(
+        "seq_lens", lambda x, a: np.zeros_like(x))),
+    "mla_decode_seq_past_table": Mutation("block_table", _DECODE, _mla_set(
+        "seq_lens", lambda x, a: x + 10**6)),
+    "mla_decode_block_outside": Mutation("block_table", _DECODE, _mla_set(
+        "block_table", lambda x, a: x + 10**6)),
+    "mla_decode_splits_over_grid": Mutation("grid", _DECODE, _mla_shape_only(
+        n_splits=2**16)),
+    "mla_partials_heads": Mutation("shape", _MLA_DECODING, lambda k, c: _mla_set(
+        "m_out" if _DECODE(k) else "m_in", _zeros_like_shape(
+            lambda s: (s[0], s[1] + 1, s[2])))(k, c)),
+    "mla_partials_l_splits": Mutation("shape", _MLA_DECODING, lambda k, c: _mla_set(
+        "l_out" if _DECODE(k) else "l_in", _zeros_like_shape(
+            lambda s: (s[0], s[1], s[2] + 1)))(k, c)),
+    "mla_partials_acc_width": Mutation("shape", _MLA_DECODING, lambda k, c: _mla_set(
+        "acc_out" if _DECODE(k) else "acc_in", _zeros_like_shape(
+            lambda s: (*s[:3], s[3] + 64)))(k, c)),
+    "mla_partials_flat": Mutation("shape", _MLA_DECODING, lambda k, c: _mla_set(
+        "m_out" if _DECODE(k) else "m_in", lambda x, a: np.zeros(x.size, x.dtype))(k, c)),
+    "mla_seq_lens_size": Mutation("shape", _MLA_DECODING, _mla_set(
+        "seq_lens", lambda x, a: np.zeros(x.size + 1, x.dtype))),
+    "mla_combine_out_width": Mutation("shape", _COMBINE, _mla_set(
+        "out", _zeros_like_shape(lambda s: (s[0], s[1], s[2] + 64)))),
+    "mla_combine_lse_layout": Mutation(
+        "shape", lambda k: _COMBINE(k) and k.lse is Lse.WRITE,
+        _mla_set("lse", _zeros_like_shape(lambda s: s[::-1]), n_head=3)),
+    "mla_combine_seq_len_zero": Mutation("seq_lens", _COMBINE, _mla_set(
+        "seq_lens", lambda x, a: np.zeros_like(x))),
+    "mla_combine_rows_over_int": Mutation("int32 index", _COMBINE, _mla_shape_only(
+        requests=((1, 1),) * 2**16, n_head=2**15, n_splits=1)),
+    "mla_prefill_key_width": Mutation("shape", _PREFILL, _mla_set(
+        "key", _zeros_like_shape(lambda s: (s[0], s[1], s[2] - 64)))),
+    "mla_prefill_value_rows": Mutation("shape", _PREFILL, _mla_set(
+        "value", _zeros_like_shape(lambda s: (s[0] + 1, s[1], s[2])))),
+    "mla_prefill_heads_mismatch": Mutation("shape", _PREFILL, _mla_set(
+        "key", _zeros_like_shape(lambda s: (s[0], s[1] + 1, s[2])))),
+    "mla_prefill_out_width": Mutation("shape", _PREFILL, _mla_set(
+        "out", _zeros_like_shape(lambda s: (s[0], s[1], s[2] + 64)))),
+    "mla_prefill_cu_k_size": Mutation("shape", _PREFILL, _mla_set(
+        "cu_seqlens_k", lambda x, a: np.zeros(x.size + 1, x.dtype))),
+    "mla_prefill_lse_transposed": Mutation(
+        "lse layout", lambda k: _PREFILL(k) and k.lse is Lse.WRITE,
+        _mla_set("lse", _zeros_like_shape(lambda s: s[::-1]), requests=((5, 5),), n_head=3)),
+    "mla_prefill_max_seqlen_q_over_rows": Mutation("max_seqlen_q", _PREFILL, _mla_set(
+        "max_seqlen_q", lambda x, a: int(a["query"].shape[0]) + 1)),
+    "mla_prefill_max_seqlen_q_short": Mutation("max_seqlen_q", _PREFILL, _mla_set(
+        "max_seqlen_q", lambda x, a: x - 1, requests=((1, 1), (3, 3)))),
+    "mla_prefill_cu_q_not_rising": Mutation("cu_seqlens_q", _PREFILL, _mla_set(
+        "cu_seqlens_q", lambda x, a: x[::-1].copy(), requests=((1, 1), (3, 3)))),
+    "mla_prefill_cu_k_past_rows": Mutation("cu_seqlens_k", _PREFILL, _mla_set(
+        "cu_seqlens_k", lambda x, a: x * 2)),
+    "mla_prefill_rows_over_int": Mutation("int32 index", _PREFILL, _mla_shape_only(
+        requests=((2**16, 2**16),), n_head=2**15 + 1)),
+    "mla_prefill_scale_not_finite": Mutation("scale", _PREFILL, _mla_set(
+        "scale", lambda x, a: float("nan"))),
 })
 
 

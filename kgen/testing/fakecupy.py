@@ -38,7 +38,8 @@ class FakeArray:
         self.size = math.prod(self.shape)
         if data is None:
             data = _Ptr(device, FakeArray._next[0])
-            FakeArray._next[0] += self.size * self.dtype.itemsize + 256
+            # 256-byte aligned, as a CUDA allocation is
+            FakeArray._next[0] += -(-(self.size * self.dtype.itemsize + 256) // 256) * 256
         self.data = data
         self.host = host
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from kgen import numpy_ref as ref
 from kgen.ir.axes import (
+    MLA_OPS,
     KStage,
     Mode,
     Op,
@@ -60,6 +61,10 @@ def check_kernel(k: Kernel, fn, case: Case) -> None:
         from kgen.testing import merge
 
         return merge.check(k, fn, case)
+    if k.op in MLA_OPS:
+        from kgen.testing import mla
+
+        return mla.check(k, fn, case)
     {Op.QZ_SPLIT: _check_qz, Op.KV_APPEND: _check_append, Op.FLASH: _check_flash,
      Op.DECODE_COMBINE: _check_combine}[k.op](k, fn, case)
 

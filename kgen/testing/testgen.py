@@ -18,7 +18,7 @@ other contracts accept, the narrowest head_dim past the bound is listed as refus
 from __future__ import annotations
 
 from kgen.errors import SpecError
-from kgen.ir.axes import Mode, Op, Position, Sinks, SoftCap, Window
+from kgen.ir.axes import MLA_OPS, Mode, Op, Position, Sinks, SoftCap, Window
 from kgen.ir.geometry import head_dim_step, min_head_dim, query_tiles
 from kgen.ir.kernel import Kernel
 from kgen.ir.signature import params
@@ -185,6 +185,10 @@ def candidates(k: Kernel) -> list[Case]:
         return COMBINE
     if k.op is Op.MERGE_ATTN_STATES:
         return MERGE
+    if k.op in MLA_OPS:
+        from kgen.testing import mla
+
+        return mla.candidates(k)
     if k.mode is Mode.PREFILL:
         return PREFILL + query_tile_cases(k) if query_tiles(k) else PREFILL
     return DECODE_SLOTS if k.position is Position.SLOTS else DECODE
@@ -221,6 +225,10 @@ def required(k: Kernel) -> list[Case]:
         n = 1 if k.position is Position.DEVICE else 3
         return [Case(f"hd{hd}_smallest", n=n, n_head_kv=2, head_dim=hd, max_seq=16, pos0=2,
                      positions=(2,) if k.position is Position.DEVICE else (), sink=4, win=8)]
+    if k.op in MLA_OPS:
+        from kgen.testing import mla
+
+        return mla.required(k)
     if k.op is Op.MERGE_ATTN_STATES:  # one dim a row, the edges over a partial block
         return [Case(f"hd{hd}_smallest", n=3, n_head=5, head_dim=hd, lse_pattern="edges"),
                 Case(f"hd{hd}_smallest_ctx1", n=3, n_head=1, head_dim=hd,

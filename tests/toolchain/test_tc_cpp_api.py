@@ -74,7 +74,7 @@ def _encode(k, a: dict) -> str | object:
     pass: a non-array, an array of another dtype or strides, a float for an int)."""
     dtypes = {p.name: p.dtype for p in params(k) if p.is_pointer}
     ints = {p.name for p in params(k) if p.ctype == "int"} | {"launch_splits",
-                                                               "max_seq_len"}
+                                                               "max_seq_len", "max_seqlen_q"}
     parts = [k.name]
     for name, v in a.items():
         if name == "validate_pos" or v is None:
@@ -154,7 +154,8 @@ def test_contracts_answer_as_python(binary, tmp_path):
     # Every contract a mutation breaks that C++ can express is compared at least once,
     # except those that read device contents (validate_pos=False on both sides).
     device_contents = {"position", "seq_lens", "block_table", "query_start_loc",
-                       "slot_mapping", "slot plan coverage", "max_seq_len"}
+                       "slot_mapping", "slot plan coverage", "max_seq_len", "cu_seq_lens",
+                       "token_to_seq", "seq_starts", "cu_seqlens_q", "cu_seqlens_k"}
     wanted = {m.contract for m in MUTATIONS.values()} - type_level - device_contents
     assert wanted <= set(refused), wanted - set(refused)
     print(f"{len(lines)} cases compared ({sum(refused.values())} refusals of "

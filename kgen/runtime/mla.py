@@ -1,0 +1,265 @@
+"""The engine's multi-head latent attention ops as calls, and :class:`MLACache`.
+
+The latent cache is pages ``[num_blocks][block_size][MLA_ROW]`` float32 (kgen.ir.geometry:
+kv_lora_rank MLA_LATENT latent columns, then MLA_ROPE rotary ones), one KV head, V the
+first MLA_LATENT columns of a row (../shared/docs/engine-ops.md):
+
+* ``concat_and_cache_mla`` -- kv_c ``[T, 512]`` and k_pe ``[T, 64]`` (rows may be
+  strided) into the slots of slot_mapping ``[S]`` int64 (S <= T; a negative slot skips).
+* ``gather_mla_cache`` -- requests' context rows out of the pages into a contiguous
+  ``[N, 576]`` workspace laid out by cu_seq_lens (from seq_starts[b] on, if given).
+* ``mla_prefill_attention`` -- varlen prefill attention with QK head size 192 and V
+  head size 128 over contiguous K/V (causal bottom-right aligned, or over every key).
+* ``mla_decode_attention`` -- decode of one query per request over its paged latent
+  rows: the split stage (mla_decode) writes each key split's max, sum and weighted V,
+  the merge stage (mla_combine) merges the splits in ascending order (empty splits
+  skipped by both), writing out ``[B, Hq, 512]`` and, if given, lse ``[B, Hq]``.
+
+Each call picks its kernel by its axes and checks every contract before the GPU is
+touched (kgen.runtime.bind); the decode checks both stages' arguments before it launches
+the first. The index tensors are device tensors read in place (a graph can capture the
+launches); with ``validate_pos`` the host also reads them back and checks them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kgen.ir.axes import Lse, Mask, Op, SeqStarts
+from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, MLA_ROW, mla_default_splits, mla_width
+from kgen.ir.params import ENTRY_PARAMS, INT_MAX
+from kgen.runtime import device
+from kgen.runtime.blocks import PagedBlocks
+from kgen.runtime.calls import Calls
+from kgen.runtime.contracts import ContractError
+from kgen.runtime.options import count, is_int, positive
+from kgen.runtime.pending import empty, upload
+from kgen.runtime.select import Role, find
+
+_CHOSEN: dict[tuple, object] = {}  # (role, variant) -> launcher
+
+
+def role(op: Op, **needs: str) -> Role:
+    """What an MLA call needs a kernel for: its op and the option axes it asks."""
+    return Role(op, needs=tuple(sorted(needs.items())))
+
+
+def launcher(r: Role, variant: str | None = None):
+    """The generated launcher serving ``r`` (``variant``: a kernel name, checked to serve
+    it); chosen once, then kept."""
+    key = (r, variant)
+    fn = _CHOSEN.get(key)
+    if fn is None:
+        fn = _CHOSEN[key] = find(r, mla_width(r.op), 1, variant)[1]
+    return fn
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, *, validate_pos: bool = True,
+                         stream=None, variant: str | None = None):
+    """Store token t's kv_c[t] and k_pe[t] as the latent row of slot slot_mapping[t]
+    (t < S = len(slot_mapping); a negative slot skips it). Returns the bound Launch."""
+    fn = launcher(role(Op.MLA_STORE), variant)
+    return fn(kv_c, k_pe, kv_cache, slot_mapping, validate_pos=validate_pos, stream=stream)
+
+
+def gather_mla_cache(dst, src_cache, block_table, cu_seq_lens, token_to_seq, seq_starts,
+                     num_tokens: int, *, validate_pos: bool = True, stream=None,
+                     variant: str | None = None):
+    """Copy workspace rows i < num_tokens: request r = token_to_seq[i], its context row
+    (seq_starts[r] if given, else 0) + i - cu_seq_lens[r]. Returns the bound Launch."""
+    given = seq_starts is not None
+    fn = launcher(role(Op.MLA_GATHER, seq_starts=(SeqStarts.GIVEN if given else
+                                                   SeqStarts.NONE).value), variant)
+    arrays = (dst, src_cache, block_table, cu_seq_lens, token_to_seq) + \
+        ((seq_starts,) if given else ())
+    return fn(*arrays, num_tokens=num_tokens, validate_pos=validate_pos, stream=stream)
+
+
+def kv_splits(num_kv_splits, max_seq_len, who: str = "mla_decode_attention") -> int:
+    """The split count of a decode: ``num_kv_splits``, or for 0 the default rule
+    (kgen.ir.geometry.mla_default_splits, over this device's multiprocessors)."""
+    p = ENTRY_PARAMS["num_kv_splits"]
+    n = count("num_kv_splits", num_kv_splits, p.lo, who, p.hi)
+    if n:
+        return n
+    bound = positive("max_seq_len", max_seq_len, who)
+    return mla_default_splits(bound, device.sm_count())
+
+
+def mla_decode_attention(out, lse, query, kv_cache, block_table, seq_lens, scale=None,
+                         num_kv_splits: int = ENTRY_PARAMS["num_kv_splits"].default,
+                         max_seq_len: int | None = None, *, validate_pos: bool = True,
+                         stream=None, variants: tuple[str | None, str | None] = (None, None)):
+    """out[b, h] = sum_j softmax_j(scale * query[b, h] . row_j) row_j[:512] over request
+    b's keys j < seq_lens[b] (rows through block_table), and lse[b, h] (unless None) =
+    max + log sum exp. num_kv_splits: 0 for the default split count (from
+    ``max_seq_len``, the host's bound on seq_lens; without it, the block table's
+    capacity), 1 for one split (batch-invariant). Both stages are checked (every
+    contract; the device tensors read back once with ``validate_pos``) before the split
+    partials are allocated or either launches; returns their (launcher, Launch) pairs."""
+    calls = Calls()
+    _decode_calls(calls, out, lse, query, kv_cache, block_table, seq_lens, scale,
+                  num_kv_splits, max_seq_len, validate_pos, variants)
+    return calls.run(stream)
+
+
+def _decode_calls(calls: Calls, out, lse, query, kv_cache, block_table, seq_lens, scale,
+                  num_kv_splits, max_seq_len, validate_pos, variants,
+                  who: str = "mla_decode_attention") -> None:
+    """The two launches of a decode, with pending split partials."""
+    if type(validate_pos) is not bool:
+        raise ContractError(who, "type", f"validate_pos must be True or False, not "
+                            f"{validate_pos!r}")
+    for name, x, rank in (("query", query, 3), ("kv_cache", kv_cache, 3),
+                          ("block_table", block_table, 2)):
+        if len(getattr(x, "shape", ())) != rank:
+            raise ContractError(who, "shape", f"{name} must be an array of {rank} "
+                                f"dimensions, not {x!r}")
+    if max_seq_len is None:
+        max_seq_len = int(block_table.shape[1]) * int(kv_cache.shape[1])
+    if not is_int(max_seq_len) or not 1 <= max_seq_len <= INT_MAX:
+        raise ContractError(who, "max_seq_len", f"max_seq_len must be an integer in [1, "
+                            f"{INT_MAX}], not {max_seq_len!r}")
+    splits = kv_splits(num_kv_splits, max_seq_len, who)
+    B, H = int(query.shape[0]), int(query.shape[1])
+    decode = launcher(role(Op.MLA_DECODE), variants[0])
+    combine = launcher(role(Op.MLA_COMBINE, lse=(Lse.NONE if lse is None else
+                                                 Lse.WRITE).value), variants[1])
+    m, l_ = empty((B, H, splits)), empty((B, H, splits))
+    acc = empty((B, H, splits, MLA_LATENT))
+    calls.add(decode, query, kv_cache, block_table, seq_lens, m, l_, acc, scale=scale,
+              validate_pos=validate_pos)
+    outs = (out,) if lse is None else (out, lse)
+    calls.add(combine, m, l_, acc, seq_lens, *outs, validate_pos=False)  # read by the first
+
+
+def mla_prefill_attention(out, lse, query, key, value, cu_seqlens_q, cu_seqlens_k, scale,
+                          causal: bool, max_seqlen_q: int, max_seqlen_k: int | None = None, *,
+                          validate_pos: bool = True, stream=None, variant: str | None = None):
+    """Varlen attention with QK head size 192 and V head size 128 (H q heads = H kv heads):
+    request r owns query rows [cu_seqlens_q[r], cu_seqlens_q[r+1]) and key rows likewise;
+    ``causal``: query i of Lq sees keys j <= i + Lk - Lq (bottom-right aligned), else
+    every key of its request. out [total_q, H, 128]; lse [H, total_q] or None.
+    ``max_seqlen_q`` (the host's bound on query rows) sizes the grid; ``max_seqlen_k`` is
+    the engine's argument, checked (an int >= 1) and not needed by the kernel, which reads
+    each request's key count on the device. Returns the bound Launch."""
+    who = "mla_prefill_attention"
+    if type(causal) is not bool:
+        raise ContractError(who, "type", f"causal must be True or False, not {causal!r}")
+    if max_seqlen_k is not None:
+        count("max_seqlen_k", max_seqlen_k, 1, who)
+    fn = launcher(role(Op.MLA_PREFILL, mask=(Mask.CAUSAL if causal else Mask.FULL).value,
+                       lse=(Lse.NONE if lse is None else Lse.WRITE).value), variant)
+    outs = (out,) if lse is None else (out, lse)
+    return fn(query, key, value, cu_seqlens_q, cu_seqlens_k, *outs, max_seqlen_q=max_seqlen_q,
+              scale=scale, validate_pos=validate_pos, stream=stream)
+
+
+class MLACache(PagedBlocks):
+    """A paged latent cache (pages ``[num_blocks][block_size][576]`` float32, blocks from
+    a host free list, a block table per sequence) that chains the MLA ops:
+    ``store`` appends tokens' kv_c and k_pe rows (concat_and_cache_mla), ``decode``
+    stores one token per sequence and attends every sequence at its new length (the
+    two-stage split decode), ``gather`` copies sequences' rows into a workspace
+    (gather_mla_cache). Every call checks all of its arguments and every launch against
+    its kernel's contracts before it takes a block, advances a length or launches."""
+
+    WHO = "MLACache"
+
+    def __init__(self, num_blocks: int, block_size: int, max_blocks_per_seq: int | None = None,
+                 variants: dict[str, str] | None = None):
+        self._init_blocks(num_blocks, block_size, max_blocks_per_seq)
+        self.variants = dict(variants or {})
+        unknown = set(self.variants) - {"store", "gather", "decode", "combine"}
+        if unknown:
+            raise ContractError(self.WHO, "variant", f"variants name the roles store, "
+                                f"gather, decode and combine, not {sorted(unknown)}")
+        self.cache = device.cupy().zeros((num_blocks, block_size, MLA_ROW), np.float32)
+        self._reset_blocks()
+
+    def _rows(self, name: str, x, rows: int, width: int) -> None:
+        shape = tuple(getattr(x, "shape", ()))
+        if getattr(x, "dtype", None) != np.float32 or shape != (rows, width):
+            raise ContractError(self.WHO, "shape", f"{name} must be float32 {(rows, width)}, "
+                                f"not {getattr(x, 'dtype', type(x))} {shape}")
+
+    def _store_calls(self, calls: Calls, sids, kv_c, k_pe, rows):
+        """The store launch (none for no rows); (row counts, the tables to commit)."""
+        rows = self._batch(sids, rows)
+        self._rows("kv_c", kv_c, sum(rows), MLA_LATENT)
+        self._rows("k_pe", k_pe, sum(rows), MLA_ROPE)
+        tables = self._grown(sids, rows)
+        slots = np.concatenate([self._slots(tables[sid], range(self.lengths[sid],
+                                                               self.lengths[sid] + n))
+                                for sid, n in zip(sids, rows, strict=True)])
+        if slots.size:
+            calls.add(launcher(role(Op.MLA_STORE), self.variants.get("store")), kv_c, k_pe,
+                      self.cache, upload(slots.astype(np.int64)), validate_pos=False)
+        return rows, tables
+
+    def store(self, sids: list[int], kv_c, k_pe, rows: list[int], stream=None) -> None:
+        """Append ``rows[i]`` tokens to sequence ``sids[i]`` (kv_c [sum(rows)][512] and
+        k_pe [sum(rows)][64] hold them in that order)."""
+        calls = Calls()
+        rows, tables = self._store_calls(calls, sids, kv_c, k_pe, rows)
+        calls.run(stream)
+        self._commit(sids, rows, tables)
+
+    def decode(self, sids: list[int], query, kv_c, k_pe, scale=None,
+               num_kv_splits: int = ENTRY_PARAMS["num_kv_splits"].default, lse: bool = False,
+               stream=None):
+        """Store one token per sequence (kv_c [len(sids)][512], k_pe [len(sids)][64]),
+        then attend query [len(sids)][Hq][576] over each sequence at its new length.
+        Returns out [len(sids)][Hq][512] (and lse [len(sids)][Hq] with ``lse=True``)."""
+        self._batch(sids)
+        R = len(sids)
+        shape = tuple(getattr(query, "shape", ()))
+        if getattr(query, "dtype", None) != np.float32 or len(shape) != 3 or \
+                shape[0] != R or shape[2] != MLA_ROW or shape[1] < 1:
+            raise ContractError(self.WHO, "shape", f"query must be float32 [{R}][n_head]"
+                                f"[{MLA_ROW}], not {getattr(query, 'dtype', type(query))} "
+                                f"{shape}")
+        if type(lse) is not bool:
+            raise ContractError(self.WHO, "type", f"lse must be True or False, not {lse!r}")
+        calls = Calls()
+        rows, tables = self._store_calls(calls, sids, kv_c, k_pe, [1] * R)
+        lens = np.array([self.lengths[s] + 1 for s in sids], np.int32)
+        out = empty((R, shape[1], MLA_LATENT))
+        lse_out = empty((R, shape[1])) if lse else None
+        _decode_calls(calls, out, lse_out, query, self.cache,
+                      upload(self._block_table([tables[s] for s in sids])), upload(lens),
+                      scale, num_kv_splits, int(lens.max()), False,
+                      (self.variants.get("decode"), self.variants.get("combine")), self.WHO)
+        calls.run(stream)
+        self._commit(sids, rows, tables)
+        return (out.made(), lse_out.made()) if lse else out.made()
+
+    def gather(self, sids: list[int], starts: list[int] | None = None, stream=None):
+        """Rows [starts[i], length) of each sequence ``sids[i]`` (starts: multiples of
+        block_size; None: from 0), concatenated in order: float32 [N][576]."""
+        self._batch(sids)
+        starts = [0] * len(sids) if starts is None else self._batch(sids, starts)
+        for sid, s in zip(sids, starts, strict=True):
+            if s % self.block_size or s > self.lengths[sid]:
+                raise ContractError(self.WHO, "seq_starts", f"start {s} of sequence {sid} "
+                                    f"must be a multiple of block_size = {self.block_size} "
+                                    f"within its {self.lengths[sid]} rows")
+        lens = [self.lengths[sid] - s for sid, s in zip(sids, starts, strict=True)]
+        n = sum(lens)
+        if n == 0:
+            raise ContractError(self.WHO, "shape", "the sequences hold no rows past their "
+                                "starts: nothing to gather")
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        t2s = np.repeat(np.arange(len(sids), dtype=np.int32), lens)
+        dst = empty((n, MLA_ROW))
+        given = any(starts)
+        fn = launcher(role(Op.MLA_GATHER, seq_starts=(SeqStarts.GIVEN if given else
+                                                       SeqStarts.NONE).value),
+                      self.variants.get("gather"))
+        arrays = (dst, self.cache, upload(self.block_table(sids)), upload(cu), upload(t2s))
+        if given:
+            arrays += (upload(np.array(starts, np.int32)),)
+        calls = Calls()
+        calls.add(fn, *arrays, num_tokens=n, validate_pos=True)  # uploads: checked on host
+        calls.run(stream)
+        return dst.made()
