@@ -5,6 +5,9 @@ prefill and paged decode (kgen.runtime.paged.PagedKVCache), on the same device i
 give bit-identical outputs and caches; outputs are NaN-poisoned before each C++ launch,
 and each format's dense prefill is also checked against the float64 NumPy reference.
 
+A crash inside the library (rather than a refusal) is found with KGEN_TRACE=1 and
+pytest -s: the library then logs each driver step to stderr before it takes it.
+
 The library is built here with the system C++ compiler from the package's
 kgen_launch.cpp and tests/cpp/kgen_ops_shim.cpp (a C ABI, loaded with ctypes) against
 the CUDA toolkit's cuda.h; its fatbins are the package's (kgen_kernels.ROOT). The C++
