@@ -304,6 +304,8 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
                                                   "kv_append" else "")
         elif k.op.value == "merge_attn_states":
             axes += f" lse={k.lse.value}"
+        elif k.op.value == "dflash_attention":
+            axes += f" key_source={k.key_source.value}"
         dims = coverage.runs(coverage.head_dims(k))
         print(f"{k.name:<{w}}  {k.module:<14}  {axes}  head_dim {dims}")
     return 0

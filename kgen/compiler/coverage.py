@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from kgen.ir.axes import KStage, Op, VStage
 from kgen.ir.geometry import (
     block_threads,
+    dflash_threads,
     flash_shared_bytes,
     head_dim_step,
     merge_threads,
@@ -112,6 +113,8 @@ def sized_head_dim(k: Kernel) -> int | None:
             return k.kreg_max_chunk * k.dot_lanes
     if k.op is Op.KV_APPEND and k.fmt.append_staging:
         return k.max_head_dim
+    if k.op is Op.DFLASH_ATTENTION:  # a warp's q and output rows, in registers
+        return k.max_head_dim
     return None
 
 
@@ -161,6 +164,8 @@ def _block(k: Kernel, hd: int | None, static: int) -> Block:
         return Block(None, None, QZ_BLOCK if k.op is Op.QZ_SPLIT else 1, static)
     if k.op is Op.MERGE_ATTN_STATES:  # a fixed block of warps, a warp per row
         return Block(hd, None, merge_threads(), static)
+    if k.op is Op.DFLASH_ATTENTION:  # likewise, whatever head_dim
+        return Block(hd, None, dflash_threads(), static)
     if k.op is not Op.FLASH:  # an append or combine block is head_dim threads
         return Block(hd, None, hd, static)
     g = groups_by_head_dim(k, [hd])[hd]

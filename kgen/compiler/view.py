@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from kgen.ir.axes import (
+    KeySource,
     KStage,
     Lse,
     Mask,
@@ -26,9 +27,11 @@ from kgen.ir.axes import (
     Window,
 )
 from kgen.ir.geometry import (
+    DFLASH_ROWS,
     MERGE_ROWS,
     Region,
     ScoreScatter,
+    dflash_chunks,
     flash_regions,
     out_cols,
     p_stride,
@@ -189,6 +192,21 @@ class KernelView:
     def merge_rows(self) -> int:
         """merge_attn_states: (token, head) rows of a block, a warp each."""
         return MERGE_ROWS
+
+    @property
+    def paged_keys(self) -> bool:
+        """dflash_attention: the paged context then the block (key_source = paged)."""
+        return self.k.key_source is KeySource.PAGED
+
+    @property
+    def dflash_rows(self) -> int:
+        """dflash_attention: (query row, q head) rows of a block, a warp each."""
+        return DFLASH_ROWS
+
+    @property
+    def dflash_chunks(self) -> int:
+        """dflash_attention: dims of q and of the output a lane holds."""
+        return dflash_chunks(self.k)
 
     @property
     def block_note(self) -> str:

@@ -15,7 +15,8 @@ from kgen.ir.params import PARAMS
 from kgen.ir.signature import params
 
 DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "n_rows",
-                     "block_size", "max_blocks", "num_reqs", "n_tokens", "n_head"})
+                     "block_size", "max_blocks", "num_reqs", "n_tokens", "n_head",
+                     "num_pages"})
 # The default of each parameter a caller may leave out (kgen.ir.params), as source.
 DEFAULTS = {name: repr(p.default) for name, p in PARAMS.items()}
 

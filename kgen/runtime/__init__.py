@@ -5,12 +5,16 @@ block, dynamic shared memory, argument tuple) after checking every contract
 the kernel relies on; it touches no GPU, so contract checks run anywhere.
 ``launch`` then hands the Launch to CuPy. The generated modules
 (``kgen_kernels``, from generated/) wrap these as one function per kernel.
-``merge_attn_states`` is the engine's MergeAttnStates as one call (kgen.runtime.merge).
+``merge_attn_states`` is the engine's MergeAttnStates as one call (kgen.runtime.merge);
+``dflash_block_attention`` and ``dflash_paged_block_attention`` its DFlash block
+attention (kgen.runtime.dflash).
 """
 
 from kgen.runtime.bind import Launch, bind
 from kgen.runtime.contracts import ContractError
+from kgen.runtime.dflash import dflash_block_attention, dflash_paged_block_attention
 from kgen.runtime.merge import merge_attn_states
 from kgen.runtime.plan import DecodePlan, decode_plan
 
-__all__ = ["ContractError", "DecodePlan", "Launch", "bind", "decode_plan", "merge_attn_states"]
+__all__ = ["ContractError", "DecodePlan", "Launch", "bind", "decode_plan",
+           "dflash_block_attention", "dflash_paged_block_attention", "merge_attn_states"]

@@ -30,6 +30,7 @@ from kgen.testing.case import Case
 from kgen.testing.keywords import options
 
 _MERGE = Op.MERGE_ATTN_STATES
+_DFLASH = Op.DFLASH_ATTENTION
 # The attention scalars every valid flash argument set passes: the plain path.
 _NEUTRAL = {name: PARAMS[name].neutral for name in ("attn_sink", "scale")}
 
@@ -55,6 +56,10 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
         from kgen.testing.merge import host_args as merge_args
 
         return merge_args(k, case, z)
+    if k.op is Op.DFLASH_ATTENTION:
+        from kgen.testing.dflash import host_args as dflash_args
+
+        return dflash_args(k, case, z)
     if k.op is Op.QZ_SPLIT:
         return dict(qg=z((case.n, case.n_head, 2 * hd), f32), q=z((case.n, case.n_head, hd), f32),
                     z=z((case.n, case.n_head, hd), f32))
@@ -205,7 +210,8 @@ def _strided(a, k, case):
 
 def _first_array(k):
     return {Op.QZ_SPLIT: "q", Op.KV_APPEND: "k_new", Op.FLASH: "q",
-            Op.DECODE_COMBINE: "out", Op.MERGE_ATTN_STATES: "output"}[k.op]
+            Op.DECODE_COMBINE: "out", Op.MERGE_ATTN_STATES: "output",
+            Op.DFLASH_ATTENTION: "query"}[k.op]
 
 
 def _non_contiguous(k, case):
@@ -263,6 +269,8 @@ def _int_scalar(k) -> str | None:
         return "kps" if k.op is not Op.KV_APPEND else None
     if k.op is Op.MERGE_ATTN_STATES:
         return "prefill_tokens_with_context"
+    if k.op is Op.DFLASH_ATTENTION:
+        return "sliding_window"
     return "n_splits" if k.op is Op.DECODE_COMBINE else None
 
 
@@ -298,7 +306,8 @@ MUTATIONS: dict[str, Mutation] = {
     "sinks_wrong_size": Mutation("shape", lambda k: k.sinks is Sinks.LEARNED and
                                  k.op in (Op.FLASH, Op.DECODE_COMBINE), lambda k, c: {
                                      **host_args(k, c), "sinks": np.zeros(1, np.float32)}),
-    "head_dim_over_block": Mutation("block size", lambda k: k.op not in (Op.QZ_SPLIT, _MERGE)
+    "head_dim_over_block": Mutation("block size", lambda k: k.op not in (Op.QZ_SPLIT, _MERGE,
+                                                                          _DFLASH)
                                     and not (_flash(k) and query_tiles(k)), _big_head_dim),
     "head_dim_over_tile": Mutation(
         "head_dim range", lambda k: _over_tile_width(k) is not None,
@@ -463,6 +472,93 @@ MUTATIONS.update({
         k, c.with_(n=2**27, n_head=16, head_dim=1), alloc=ShapeOnly)),
     "merge_prefill_tokens_over_int": Mutation("range", _merging, lambda k, c: {
         **host_args(k, c), "prefill_tokens_with_context": INT_MAX + 1}),
+})
+
+
+# ---- dflash_attention: query / out [T][H][D], keys [T][Hkv][D] (paged: and pages) -------
+
+def _dflashing(k):
+    return k.op is _DFLASH
+
+
+def _dflash_paged(k):
+    from kgen.testing.dflash import paged
+
+    return _dflashing(k) and paged(k)
+
+
+def _dflash_keys(k):
+    from kgen.testing.dflash import paged
+
+    return ("block_key", "block_value") if paged(k) else ("key", "value")
+
+
+def _dflash_set(name, value_fn, **case_kw):
+    """The dflash arguments (at ``case_kw``) with ``name`` (a callable of the kernel:
+    its name) replaced by value_fn(its array, case)."""
+    def make(k, case):
+        c = case.with_(**case_kw)
+        a = host_args(k, c)
+        n = name(k) if callable(name) else name
+        a[n] = value_fn(a[n], c)
+        return a
+    return make
+
+
+def _grown(axis, by=1):
+    def grow(a, c):
+        shape = list(a.shape)
+        shape[axis] += by
+        return np.zeros(shape, a.dtype)
+    return grow
+
+
+MUTATIONS.update({
+    "dflash_head_dim_over_max": Mutation("head_dim range", _dflashing, lambda k, c: host_args(
+        k, c.with_(head_dim=k.max_head_dim + 1))),
+    "dflash_gqa_mismatch": Mutation("GQA", _dflashing, _args_with(n_head=7, n_head_kv=2)),
+    "dflash_out_shape": Mutation("shape", _dflashing, _dflash_set("out", _grown(1))),
+    "dflash_key_rows_mismatch": Mutation("shape", _dflashing, _dflash_set(
+        lambda k: _dflash_keys(k)[0], _grown(0))),
+    "dflash_value_heads_mismatch": Mutation("shape", _dflashing, _dflash_set(
+        lambda k: _dflash_keys(k)[1], _grown(1))),
+    "dflash_key_head_dim_mismatch": Mutation("shape", _dflashing, _dflash_set(
+        lambda k: _dflash_keys(k)[0], _grown(2))),
+    "dflash_cu_seqlens_dtype": Mutation("dtype", _dflashing, _dflash_set(
+        "cu_seqlens", lambda a, c: a.astype(np.int64))),
+    "dflash_cu_seqlens_2d": Mutation("shape", _dflashing, _dflash_set(
+        "cu_seqlens", lambda a, c: a.reshape(1, -1))),
+    "dflash_no_requests": Mutation("shape", _dflashing, _dflash_set(
+        "cu_seqlens", lambda a, c: a[:1].copy())),
+    "dflash_causal_range": Mutation("range", _dflashing, lambda k, c: {
+        **host_args(k, c), "block_causal": 2}),
+    "dflash_window_over_int": Mutation("range", _dflashing, lambda k, c: {
+        **host_args(k, c), "sliding_window": INT_MAX + 1}),
+    "dflash_scale_not_finite": Mutation("scale", _dflashing, lambda k, c: {
+        **host_args(k, c), "scale": float("inf")}),
+    "dflash_scale_not_positive": Mutation("scale", _dflashing, lambda k, c: {
+        **host_args(k, c), "scale": 0.0}),
+    "dflash_int32_rows": Mutation("int32 index", _dflashing, lambda k, c: host_args(
+        k, c.with_(requests=((2**27, 0),), n_head=16, n_head_kv=16, head_dim=1),
+        alloc=ShapeOnly)),
+    "dflash_ctx_pages_mismatch": Mutation("shape", _dflash_paged, _dflash_set(
+        "ctx_value", _grown(1))),
+    "dflash_ctx_heads_mismatch": Mutation("shape", _dflash_paged, _dflash_set(
+        "ctx_key", _grown(2))),
+    "dflash_seq_lens_size": Mutation("shape", _dflash_paged, _dflash_set(
+        "seq_lens", _grown(0))),
+    "dflash_block_table_rows": Mutation("shape", _dflash_paged, _dflash_set(
+        "block_table", _grown(0))),
+    "dflash_block_table_no_columns": Mutation("shape", _dflash_paged, _dflash_set(
+        "block_table", lambda a, c: np.zeros((a.shape[0], 0), a.dtype))),
+    "dflash_block_table_dtype": Mutation("dtype", _dflash_paged, _dflash_set(
+        "block_table", lambda a, c: a.astype(np.int64))),
+    "dflash_pages_int32_position": Mutation("int32 position", _dflash_paged, lambda k, c: {
+        **host_args(k, c), **{n: ShapeOnly((2**20, 2**12, c.n_head_kv, c.head_dim),
+                                           np.float32) for n in ("ctx_key", "ctx_value")}}),
+    "dflash_table_int32_position": Mutation("int32 position", _dflash_paged, _dflash_set(
+        "block_table", lambda a, c: ShapeOnly((a.shape[0], 2**31 // c.block_size),
+                                              a.dtype))),
 })
 
 
