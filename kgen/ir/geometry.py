@@ -290,6 +290,12 @@ def dflash_chunks(k: Kernel) -> int:
     return -(-k.max_head_dim // TARGET.warp)
 
 
+def dflash_held_floats(k: Kernel) -> int:
+    """Floats a dflash lane keeps in registers: its q and output dims, and the K and V
+    dims of the keys_per_step keys in flight."""
+    return dflash_chunks(k) * (2 + 2 * k.keys_per_step)
+
+
 def dflash_threads() -> int:
     """Threads of a dflash block: DFLASH_ROWS warps."""
     return DFLASH_ROWS * TARGET.warp

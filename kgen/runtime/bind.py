@@ -627,7 +627,8 @@ def _dflash(k: Kernel, c: Checker, a: dict):
                   f"(and a step of {k.keys_per_step} keys) overflow an int position")
         values.update(ctx_key=ck, ctx_value=cv, seq_lens=a["seq_lens"], block_table=bt,
                       block_size=bs, max_blocks=mb, num_pages=nb)
-    values.update(block_causal=_param(c, a, "block_causal"), sliding_window=_param(c, a, "sliding_window"),
+    values.update(block_causal=_param(c, a, "block_causal"),
+                  sliding_window=_param(c, a, "sliding_window"),
                   scale=_param(c, a, "scale", 1.0 / math.sqrt(D)))
     return dflash_grid(T, H), (dflash_threads(), 1, 1), 0, values
 

@@ -8,8 +8,8 @@ keys of its own block (dense), or the request's paged context (seq_lens[r] rows 
 its block-table row) then its block, as one combined sequence (paged). causal = False:
 every key; causal = True: keys j <= i and j >= i - (window - 1) (sliding_window <= 0:
 plain causal; the kernels' parameter block_causal), over positions inside the block
-(paged: the combined index, block query i at seq_lens[r] + i). Over the materialized [context ; block], the paged call gives
-the dense call's bits.
+(paged: the combined index, block query i at seq_lens[r] + i). Over the materialized
+[context ; block], the paged call gives the dense call's bits.
 
 cu_seqlens, seq_lens and block_table are int32 device arrays the kernel reads in place:
 the launch grid comes from the query's rows alone, so the launch can be captured in a

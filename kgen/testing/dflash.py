@@ -21,6 +21,7 @@ import numpy as np
 from kgen import numpy_ref as ref
 from kgen.ir.axes import KeySource
 from kgen.ir.kernel import Kernel
+from kgen.numpy_ref.dflash import gather_context
 from kgen.testing.case import Case, bits_equal, rng
 from kgen.testing.device import ATOL, RTOL, assert_close, cupy, dev, poisoned
 
@@ -146,8 +147,8 @@ def materialize(case: Case, x: dict, g: np.random.Generator):
     for r, (b, c) in enumerate(case.requests):
         a = int(cu[r])
         qs += [g.standard_normal((c, *x["q"].shape[1:])).astype(np.float32), x["q"][a:a + b]]
-        ks += [ref.gather_context(x["ck"], x["table"][r], c), x["bk"][a:a + b]]
-        vs += [ref.gather_context(x["cv"], x["table"][r], c), x["bv"][a:a + b]]
+        ks += [gather_context(x["ck"], x["table"][r], c), x["bk"][a:a + b]]
+        vs += [gather_context(x["cv"], x["table"][r], c), x["bv"][a:a + b]]
         at.append(np.arange(base + c, base + c + b))
         lens.append(b + c)
         base += b + c

@@ -153,8 +153,10 @@ DFLASH_DENSE = [
          head_dim=128),
 ]
 DFLASH_PAGED = [
-    Case("r1_ctx0_len4_hd128", requests=((4, 0),), n_head=4, n_head_kv=2, head_dim=128,
-         causal=True),
+    Case("r1_ctx0_len4_hd128_window_negative", requests=((4, 0),), n_head=4, n_head_kv=2,
+         head_dim=128, causal=True, sliding_window=-3),
+    Case("r2_ctx9_len8_hd128_bs4_win1", requests=((8, 9), (2, 3)), n_head=4, n_head_kv=2,
+         head_dim=128, block_size=4, causal=True, sliding_window=1),
     Case("r2_ctx37_len16_hd128_bs16_causal", requests=((16, 37), (16, 5)), n_head=8,
          n_head_kv=2, head_dim=128, block_size=16, causal=True),
     Case("r2_ctx37_len16_hd128_bs16_bidir", requests=((16, 37), (16, 5)), n_head=8,
