@@ -308,6 +308,8 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
             axes += f" mask={k.mask.value} lse={k.lse.value}"
         elif k.op.value == "gather_mla_cache":
             axes += f" seq_starts={k.seq_starts.value}"
+        elif k.op.value == "dflash_attention":
+            axes += f" key_source={k.key_source.value}"
         dims = coverage.runs(coverage.head_dims(k))
         print(f"{k.name:<{w}}  {k.module:<14}  {axes}  head_dim {dims}")
     return 0

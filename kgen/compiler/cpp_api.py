@@ -23,7 +23,18 @@ from pathlib import Path
 from kgen import __version__
 from kgen.formats.base import SHADOW_SCALARS
 from kgen.ir import geometry as geo
-from kgen.ir.axes import KStage, Lse, Mode, Op, Position, Sinks, SoftCap, VStage, Window
+from kgen.ir.axes import (
+    KeySource,
+    KStage,
+    Lse,
+    Mode,
+    Op,
+    Position,
+    Sinks,
+    SoftCap,
+    VStage,
+    Window,
+)
 from kgen.ir.params import INT_MAX, PARAMS
 from kgen.ir.pyapi import py_args
 from kgen.ir.signature import params
@@ -104,11 +115,12 @@ ALWAYS = {
     **{n: "tensor" for n in (
         "q", "k_cache", "v_cache", "k_sink", "v_sink", "k_win", "v_win", "out", "sinks",
         "m_out", "l_out", "acc_out", "m_in", "l_in", "acc_in", "block_table", "seq_lens",
-        "query_start_loc", "slot_mapping", "pos", "k_new", "v_new", "qg", "z")},
+        "query_start_loc", "slot_mapping", "pos", "k_new", "v_new", "qg", "z", "query", "key",
+        "value", "block_key", "block_value", "ctx_key", "ctx_value", "cu_seqlens")},
     **{n: "int" for n in (
         "sink", "win", "kv_groups", "head_dim", "block_size", "max_blocks", "num_reqs", "kps",
         "splits_cap", "max_seq", "seq_len", "n_splits", "split_len", "pos0", "n_rows",
-        "n_head_kv", "total", "launch_splits", "max_seq_len")},
+        "n_head_kv", "total", "launch_splits", "max_seq_len", "n_head", "num_pages")},
     # the MLA ops (the latent cache's store and gather, the split decode)
     **{n: "tensor" for n in ("kv_c", "k_pe", "kv_cache", "dst", "src_cache", "cu_seq_lens",
                              "token_to_seq", "seq_starts", "query", "lse", "key", "value",
@@ -187,6 +199,8 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "kreg_max_chunk": k.kreg_max_chunk,
         "k_registers": k.k_stage is KStage.REGISTERS,
         "v_shared_q4": k.v_stage is VStage.SHARED_Q4,
+        "paged_keys": k.op is Op.DFLASH_ATTENTION and k.key_source is KeySource.PAGED,
+        "keys_per_step": k.keys_per_step,
         "window_exact": k.window is Window.EXACT, "softcap": k.softcap is SoftCap.TANH,
         "sinks": k.sinks is Sinks.LEARNED,
         "registers": -1 if k.registers is None else k.registers,
@@ -297,6 +311,8 @@ def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
         merge_threads=geo.merge_threads(),
         merge_grid_x=expr(geo.merge_grid(Sym("T"), Sym("H"))[0]),
         mla=_mla_geometry(),
+        dflash_rows=geo.DFLASH_ROWS, dflash_threads=geo.dflash_threads(),
+        dflash_grid_x=expr(geo.dflash_grid(Sym("T"), Sym("H"))[0]),
         header_name=HEADER, target=TARGET, registers_contract=REGISTERS, int_max=INT_MAX,
         params=[{"name": p.name, "is_int": p.kind is int,
                  "default": ("0" if p.default is None else repr(p.default)),

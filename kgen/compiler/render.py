@@ -118,6 +118,7 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
         "combine": any(k.op is Op.DECODE_COMBINE for k in kernels),
         "merge": any(k.op is Op.MERGE_ATTN_STATES for k in kernels),
         "mla": any(k.op in (Op.MLA_DECODE, Op.MLA_COMBINE) for k in kernels),  # split bounds
+        "dflash": any(k.op is Op.DFLASH_ATTENTION for k in kernels),
         "paged": any(k.paged and k.op is Op.FLASH for k in kernels),
         "combine_sinks": any(k.op is Op.DECODE_COMBINE and k.learned_sinks for k in kernels),
         "exact_window": any(k.op is Op.FLASH and k.exact_window for k in kernels),

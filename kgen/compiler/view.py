@@ -11,6 +11,7 @@ from functools import cached_property
 
 from kgen.ir import geometry
 from kgen.ir.axes import (
+    KeySource,
     KStage,
     Lse,
     Mask,
@@ -28,9 +29,11 @@ from kgen.ir.axes import (
     Window,
 )
 from kgen.ir.geometry import (
+    DFLASH_ROWS,
     MERGE_ROWS,
     Region,
     ScoreScatter,
+    dflash_chunks,
     flash_regions,
     out_cols,
     p_stride,
@@ -218,6 +221,21 @@ class KernelView:
     def mla_seq_starts(self) -> bool:
         """gather_mla_cache: a request's rows start at seq_starts[b] (seq_starts = given)."""
         return self.k.seq_starts is SeqStarts.GIVEN
+
+    @property
+    def paged_keys(self) -> bool:
+        """dflash_attention: the paged context then the block (key_source = paged)."""
+        return self.k.key_source is KeySource.PAGED
+
+    @property
+    def dflash_rows(self) -> int:
+        """dflash_attention: (query row, q head) rows of a block, a warp each."""
+        return DFLASH_ROWS
+
+    @property
+    def dflash_chunks(self) -> int:
+        """dflash_attention: dims of q and of the output a lane holds."""
+        return dflash_chunks(self.k)
 
     @property
     def block_note(self) -> str:

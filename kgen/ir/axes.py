@@ -27,6 +27,9 @@ class Op(StrEnum):
     MLA_DECODE = "mla_decode"           # MLA decode, split stage: (m, l, acc) per key split
     MLA_COMBINE = "mla_combine"         # MLA decode, merge stage: splits in ascending order
     MLA_PREFILL = "mla_prefill"         # MLA prefill: varlen attention, QK 192, V 128
+    DFLASH_ATTENTION = "dflash_attention"  # the engine's DFlash block attention: each
+    #                                        query attends only its request's block
+    #                                        (and, paged, that request's context)
 
 
 # The multi-head latent attention ops: kernels over the latent cache, one row width each.
@@ -127,6 +130,12 @@ class SeqStarts(StrEnum):
     GIVEN = "given"  # gather_mla_cache: seq_starts [B] gives each request's first row
 
 
+class KeySource(StrEnum):
+    DENSE = "dense"  # DFlashBlockAttention: keys are the block's own rows of key / value
+    PAGED = "paged"  # DFlashPagedBlockAttention: the request's paged context, then its
+    #                  block's rows, as one combined key sequence
+
+
 class RingFloor(StrEnum):
     NONE = "none"    # the fp16 window ring is trusted for every recent key
     BATCH = "batch"  # keys lapped by later rows of the same batch fall back to the body
@@ -150,6 +159,7 @@ ALL = None
 FLASH = frozenset({Op.FLASH})
 CACHE_OPS = frozenset({Op.FLASH, Op.KV_APPEND})
 PLAN_OPS = frozenset({Op.FLASH, Op.DECODE_COMBINE})
+DFLASH = frozenset({Op.DFLASH_ATTENTION})
 
 KEYS: dict[str, Key] = {
     "module": Key(str, None, ALL, "generated file the kernel lands in"),
@@ -165,7 +175,8 @@ KEYS: dict[str, Key] = {
     "v_stage": Key(VStage, VStage.GLOBAL, FLASH, "where V rows are read from"),
     "threads": Key(Threads, Threads.HEAD_DIM, FLASH, "threads of a block"),
     "schedule": Key(Schedule, Schedule.BLOCK_TILE, FLASH, "how a block walks its keys"),
-    "keys_per_step": Key(int, 2, FLASH, "keys a warp_stream unit loads before scoring them"),
+    "keys_per_step": Key(int, 2, FLASH | DFLASH, "keys a warp_stream unit (dflash: a warp) "
+                         "loads before scoring them"),
     "window": Key(Window, Window.SINK_RECENT, FLASH, "which key tiles are attended"),
     "mask": Key(Mask, Mask.CAUSAL, frozenset({Op.FLASH, Op.MLA_PREFILL}), "which keys a "
                 "query sees before any window"),
@@ -188,9 +199,10 @@ KEYS: dict[str, Key] = {
     "v_rounds": Key(int, 3, FLASH, "blockDim-strided rounds that stage the V tile"),
     "ring_rows": Key(int, 256, CACHE_OPS, "rows of the fp16 window ring (it laps here)"),
     "sink_rows": Key(int, 8, CACHE_OPS, "rows of the fp16 sink buffer"),
-    "max_head_dim": Key(int, 1024, frozenset({Op.KV_APPEND, Op.FLASH}),
+    "max_head_dim": Key(int, 1024, frozenset({Op.KV_APPEND, Op.FLASH}) | DFLASH,
                         "static staging bound (append); the widest head_dim a query_tile "
-                        "thread's output patch holds"),
+                        "thread's output patch holds (dflash: a warp's q and output row, "
+                        "in registers)"),
     "tile_rows": Key(int, 64, FLASH, "query_tile: rows (query position, q head) of a "
                      "block's query tile"),
     "micro_rows": Key(int, 2, FLASH, "query_tile: rows of a thread's score and output patch"),
@@ -202,6 +214,8 @@ KEYS: dict[str, Key] = {
                "log-sum-exp is written too (output_lse, lse), or not (none)"),
     "seq_starts": Key(SeqStarts, SeqStarts.NONE, frozenset({Op.MLA_GATHER}), "whether a "
                       "request's context rows start at seq_starts[b] (given) or at 0 (none)"),
+    "key_source": Key(KeySource, KeySource.DENSE, DFLASH, "dflash: the block's own key rows "
+                      "(dense), or the request's paged context then its block (paged)"),
 }
 
 

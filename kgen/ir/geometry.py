@@ -394,3 +394,32 @@ def mla_default_splits(max_seq_len: int, sms: int) -> int:
 
 
 MLA_SPLIT_KEYS = 512  # the default split count grows by one split per this many keys
+# ---- op = dflash_attention (templates/kernels/dflash_attention.cu.j2) -----------------
+# Row w = t * n_head + h of the [n_rows][n_head][head_dim] query and output (query row t,
+# q head h) is attended by one warp: lane l holds dims l, l + 32, ... of q and of the
+# output (dflash_chunks(k) of them, registers), and the warp walks the row's keys in
+# ascending order, keys_per_step at a time. A block is DFLASH_ROWS warps (the q heads
+# of one row lie in adjacent warps: those of one kv head read the same keys); the 1-D
+# grid covers every row, whatever the requests' lengths: the host needs only n_rows.
+DFLASH_ROWS = 4
+
+
+def dflash_chunks(k: Kernel) -> int:
+    """Dims of q and of the output a lane holds: max_head_dim over a warp's lanes."""
+    return -(-k.max_head_dim // TARGET.warp)
+
+
+def dflash_held_floats(k: Kernel) -> int:
+    """Floats a dflash lane keeps in registers: its q and output dims, and the K and V
+    dims of the keys_per_step keys in flight."""
+    return dflash_chunks(k) * (2 + 2 * k.keys_per_step)
+
+
+def dflash_threads() -> int:
+    """Threads of a dflash block: DFLASH_ROWS warps."""
+    return DFLASH_ROWS * TARGET.warp
+
+
+def dflash_grid(n_rows: int, n_head: int) -> tuple[int, int, int]:
+    """The grid of a dflash launch over n_rows x n_head (query row, q head) rows."""
+    return (-(-n_rows * n_head // DFLASH_ROWS), 1, 1)

@@ -12,6 +12,7 @@ from kgen.compiler.spec.ast import ExpectRelation, ExpectResource
 from kgen.errors import SourcePos
 from kgen.formats import KvFormat, KvFormatName
 from kgen.ir.axes import (
+    KeySource,
     KStage,
     Lse,
     Mask,
@@ -69,6 +70,7 @@ class Kernel:
     stream_loads: StreamLoads
     lse: Lse
     seq_starts: SeqStarts
+    key_source: KeySource
     budgets: tuple[ExpectResource, ...] = ()
     relations: tuple[ExpectRelation, ...] = ()
     lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)

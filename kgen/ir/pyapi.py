@@ -17,7 +17,7 @@ from kgen.ir.signature import params
 DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "n_rows",
                      "block_size", "max_blocks", "num_reqs", "n_tokens", "n_head",
                      "n_slots", "kv_c_stride", "k_pe_stride", "num_blocks", "kv_splits",
-                     "total_q"})
+                     "total_q", "num_pages"})
 
 # The default of each parameter a caller may leave out (kgen.ir.params), as source.
 DEFAULTS = {name: repr(p.default) for name, p in PARAMS.items()}

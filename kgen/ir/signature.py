@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.ir.axes import Lse, Mode, Op, Position, Schedule, SeqStarts, Sinks, SoftCap, Window
+from kgen.ir.axes import (
+    KeySource,
+    Lse,
+    Mode,
+    Op,
+    Position,
+    Schedule,
+    SeqStarts,
+    Sinks,
+    SoftCap,
+    Window,
+)
 from kgen.ir.kernel import Kernel
 
 # NumPy dtypes of the element types of the arrays every kernel of an op takes; a KV
@@ -158,4 +169,14 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _p("const int *", "cu_seqlens_q", "cu_seqlens_k")
         out += _p("float *", "out", *(["lse"] if k.lse is Lse.WRITE else []))
         out += _p("int", "n_head", "num_reqs", "total_q") + _p("float", "scale")
+    elif k.op is Op.DFLASH_ATTENTION:  # the engine's argument order and names
+        paged = k.key_source is KeySource.PAGED
+        out += _p("float *", "out") + _p("const float *", "query")
+        out += _p("const float *", *(("block_key", "block_value", "ctx_key", "ctx_value")
+                                     if paged else ("key", "value")))
+        out += _p("const int *", "cu_seqlens", *(("seq_lens", "block_table") if paged else ()))
+        out += _p("int", "n_rows", "n_head", "n_head_kv", "head_dim", "num_reqs")
+        if paged:
+            out += _p("int", "block_size", "max_blocks", "num_pages")
+        out += _p("int", "block_causal", "sliding_window") + _p("float", "scale")
     return tuple(out)

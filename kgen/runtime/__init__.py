@@ -9,10 +9,13 @@ the kernel relies on; it touches no GPU, so contract checks run anywhere.
 ``concat_and_cache_mla``, ``gather_mla_cache``, ``mla_decode_attention``,
 ``mla_prefill_attention`` and ``MLACache``
 are the engine's multi-head latent attention ops (kgen.runtime.mla).
+``dflash_block_attention`` and ``dflash_paged_block_attention`` its DFlash block
+attention (kgen.runtime.dflash).
 """
 
 from kgen.runtime.bind import Launch, bind
 from kgen.runtime.contracts import ContractError
+from kgen.runtime.dflash import dflash_block_attention, dflash_paged_block_attention
 from kgen.runtime.merge import merge_attn_states
 from kgen.runtime.mla import (
     MLACache,
@@ -24,5 +27,6 @@ from kgen.runtime.mla import (
 from kgen.runtime.plan import DecodePlan, decode_plan
 
 __all__ = ["ContractError", "DecodePlan", "Launch", "MLACache", "bind", "concat_and_cache_mla",
-           "decode_plan", "gather_mla_cache", "merge_attn_states", "mla_decode_attention",
+           "decode_plan", "dflash_block_attention", "dflash_paged_block_attention",
+           "gather_mla_cache", "merge_attn_states", "mla_decode_attention",
            "mla_prefill_attention"]

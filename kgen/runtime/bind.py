@@ -15,6 +15,7 @@ import numpy as np
 
 from kgen.ir.axes import (
     MLA_OPS,
+    KeySource,
     KStage,
     Lse,
     Mode,
@@ -27,6 +28,7 @@ from kgen.ir.axes import (
     Window,
 )
 from kgen.ir.geometry import (
+    DFLASH_ROWS,
     MERGE_ROWS,
     MLA_COMBINE_THREADS,
     MLA_LATENT,
@@ -38,6 +40,8 @@ from kgen.ir.geometry import (
     MLA_STORE_THREADS,
     MLA_THREADS,
     block_threads,
+    dflash_grid,
+    dflash_threads,
     flash_shared_bytes,
     merge_grid,
     merge_threads,
@@ -116,7 +120,8 @@ def bind(k: Kernel, a: dict) -> Launch:
     binder = {Op.QZ_SPLIT: _qz_split, Op.KV_APPEND: _kv_append, Op.FLASH: _flash,
               Op.DECODE_COMBINE: _combine, Op.MERGE_ATTN_STATES: _merge,
               Op.MLA_STORE: _mla_store, Op.MLA_GATHER: _mla_gather, Op.MLA_DECODE: _mla_decode,
-              Op.MLA_COMBINE: _mla_combine, Op.MLA_PREFILL: _mla_prefill}[k.op]
+              Op.MLA_COMBINE: _mla_combine, Op.MLA_PREFILL: _mla_prefill,
+              Op.DFLASH_ATTENTION: _dflash}[k.op]
     if k.position is Position.PAGED:
         binder = _paged_append if k.op is Op.KV_APPEND else _paged_flash
     expected = {p.name for p in params(k)}
@@ -383,6 +388,8 @@ def shape_error(k: Kernel, head_dim: int, groups: int = 1) -> ContractError | No
             want = mla_width(k.op)
             c.require(head_dim == want, "shape", lambda: f"head_dim = {head_dim}: {k.op.value} "
                       f"serves rows of {want} only")
+        elif k.op is Op.DFLASH_ATTENTION:
+            check_dflash_shape(k, c, head_dim)
         else:
             _head_dim(k, c, head_dim, rows=False)
     except ContractError as exc:
@@ -587,6 +594,79 @@ def _merge(k: Kernel, c: Checker, a: dict):
     values.update(n_tokens=T, n_head=H, head_dim=D,
                   prefill_tokens_with_context=_param(c, a, "prefill_tokens_with_context"))
     return merge_grid(T, H), (merge_threads(), 1, 1), 0, values
+
+
+# ---- dflash_attention ------------------------------------------------------------------
+# The engine's DFlash block attention. query and out are [n_rows][n_head][head_dim] f32;
+# dense: key / value [n_rows][n_head_kv][head_dim]; paged: block_key / block_value alike,
+# ctx_key / ctx_value pages [num_pages][block_size][n_head_kv][head_dim] f32,
+# seq_lens [num_reqs] and block_table [num_reqs][max_blocks] int32. cu_seqlens
+# [num_reqs + 1] int32. Every array C-contiguous. The index tensors are read in place by
+# the kernel (never by the host: the launch can be captured), which writes zeros to
+# rows outside every request and NaN to rows of a request whose entries break the
+# contract (kgen.runtime.dflash checks them on the host first, unless told not to).
+
+def check_dflash_shape(k: Kernel, c: Checker, hd: int) -> None:
+    """A lane holds dflash_chunks(k) dims of a row: head_dim within max_head_dim."""
+    c.require(1 <= hd <= k.max_head_dim, "head_dim range",
+              lambda: f"head_dim = {hd}: a warp holds rows of 1..max_head_dim = "
+              f"{k.max_head_dim} dims")
+
+
+def _dflash(k: Kernel, c: Checker, a: dict):
+    paged = k.key_source is KeySource.PAGED
+    q = a["query"]
+    c.array("query", q, np.float32, 3)
+    T, H, D = (int(x) for x in q.shape)
+    c.require(T >= 1 and H >= 1 and D >= 1, "shape",
+              lambda: f"query has shape {(T, H, D)}: no rows to attend")
+    check_dflash_shape(k, c, D)
+    c.array("out", a["out"], np.float32, 3)
+    c.shape("out", a["out"], (T, H, D))
+    kn, vn = ("block_key", "block_value") if paged else ("key", "value")
+    c.array(kn, a[kn], np.float32, 3)
+    hk = int(a[kn].shape[1])
+    c.require(hk >= 1, "shape", lambda: f"{kn} has no kv heads")
+    c.shape(kn, a[kn], (T, hk, D))
+    c.array(vn, a[vn], np.float32, 3)
+    c.shape(vn, a[vn], (T, hk, D))
+    c.require(H % hk == 0, "GQA", lambda: f"n_head = {H} is not a multiple of "
+              f"n_head_kv = {hk}")
+    cu = a["cu_seqlens"]
+    c.array("cu_seqlens", cu, np.int32, 1)
+    reqs = int(cu.shape[0]) - 1
+    c.require(reqs >= 1, "shape", "cu_seqlens needs num_reqs + 1 entries")
+    c.require(T * H <= INT_MAX - DFLASH_ROWS, "int32 index",
+              lambda: f"{T} rows x {H} heads overflow the kernel's int row index")
+    values = dict(out=a["out"], query=q, cu_seqlens=cu, n_rows=T, n_head=H, n_head_kv=hk,
+                  head_dim=D, num_reqs=reqs)
+    values[kn], values[vn] = a[kn], a[vn]
+    if paged:
+        ck, cv = a["ctx_key"], a["ctx_value"]
+        c.array("ctx_key", ck, np.float32, 4)
+        c.array("ctx_value", cv, np.float32, 4)
+        nb, bs = int(ck.shape[0]), int(ck.shape[1])
+        c.shape("ctx_key", ck, (nb, bs, hk, D))
+        c.shape("ctx_value", cv, (nb, bs, hk, D))
+        c.require(nb >= 1 and bs >= 1, "shape", "empty context pages")
+        c.require(nb * bs <= INT_MAX, "int32 position", lambda: f"{nb} pages of {bs} "
+                  "positions overflow an int position")
+        _index(c, a, "seq_lens", (reqs,))
+        bt = a["block_table"]
+        c.array("block_table", bt, np.int32, 2)
+        c.require(int(bt.shape[0]) == reqs, "shape", lambda: f"block_table has "
+                  f"{bt.shape[0]} rows for {reqs} requests")
+        mb = int(bt.shape[1])
+        c.require(mb >= 1, "shape", "block_table has no columns")
+        c.require(mb * bs + T + k.keys_per_step <= INT_MAX, "int32 position",
+                  lambda: f"{mb} blocks of {bs} context positions and {T} block rows "
+                  f"(and a step of {k.keys_per_step} keys) overflow an int position")
+        values.update(ctx_key=ck, ctx_value=cv, seq_lens=a["seq_lens"], block_table=bt,
+                      block_size=bs, max_blocks=mb, num_pages=nb)
+    values.update(block_causal=_param(c, a, "block_causal"),
+                  sliding_window=_param(c, a, "sliding_window"),
+                  scale=_param(c, a, "scale", 1.0 / math.sqrt(D)))
+    return dflash_grid(T, H), (dflash_threads(), 1, 1), 0, values
 
 
 # ---- paged caches (position = paged) --------------------------------------------------

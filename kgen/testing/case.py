@@ -31,7 +31,8 @@ class Case:
     win_right: int | None = None
     softcap: float = 0.0       # softcap = tanh kernels; 0 is off
     sinks: bool = False        # sinks = learned kernels: random sink logits (else -inf)
-    requests: tuple[tuple[int, int], ...] = ()  # paged: (query rows, keys) per request
+    requests: tuple[tuple[int, int], ...] = ()  # paged: (query rows, keys) per request;
+    #                                              dflash: (block rows, context rows)
     block_size: int = 16       # paged: positions per page
     k_scale: float = 1.0       # per-tensor scales (formats with tensor_scales)
     v_scale: float = 1.0
@@ -44,6 +45,9 @@ class Case:
     row_pad: int = 0           # concat_and_cache_mla: source rows this many elements apart
     #                            beyond their width (the GPU check's strided sources)
     seq_starts: tuple[int, ...] = ()  # gather_mla_cache: each request's first row
+    causal: bool = False       # dflash: causal within the block (else bidirectional)
+    sliding_window: int = 0    # dflash, causal: the window (<= 0: plain causal)
+    pad_rows: int = 0          # dflash: query rows past the last request (zeros out)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:

@@ -42,6 +42,7 @@ from kgen.testing.case import Case
 from kgen.testing.keywords import options
 
 _MERGE = Op.MERGE_ATTN_STATES
+_DFLASH = Op.DFLASH_ATTENTION
 # The attention scalars every valid flash argument set passes: the plain path.
 _NEUTRAL = {name: PARAMS[name].neutral for name in ("attn_sink", "scale")}
 
@@ -67,6 +68,10 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
         from kgen.testing.merge import host_args as merge_args
 
         return merge_args(k, case, z)
+    if k.op is Op.DFLASH_ATTENTION:
+        from kgen.testing.dflash import host_args as dflash_args
+
+        return dflash_args(k, case, z)
     if k.op in MLA_OPS:
         from kgen.testing.mla import host_args as mla_args
 
@@ -223,7 +228,7 @@ def _first_array(k):
     return {Op.QZ_SPLIT: "q", Op.KV_APPEND: "k_new", Op.FLASH: "q",
             Op.DECODE_COMBINE: "out", Op.MERGE_ATTN_STATES: "output", Op.MLA_STORE: "kv_cache",
             Op.MLA_GATHER: "dst", Op.MLA_DECODE: "query", Op.MLA_COMBINE: "out",
-            Op.MLA_PREFILL: "query"}[k.op]
+            Op.MLA_PREFILL: "query", Op.DFLASH_ATTENTION: "query"}[k.op]
 
 
 def _non_contiguous(k, case):
@@ -275,6 +280,8 @@ def _int_scalar(k) -> str | None:
     """A user-visible integer argument of the kernel, if it has one."""
     if k.op in (Op.KV_APPEND, Op.FLASH) and k.position is Position.HOST:
         return "pos0" if (k.op is Op.KV_APPEND or k.mode is Mode.PREFILL) else "seq_len"
+    if k.op is Op.DFLASH_ATTENTION:
+        return "sliding_window"
     if k.position is Position.PAGED:
         return "kps" if k.op is Op.FLASH and k.mode is Mode.DECODE else None
     if k.position is not Position.HOST:
@@ -319,7 +326,7 @@ MUTATIONS: dict[str, Mutation] = {
                                  k.op in (Op.FLASH, Op.DECODE_COMBINE), lambda k, c: {
                                      **host_args(k, c), "sinks": np.zeros(1, np.float32)}),
     "head_dim_over_block": Mutation("block size", lambda k: k.op not in (Op.QZ_SPLIT, _MERGE,
-                                                                         *MLA_OPS)
+                                                                         _DFLASH, *MLA_OPS)
                                     and not (_flash(k) and query_tiles(k)), _big_head_dim),
     "head_dim_over_tile": Mutation(
         "head_dim range", lambda k: _over_tile_width(k) is not None,
@@ -635,6 +642,93 @@ MUTATIONS.update({
         requests=((2**16, 2**16),), n_head=2**15 + 1)),
     "mla_prefill_scale_not_finite": Mutation("scale", _PREFILL, _mla_set(
         "scale", lambda x, a: float("nan"))),
+})
+
+
+# ---- dflash_attention: query / out [T][H][D], keys [T][Hkv][D] (paged: and pages) -------
+
+def _dflashing(k):
+    return k.op is _DFLASH
+
+
+def _dflash_paged(k):
+    from kgen.testing.dflash import paged
+
+    return _dflashing(k) and paged(k)
+
+
+def _dflash_keys(k):
+    from kgen.testing.dflash import paged
+
+    return ("block_key", "block_value") if paged(k) else ("key", "value")
+
+
+def _dflash_set(name, value_fn, **case_kw):
+    """The dflash arguments (at ``case_kw``) with ``name`` (a callable of the kernel:
+    its name) replaced by value_fn(its array, case)."""
+    def make(k, case):
+        c = case.with_(**case_kw)
+        a = host_args(k, c)
+        n = name(k) if callable(name) else name
+        a[n] = value_fn(a[n], c)
+        return a
+    return make
+
+
+def _grown(axis, by=1):
+    def grow(a, c):
+        shape = list(a.shape)
+        shape[axis] += by
+        return np.zeros(shape, a.dtype)
+    return grow
+
+
+MUTATIONS.update({
+    "dflash_head_dim_over_max": Mutation("head_dim range", _dflashing, lambda k, c: host_args(
+        k, c.with_(head_dim=k.max_head_dim + 1))),
+    "dflash_gqa_mismatch": Mutation("GQA", _dflashing, _args_with(n_head=7, n_head_kv=2)),
+    "dflash_out_shape": Mutation("shape", _dflashing, _dflash_set("out", _grown(1))),
+    "dflash_key_rows_mismatch": Mutation("shape", _dflashing, _dflash_set(
+        lambda k: _dflash_keys(k)[0], _grown(0))),
+    "dflash_value_heads_mismatch": Mutation("shape", _dflashing, _dflash_set(
+        lambda k: _dflash_keys(k)[1], _grown(1))),
+    "dflash_key_head_dim_mismatch": Mutation("shape", _dflashing, _dflash_set(
+        lambda k: _dflash_keys(k)[0], _grown(2))),
+    "dflash_cu_seqlens_dtype": Mutation("dtype", _dflashing, _dflash_set(
+        "cu_seqlens", lambda a, c: a.astype(np.int64))),
+    "dflash_cu_seqlens_2d": Mutation("shape", _dflashing, _dflash_set(
+        "cu_seqlens", lambda a, c: a.reshape(1, -1))),
+    "dflash_no_requests": Mutation("shape", _dflashing, _dflash_set(
+        "cu_seqlens", lambda a, c: a[:1].copy())),
+    "dflash_causal_range": Mutation("range", _dflashing, lambda k, c: {
+        **host_args(k, c), "block_causal": 2}),
+    "dflash_window_over_int": Mutation("range", _dflashing, lambda k, c: {
+        **host_args(k, c), "sliding_window": INT_MAX + 1}),
+    "dflash_scale_not_finite": Mutation("scale", _dflashing, lambda k, c: {
+        **host_args(k, c), "scale": float("inf")}),
+    "dflash_scale_not_positive": Mutation("scale", _dflashing, lambda k, c: {
+        **host_args(k, c), "scale": 0.0}),
+    "dflash_int32_rows": Mutation("int32 index", _dflashing, lambda k, c: host_args(
+        k, c.with_(requests=((2**27, 0),), n_head=16, n_head_kv=16, head_dim=1),
+        alloc=ShapeOnly)),
+    "dflash_ctx_pages_mismatch": Mutation("shape", _dflash_paged, _dflash_set(
+        "ctx_value", _grown(1))),
+    "dflash_ctx_heads_mismatch": Mutation("shape", _dflash_paged, _dflash_set(
+        "ctx_key", _grown(2))),
+    "dflash_seq_lens_size": Mutation("shape", _dflash_paged, _dflash_set(
+        "seq_lens", _grown(0))),
+    "dflash_block_table_rows": Mutation("shape", _dflash_paged, _dflash_set(
+        "block_table", _grown(0))),
+    "dflash_block_table_no_columns": Mutation("shape", _dflash_paged, _dflash_set(
+        "block_table", lambda a, c: np.zeros((a.shape[0], 0), a.dtype))),
+    "dflash_block_table_dtype": Mutation("dtype", _dflash_paged, _dflash_set(
+        "block_table", lambda a, c: a.astype(np.int64))),
+    "dflash_pages_int32_position": Mutation("int32 position", _dflash_paged, lambda k, c: {
+        **host_args(k, c), **{n: ShapeOnly((2**20, 2**12, c.n_head_kv, c.head_dim),
+                                           np.float32) for n in ("ctx_key", "ctx_value")}}),
+    "dflash_table_int32_position": Mutation("int32 position", _dflash_paged, _dflash_set(
+        "block_table", lambda a, c: ShapeOnly((a.shape[0], 2**31 // c.block_size),
+                                              a.dtype))),
 })
 
 

@@ -65,6 +65,10 @@ def check_kernel(k: Kernel, fn, case: Case) -> None:
         from kgen.testing import mla
 
         return mla.check(k, fn, case)
+    if k.op is Op.DFLASH_ATTENTION:
+        from kgen.testing import dflash
+
+        return dflash.check(k, fn, case)
     {Op.QZ_SPLIT: _check_qz, Op.KV_APPEND: _check_append, Op.FLASH: _check_flash,
      Op.DECODE_COMBINE: _check_combine}[k.op](k, fn, case)
 

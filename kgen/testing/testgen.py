@@ -18,7 +18,7 @@ other contracts accept, the narrowest head_dim past the bound is listed as refus
 from __future__ import annotations
 
 from kgen.errors import SpecError
-from kgen.ir.axes import MLA_OPS, Mode, Op, Position, Sinks, SoftCap, Window
+from kgen.ir.axes import MLA_OPS, KeySource, Mode, Op, Position, Sinks, SoftCap, Window
 from kgen.ir.geometry import head_dim_step, min_head_dim, query_tiles
 from kgen.ir.kernel import Kernel
 from kgen.ir.signature import params
@@ -125,6 +125,57 @@ MERGE = [
          prefill_tokens_with_context=1000, lse_pattern="edges"),
 ]
 
+# dflash_attention: requests are (block rows, context rows); the dense kernel reads the
+# blocks only. Blocks of 1 to 64 rows (the engine's 1 + k draft rows), an empty request,
+# rows past the last request; bidirectional, causal, sliding windows of 1, 3 and wider
+# than the block (and <= 0: plain causal); GQA 1 to 8 q heads per kv head; the engine's
+# head sizes 64, 128, 256 and head sizes that are no whole warps; contexts of 0 to 32k
+# keys over pages of 1, 7 and 16 positions, with windows reaching into the context.
+DFLASH_DENSE = [
+    Case("r1_len1_hd128", requests=((1, 0),), n_head=4, n_head_kv=4, head_dim=128),
+    Case("r3_len16_hd128_g4_bidir", requests=((16, 0),) * 3, n_head=8, n_head_kv=2,
+         head_dim=128),
+    Case("r3_len16_hd128_g4_causal", requests=((16, 0),) * 3, n_head=8, n_head_kv=2,
+         head_dim=128, causal=True),
+    Case("r4_ragged_hd64_causal_win3", requests=((1, 0), (7, 0), (16, 0), (64, 0)),
+         n_head=4, n_head_kv=1, head_dim=64, causal=True, sliding_window=3),
+    Case("r2_len64_hd256_g8_causal_win0", requests=((64, 0), (33, 0)), n_head=16,
+         n_head_kv=2, head_dim=256, causal=True, sliding_window=0),
+    Case("r3_empty_request_hd256_bidir_pad5", requests=((5, 0), (0, 0), (9, 0)), n_head=4,
+         n_head_kv=2, head_dim=256, pad_rows=5),
+    Case("r2_len33_hd80_causal_win1", requests=((33, 0), (2, 0)), n_head=6, n_head_kv=3,
+         head_dim=80, causal=True, sliding_window=1),
+    Case("r2_hd100_causal_window_negative", requests=((12, 0), (17, 0)), n_head=2,
+         n_head_kv=1, head_dim=100, causal=True, sliding_window=-4),
+    Case("r2_len64_hd128_causal_win100", requests=((64, 0), (40, 0)), n_head=4,
+         n_head_kv=2, head_dim=128, causal=True, sliding_window=100),
+    Case("r8_len16_hd128_h32_kv8_bidir", requests=((16, 0),) * 8, n_head=32, n_head_kv=8,
+         head_dim=128),
+]
+DFLASH_PAGED = [
+    Case("r1_ctx0_len4_hd128_window_negative", requests=((4, 0),), n_head=4, n_head_kv=2,
+         head_dim=128, causal=True, sliding_window=-3),
+    Case("r2_ctx9_len8_hd128_bs4_win1", requests=((8, 9), (2, 3)), n_head=4, n_head_kv=2,
+         head_dim=128, block_size=4, causal=True, sliding_window=1),
+    Case("r2_ctx37_len16_hd128_bs16_causal", requests=((16, 37), (16, 5)), n_head=8,
+         n_head_kv=2, head_dim=128, block_size=16, causal=True),
+    Case("r2_ctx37_len16_hd128_bs16_bidir", requests=((16, 37), (16, 5)), n_head=8,
+         n_head_kv=2, head_dim=128, block_size=16),
+    Case("r3_ragged_hd64_bs1_causal", requests=((1, 3), (7, 0), (5, 11)), n_head=4,
+         n_head_kv=1, head_dim=64, block_size=1, causal=True),
+    Case("r2_ctx100_len8_hd64_bs7_win20", requests=((8, 100), (8, 13)), n_head=4,
+         n_head_kv=2, head_dim=64, block_size=7, causal=True, sliding_window=20),
+    Case("r2_ctx50_len16_hd256_g8_win3_pad3", requests=((16, 50), (3, 1)), n_head=16,
+         n_head_kv=2, head_dim=256, block_size=16, causal=True, sliding_window=3,
+         pad_rows=3),
+    Case("r3_empty_block_hd80_bs16_bidir", requests=((6, 20), (0, 40), (9, 16)), n_head=6,
+         n_head_kv=3, head_dim=80, block_size=16),
+    Case("r2_ctx4000_len64_hd256_bidir", requests=((64, 4000), (17, 2500)), n_head=4,
+         n_head_kv=1, head_dim=256, block_size=16),
+    Case("r1_ctx32768_len16_hd128_causal", requests=((16, 32768),), n_head=4, n_head_kv=1,
+         head_dim=128, block_size=16, causal=True),
+]
+
 
 PAGED_APPEND = [
     Case("n7_block4", n=7, n_head_kv=2, head_dim=256, block_size=4),
@@ -189,6 +240,8 @@ def candidates(k: Kernel) -> list[Case]:
         from kgen.testing import mla
 
         return mla.candidates(k)
+    if k.op is Op.DFLASH_ATTENTION:
+        return DFLASH_PAGED if k.key_source is KeySource.PAGED else DFLASH_DENSE
     if k.mode is Mode.PREFILL:
         return PREFILL + query_tile_cases(k) if query_tiles(k) else PREFILL
     return DECODE_SLOTS if k.position is Position.SLOTS else DECODE
@@ -233,6 +286,15 @@ def required(k: Kernel) -> list[Case]:
         return [Case(f"hd{hd}_smallest", n=3, n_head=5, head_dim=hd, lse_pattern="edges"),
                 Case(f"hd{hd}_smallest_ctx1", n=3, n_head=1, head_dim=hd,
                      prefill_tokens_with_context=1)]
+    if k.op is Op.DFLASH_ATTENTION:  # one dim a row, GQA, a partial block of warps
+        ctx = 3 if k.key_source is KeySource.PAGED else 0
+        return [Case(f"hd{hd}_smallest", requests=((3, ctx), (2, ctx + 2)), n_head=3,
+                     n_head_kv=1, head_dim=hd, block_size=2),
+                Case(f"hd{hd}_smallest_causal", requests=((3, ctx), (2, ctx + 2)), n_head=3,
+                     n_head_kv=1, head_dim=hd, block_size=2, causal=True),
+                Case(f"hd{k.max_head_dim}_widest_causal_win2", requests=((5, ctx),), n_head=2,
+                     n_head_kv=2, head_dim=k.max_head_dim, block_size=2, causal=True,
+                     sliding_window=2)]
     if k.op is Op.DECODE_COMBINE:
         base = Case(f"hd{hd}_smallest", n_head=3, head_dim=hd, n_splits=2, seq_len=2 * T + 3,
                     kps=T, cap=4)

@@ -28,6 +28,8 @@ from kgen.ir.axes import (
 )
 from kgen.ir.geometry import (
     accumulators,
+    dflash_chunks,
+    dflash_held_floats,
     flash_shared_bytes,
     max_head_dim_launched,
     min_head_dim,
@@ -562,6 +564,21 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
             raise ctx.error(r.pos, f"tolerance {r.tolerance} must be in (0, 1)")
 
 
+def check_dflash_registers(k: Kernel, ctx: _Ctx) -> None:
+    """A dflash lane holds its q and output dims and the K and V dims of the keys in
+    flight in registers: they must fit a thread's."""
+    if k.op is not Op.DFLASH_ATTENTION:
+        return
+    held, limit = dflash_held_floats(k), TARGET.registers_per_thread
+    if held > limit:
+        key = max(("max_head_dim", "keys_per_step"), key=lambda n: (k.where(n).line,
+                                                                    k.where(n).col))
+        raise ctx.error(k.where(key), f"max_head_dim = {k.max_head_dim} and keys_per_step = "
+                        f"{k.keys_per_step}: a lane holds {dflash_chunks(k)} dims of q, of "
+                        f"the output and of the K and V of each key in flight ({held} "
+                        f"floats); a {TARGET.arch} thread has {limit} registers")
+
+
 CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
     check_keys_apply_to_op,
     check_kernel_name,
@@ -577,6 +594,7 @@ CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
     check_register_k,
     check_shared_v,
     check_shared_budget,
+    check_dflash_registers,
     check_expectations,
 )
 

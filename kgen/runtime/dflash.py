@@ -1,0 +1,156 @@
+"""The engine's DFlash block attention as calls: ``dflash_block_attention`` and
+``dflash_paged_block_attention``.
+
+A speculative draft step verifies blocks of 1 + k query rows per request
+(../shared/docs/engine-ops.md). Request r owns rows [cu_seqlens[r], cu_seqlens[r + 1])
+of query (and of key / value, or block_key / block_value); each query attends only the
+keys of its own block (dense), or the request's paged context (seq_lens[r] rows through
+its block-table row) then its block, as one combined sequence (paged). causal = False:
+every key; causal = True: keys j <= i and j >= i - (window - 1) (sliding_window <= 0:
+plain causal; the kernels' parameter block_causal), over positions inside the block
+(paged: the combined index, block query i at seq_lens[r] + i). Over the materialized
+[context ; block], the paged call gives the dense call's bits.
+
+cu_seqlens, seq_lens and block_table are int32 device arrays the kernel reads in place:
+the launch grid comes from the query's rows alone, so the launch can be captured in a
+CUDA graph. Before any launch, every launch contract is checked (kgen.runtime.bind:
+dtypes, contiguity, shapes, the scalars' ranges) and, with ``validate`` (the default),
+the index arrays are read back and checked too (rising cu_seqlens within the rows,
+context lengths within the block table, the pages they use within the cache); a
+graph-captured call passes ``validate=False`` and owns their contents (the kernel then
+writes NaN rows for a request whose entries break them, zeros for rows outside every
+request, and never reads out of bounds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kgen.ir.axes import KeySource, Op
+from kgen.ir.params import PARAMS
+from kgen.runtime.bind import bind
+from kgen.runtime.contracts import Checker, ContractError
+from kgen.runtime.select import Role, find
+
+_CHOSEN: dict[tuple[KeySource, int, str | None], tuple] = {}  # -> (kernel, launcher)
+WHO = "kgen.runtime.dflash"
+
+
+def role(source: KeySource) -> Role:
+    """What a call needs a kernel for: the dense or the paged key source."""
+    return Role(Op.DFLASH_ATTENTION, needs=(("key_source", source.value),))
+
+
+def launcher(source: KeySource, head_dim: int, variant: str | None = None):
+    """(kernel, generated launcher) serving ``source`` at ``head_dim`` (``variant``: a
+    kernel name, checked to serve it); chosen once per shape, then kept."""
+    key = (source, head_dim, variant)
+    hit = _CHOSEN.get(key)
+    if hit is None:
+        hit = _CHOSEN[key] = find(role(source), head_dim, 1, variant)
+    return hit
+
+
+def _head_dim(query) -> int:
+    shape = getattr(query, "shape", None)
+    return int(shape[-1]) if shape is not None and len(shape) == 3 else 1
+
+
+def _flag(name: str, v) -> int:
+    if isinstance(v, bool | np.bool_):
+        return int(v)
+    if isinstance(v, int | np.integer) and int(v) in (0, 1):
+        return int(v)
+    raise ContractError(WHO, "type", f"{name} must be True or False, not {v!r}")
+
+
+def _num_reqs(c: Checker, num_reqs, cu_seqlens) -> None:
+    if num_reqs is None:
+        return
+    n = c.integer("num_reqs", num_reqs, 1)
+    have = int(cu_seqlens.shape[0]) - 1
+    c.require(n == have, "shape", lambda: f"num_reqs = {n}, but cu_seqlens has {have + 1} "
+              f"entries (pass cu_seqlens[:{n + 1}])")
+
+
+def _host(x) -> np.ndarray:
+    return np.asarray(x.get() if hasattr(x, "get") else x).astype(np.int64)
+
+
+def check_rows(c: Checker, cu: np.ndarray, rows: int) -> None:
+    """cu_seqlens rises (never falls) from >= 0 to <= the query's rows."""
+    c.require(bool(cu[0] >= 0 and cu[-1] <= rows and (np.diff(cu) >= 0).all()), "cu_seqlens",
+              lambda: f"cu_seqlens must rise from >= 0 to <= the {rows} query rows, got "
+              f"{cu.tolist()[:8]}{' ...' if cu.size > 8 else ''}")
+
+
+def check_pages(c: Checker, lens: np.ndarray, table: np.ndarray, num_pages: int,
+                block_size: int) -> None:
+    """Each request's context fits its block-table row and maps pages of the cache."""
+    mb = table.shape[1]
+    c.require(bool(((lens >= 0) & (lens <= mb * block_size)).all()), "seq_lens",
+              lambda: f"seq_lens must lie in [0, {mb * block_size}] (the table's {mb} "
+              f"blocks of {block_size}), got {lens.min()}..{lens.max()}")
+    for r, n in enumerate(lens):
+        used = table[r, : -(-int(n) // block_size)]
+        c.require(bool(((used >= 0) & (used < num_pages)).all()), "block_table",
+                  lambda r=r: f"request {r} maps a page outside [0, {num_pages})")
+
+
+def dflash_block_attention(out, query, key, value, cu_seqlens, *, scale: float,
+                           causal: bool = bool(PARAMS["block_causal"].default),
+                           sliding_window: int = PARAMS["sliding_window"].default,
+                           num_reqs: int | None = None, validate: bool = True,
+                           stream=None, variant: str | None = None):
+    """DFlashBlockAttention: ``out`` [T, Hq, D] from query [T, Hq, D] over key / value
+    [T, Hkv, D] (float32, C-contiguous CuPy arrays), request r's block being rows
+    [cu_seqlens[r], cu_seqlens[r + 1]) (cu_seqlens: int32 [num_reqs + 1], on the
+    device). Returns the bound kgen.runtime.Launch; a broken contract raises
+    kgen.runtime.ContractError before any launch."""
+    k, fn = launcher(KeySource.DENSE, _head_dim(query), variant)
+    scalars = dict(block_causal=_flag("causal", causal), sliding_window=sliding_window,
+                   scale=scale)
+    c = Checker(WHO)
+    bind(k, dict(out=out, query=query, key=key, value=value, cu_seqlens=cu_seqlens,
+                 **scalars))
+    _num_reqs(c, num_reqs, cu_seqlens)
+    if validate is not True and validate is not False:
+        raise ContractError(WHO, "type", f"validate must be True or False, not {validate!r}")
+    if validate:
+        check_rows(c, _host(cu_seqlens), int(query.shape[0]))
+    return fn(out, query, key, value, cu_seqlens, **scalars, stream=stream)
+
+
+def dflash_paged_block_attention(out, query, block_key, block_value, ctx_key, ctx_value,
+                                 cu_seqlens, seq_lens, block_table, *, scale: float,
+                                 causal: bool = bool(PARAMS["block_causal"].default),
+                                 sliding_window: int = PARAMS["sliding_window"].default,
+                                 num_reqs: int | None = None, block_size: int | None = None,
+                                 validate: bool = True, stream=None,
+                                 variant: str | None = None):
+    """DFlashPagedBlockAttention: ``out`` [T, Hq, D] from query [T, Hq, D] over each
+    request's context (ctx_key / ctx_value pages [num_pages, block_size, Hkv, D], its
+    seq_lens[r] rows through block_table[r]) then its block (block_key / block_value
+    [T, Hkv, D], rows [cu_seqlens[r], cu_seqlens[r + 1])). float32 and int32 C-contiguous
+    CuPy arrays. Returns the bound kgen.runtime.Launch; a broken contract raises
+    kgen.runtime.ContractError before any launch."""
+    k, fn = launcher(KeySource.PAGED, _head_dim(query), variant)
+    scalars = dict(block_causal=_flag("causal", causal), sliding_window=sliding_window,
+                   scale=scale)
+    c = Checker(WHO)
+    b = bind(k, dict(out=out, query=query, block_key=block_key, block_value=block_value,
+                     ctx_key=ctx_key, ctx_value=ctx_value, cu_seqlens=cu_seqlens,
+                     seq_lens=seq_lens, block_table=block_table, **scalars))
+    _num_reqs(c, num_reqs, cu_seqlens)
+    bs = int(b.arg("block_size"))
+    if block_size is not None:
+        given = c.integer("block_size", block_size, 1)
+        c.require(given == bs, "shape", lambda: f"block_size = {given}, but the context "
+                  f"pages hold {bs} positions")
+    if validate is not True and validate is not False:
+        raise ContractError(WHO, "type", f"validate must be True or False, not {validate!r}")
+    if validate:
+        check_rows(c, _host(cu_seqlens), int(query.shape[0]))
+        check_pages(c, _host(seq_lens), _host(block_table), int(b.arg("num_pages")), bs)
+    return fn(out, query, block_key, block_value, ctx_key, ctx_value, cu_seqlens, seq_lens,
+              block_table, **scalars, stream=stream)

@@ -1,0 +1,192 @@
+"""The dflash_attention kernels' tests: their arguments on the host (contracts), the
+random requests a case asks for, the GPU check against the float64 reference
+(kgen.numpy_ref.dflash, written from the engine's definition) and, for the paged
+kernel, the bit-identity claim: the dense kernel over the materialized [context ;
+block] rows of every request gives the paged kernel's bits.
+
+A case's ``requests`` are (block rows, context rows) per request (the dense kernel
+reads the block rows only); ``pad_rows`` query rows follow the last request (outside
+every request: the kernels write zeros there). Outputs are NaN-poisoned before each
+launch, every element is compared, the inputs are fresh random numbers from a seed the
+failure names (KGEN_TEST_SEED replays it), and the uploads are synchronized with the
+device before the launch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kgen import numpy_ref as ref
+from kgen.ir.axes import KeySource
+from kgen.ir.kernel import Kernel
+from kgen.numpy_ref.dflash import gather_context
+from kgen.testing.case import Case, bits_equal, rng
+from kgen.testing.device import ATOL, RTOL, assert_close, cupy, dev, poisoned
+
+
+def paged(k: Kernel) -> bool:
+    return k.key_source is KeySource.PAGED
+
+
+def block_lens(case: Case) -> list[int]:
+    return [b for b, _ in case.requests]
+
+
+def ctx_lens(case: Case) -> list[int]:
+    return [c for _, c in case.requests]
+
+
+def cu_seqlens(lens: list[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+
+
+def rows(case: Case) -> int:
+    return sum(block_lens(case)) + case.pad_rows
+
+
+def page_shape(case: Case) -> tuple[int, int]:
+    """(num_pages, max_blocks): every request's pages, one spare page, and a table row
+    as wide as the longest context needs (at least one column)."""
+    bs = case.block_size
+    need = [-(-c // bs) for c in ctx_lens(case)]
+    return sum(need) + 1, max([1, *need])
+
+
+def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
+    """A valid argument set for ``bind`` (contents irrelevant, except the index arrays,
+    which are a valid layout when ``alloc`` makes storage)."""
+    T, H, Hk, D = rows(case), case.n_head, case.n_head_kv, case.head_dim
+    f32, i32 = np.float32, np.int32
+    a = dict(out=alloc((T, H, D), f32), query=alloc((T, H, D), f32),
+             cu_seqlens=alloc((len(case.requests) + 1,), i32),
+             block_causal=int(case.causal), sliding_window=case.sliding_window)
+    names = ("block_key", "block_value") if paged(k) else ("key", "value")
+    a.update({n: alloc((T, Hk, D), f32) for n in names})
+    if paged(k):
+        nb, mb = page_shape(case)
+        a.update(ctx_key=alloc((nb, case.block_size, Hk, D), f32),
+                 ctx_value=alloc((nb, case.block_size, Hk, D), f32),
+                 seq_lens=alloc((len(case.requests),), i32),
+                 block_table=alloc((len(case.requests), mb), i32))
+    return a
+
+
+def tables(g: np.random.Generator, case: Case) -> tuple[np.ndarray, np.ndarray, int]:
+    """(seq_lens, block_table, num_pages): each request's context pages drawn at random
+    from the cache (no page shared), table entries past its context -1 (never read)."""
+    bs = case.block_size
+    nb, mb = page_shape(case)
+    pages = g.permutation(nb)
+    table = np.full((len(case.requests), mb), -1, np.int32)
+    at = 0
+    for r, c in enumerate(ctx_lens(case)):
+        n = -(-c // bs)
+        table[r, :n] = pages[at:at + n]
+        at += n
+    return np.array(ctx_lens(case), np.int32), table, nb
+
+
+def scale_of(case: Case) -> float:
+    return 1.0 / math.sqrt(case.head_dim)
+
+
+def _sync():
+    cupy().cuda.Device().synchronize()  # uploads done before the launch's stream runs
+
+
+def run_dense(fn, case: Case, q, kx, vx, cu) -> np.ndarray:
+    out = poisoned(q.shape)
+    args = [dev(x) for x in (q, kx, vx, cu)]
+    _sync()
+    fn(out, *args, block_causal=int(case.causal), sliding_window=case.sliding_window,
+       scale=scale_of(case))
+    return out.get()
+
+
+def run_paged(fn, case: Case, q, bk, bv, ck, cv, cu, lens, table) -> np.ndarray:
+    out = poisoned(q.shape)
+    args = [dev(x) for x in (q, bk, bv, ck, cv, cu, lens, table)]
+    _sync()
+    fn(out, *args, block_causal=int(case.causal), sliding_window=case.sliding_window,
+       scale=scale_of(case))
+    return out.get()
+
+
+def tolerance(case: Case) -> tuple[float, float]:
+    """(rtol, atol): the kernel tests', the atol grown with the square root of the
+    longest key sequence past 1024 keys (f32 sums over tens of thousands of keys)."""
+    longest = max([1, *(b + c for b, c in case.requests)])
+    return RTOL, ATOL * max(1.0, math.sqrt(longest / 1024))
+
+
+def inputs(g: np.random.Generator, case: Case, k: Kernel) -> dict:
+    T, H, Hk, D = rows(case), case.n_head, case.n_head_kv, case.head_dim
+
+    def rand(*shape):
+        return g.standard_normal(shape).astype(np.float32)
+
+    x = dict(q=rand(T, H, D), cu=cu_seqlens(block_lens(case)))
+    if paged(k):
+        lens, table, nb = tables(g, case)
+        x.update(bk=rand(T, Hk, D), bv=rand(T, Hk, D), ck=rand(nb, case.block_size, Hk, D),
+                 cv=rand(nb, case.block_size, Hk, D), lens=lens, table=table)
+    else:
+        x.update(kx=rand(T, Hk, D), vx=rand(T, Hk, D))
+    return x
+
+
+def materialize(case: Case, x: dict, g: np.random.Generator):
+    """The dense kernel's inputs over every request's [context ; block] rows: (q, key,
+    value, cu_seqlens, the rows of the block queries in them). The context rows' queries
+    are random (their outputs are not compared)."""
+    qs, ks, vs, at, lens = [], [], [], [], []
+    base = 0
+    cu = x["cu"]
+    for r, (b, c) in enumerate(case.requests):
+        a = int(cu[r])
+        qs += [g.standard_normal((c, *x["q"].shape[1:])).astype(np.float32), x["q"][a:a + b]]
+        ks += [gather_context(x["ck"], x["table"][r], c), x["bk"][a:a + b]]
+        vs += [gather_context(x["cv"], x["table"][r], c), x["bv"][a:a + b]]
+        at.append(np.arange(base + c, base + c + b))
+        lens.append(b + c)
+        base += b + c
+    return (np.concatenate(qs), np.concatenate(ks), np.concatenate(vs), cu_seqlens(lens),
+            np.concatenate(at).astype(np.int64))
+
+
+def dense_launcher(k: Kernel):
+    """The generated dense kernel with the paged kernel's arithmetic bounds."""
+    from kgen.runtime.dflash import role
+    from kgen.runtime.select import find
+
+    return find(role(KeySource.DENSE), 1, 1, where=lambda d: (
+        d.max_head_dim, d.keys_per_step) == (k.max_head_dim, k.keys_per_step))[1]
+
+
+def check(k: Kernel, fn, case: Case) -> None:
+    g, seed = rng()
+    x = inputs(g, case, k)
+    scale, nreq = scale_of(case), rows(case) - case.pad_rows
+    if paged(k):
+        got = run_paged(fn, case, x["q"], x["bk"], x["bv"], x["ck"], x["cv"], x["cu"],
+                        x["lens"], x["table"])
+        want = ref.dflash_paged_block_attention(
+            x["q"], x["bk"], x["bv"], x["ck"], x["cv"], x["cu"], x["lens"], x["table"],
+            scale, case.causal, case.sliding_window)
+    else:
+        got = run_dense(fn, case, x["q"], x["kx"], x["vx"], x["cu"])
+        want = ref.dflash_block_attention(x["q"], x["kx"], x["vx"], x["cu"], scale,
+                                          case.causal, case.sliding_window)
+    rtol, atol = tolerance(case)
+    assert_close(k.name, got, want, seed, rtol, atol)
+    assert bits_equal(got[nreq:], np.zeros_like(got[nreq:])), \
+        f"{k.name}: rows outside every request are not zeros, seed={seed}"
+    if paged(k):  # the claim: the dense kernel's bits over [context ; block]
+        q, kx, vx, cu, at = materialize(case, x, g)
+        dense = run_dense(dense_launcher(k), case, q, kx, vx, cu)
+        a, b = got[:nreq], dense[at]
+        diff = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
+        assert diff == 0, (f"{k.name} vs the dense kernel over [context ; block]: {diff} of "
+                           f"{a.size} floats differ, seed={seed}")
