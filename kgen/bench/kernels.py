@@ -8,6 +8,8 @@ default bench-out/):
               kernels KVCache chooses: time, and decode's cache bandwidth;
 * variants -- every prefill variant serving the reference's shape (head_dim 256,
               8 q heads per kv head), as ratios to the kernel KVCache chooses;
+* paged_goals -- paged decode (32 sequences x 4k keys), paged varlen prefill and the
+              chunked prefill of every format against the roofline and SGEMM;
 * launch   -- host cost of one decode step: a raw CuPy launch with prepared
               arguments, the kgen launcher, KVCache.decode, and a CUDA graph.
 
@@ -605,6 +607,172 @@ def decode_goals_table(cp, g) -> list[dict]:
     return rows
 
 
+# ---- paged decode, chunked and paged prefill against the limits ----------------------
+
+PAGED_SEQS, PAGED_KEYS = 32, 4096        # the paged decode goal: 32 sequences x 4k keys
+PAGED_SHAPE = (128, 32, 8)               # head_dim, q heads, kv heads
+PAGED_BLOCK = 16
+VARLEN = (8, 512)                        # the paged prefill: 8 requests x 512 new rows
+
+
+def _paged_filled(cp, g, kv: str, rows: list[int]):
+    """A PagedKVCache (scattered blocks) holding ``rows[i]`` positions of sequence i and
+    its NumPy mirror (kgen.numpy_ref.paged)."""
+    from kgen.formats import FORMATS
+    from kgen.numpy_ref import paged as pref
+    from kgen.runtime.paged import PagedKVCache
+
+    hd, _, n_kv = PAGED_SHAPE
+    fmt = FORMATS[kv]
+    scales = {"k_scale": 0.5, "v_scale": 0.25} if fmt.tensor_scales else {}
+    blocks = sum(-(-r // PAGED_BLOCK) for r in rows) + 1
+    cache = PagedKVCache(blocks, PAGED_BLOCK, n_kv, hd, kv=kv, **scales)
+    cache.free_blocks = list(g.permutation(blocks).tolist())
+    host = pref.PagedCache.empty(kv, blocks, PAGED_BLOCK, n_kv, hd, **scales)
+    sids = [cache.add() for _ in rows]
+    kx = g.standard_normal((sum(rows), n_kv, hd), dtype=np.float32)
+    vx = g.standard_normal((sum(rows), n_kv, hd), dtype=np.float32)
+    cache.append(sids, cp.asarray(kx), cp.asarray(vx), rows)
+    slots = np.concatenate([cache.slot_mapping(s, range(r)) for s, r in zip(sids, rows,
+                                                                            strict=True)])
+    host.store(kx, vx, slots)
+    return cache, host, sids
+
+
+def _seq_rows(cache, host, sid: int, n: int):
+    from kgen import numpy_ref as ref
+    from kgen.numpy_ref import paged as pref
+
+    dense = pref.dense(host, cache.block_table([sid])[0], n)
+    return dense, ref.read_kv_rows(dense, n - 1)
+
+
+def paged_decode_arm(cp, g, kv: str):
+    """(arm, roofline bytes, kernel): PagedKVCache's decode of PAGED_SEQS sequences at
+    PAGED_KEYS keys with its default kernel and plan, split + combine bound once, its
+    output checked against the float64 reference of every sequence."""
+    from kgen import numpy_ref as ref
+    from kgen.runtime.options import Options
+
+    hd, n_head, n_kv = PAGED_SHAPE
+    G = n_head // n_kv
+    cache, host, sids = _paged_filled(cp, g, kv, [PAGED_KEYS] * PAGED_SEQS)
+    R = len(sids)
+    opts = Options.checked(n_head, 0, 0, None, None, 0.0, None, True)
+    kd, fdec, kc, fcomb, kps, cap = cache._decode_kernels(G, opts, None, None)
+    width = min(max(-(-PAGED_KEYS // kps), 1), cap)
+    m = cp.full(R * n_head * width, np.nan, cp.float32)
+    l = cp.full(R * n_head * width, np.nan, cp.float32)  # noqa: E741
+    acc = cp.full(R * n_head * width * hd, np.nan, cp.float32)
+    out = cp.full((R * n_head, hd), np.nan, cp.float32)
+    q = cp.asarray(g.standard_normal((R, n_head, hd), dtype=np.float32))
+    table = cp.asarray(cache.block_table(sids))
+    lens = cp.asarray(np.full(R, PAGED_KEYS, np.int32))
+    b1 = fdec(q, cache.k, cache.v, m, l, acc, block_table=table, seq_lens=lens, kps=kps,
+              splits_cap=cap, max_seq_len=PAGED_KEYS, **cache._scales, **opts.kwargs(kd),
+              validate_pos=False)
+    b2 = fcomb(m, l, acc, out, n_splits=width)
+    cp.cuda.runtime.deviceSynchronize()
+    got = out.get().reshape(R, n_head, hd)
+    qh = q.get()
+    for r in (0, R // 2, R - 1):  # every sequence runs the same code; three are checked
+        _, (kr, vr) = _seq_rows(cache, host, sids[r], PAGED_KEYS)
+        want = ref.decode_attention(qh[r], kr, vr, G, PAGED_KEYS, kps, cap, 0, 0,
+                                    1 / math.sqrt(hd), tile=kd.tile_keys)
+        _check(f"{kd.name} paged decode {kv} sequence {r}", got[r], want)
+    name = f"{kd.name} kps {kps} cap {cap} ({width} splits) [default]"
+    return name, replay([(fdec, b1), (fcomb, b2)]), 2 * R * PAGED_KEYS * n_kv * \
+        cache.fmt.row_bytes(hd), kd
+
+
+def paged_prefill_arm(cp, g, kv: str):
+    """(arm, FLOPs, kernel): PagedKVCache's causal varlen prefill of VARLEN requests
+    (their rows appended first, from position 0), the attention launch bound once; the
+    last rows of every request checked against the float64 reference."""
+    from kgen import numpy_ref as ref
+    from kgen.runtime.options import Options
+
+    hd, n_head, n_kv = PAGED_SHAPE
+    G = n_head // n_kv
+    reqs, n = VARLEN
+    rows = [n] * reqs
+    cache, host, sids = _paged_filled(cp, g, kv, rows)
+    opts = Options.checked(n_head, 0, 0, None, None, 0.0, None, True)
+    kp, fn = cache.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"))
+    q = cp.asarray(g.standard_normal((sum(rows), n_head, hd), dtype=np.float32))
+    out = cp.full(q.shape, np.nan, cp.float32)
+    qsl = cp.asarray(np.concatenate([[0], np.cumsum(rows)]).astype(np.int32))
+    b = fn(q, cache.k, cache.v, out, block_table=cp.asarray(cache.block_table(sids)),
+           seq_lens=cp.asarray(np.array(rows, np.int32)), query_start_loc=qsl,
+           **cache._scales, **opts.kwargs(kp, n_head), validate_pos=False)
+    cp.cuda.runtime.deviceSynchronize()
+    got, qh = out.get(), q.get()
+    for i in (0, reqs - 1):
+        dense, _ = _seq_rows(cache, host, sids[i], n)
+        lo = i * n + n - 4
+        want = ref.prefill_attention_cache(qh[lo:lo + 4], dense, G, n - 4, 0, 0, 0, 0,
+                                           1 / math.sqrt(hd), tile=kp.tile_keys)
+        _check(f"{kp.name} paged prefill {kv} request {i}", got[lo:lo + 4], want)
+    flops = 4.0 * hd * n_head * reqs * n * (n + 1) / 2
+    return f"{kp.name} ({reqs} x {n} rows)", replay([(fn, b)]), flops, kp
+
+
+def paged_goals_table(cp, g) -> list[dict]:
+    """The paged and chunked goals for every pageable format (KGEN_BENCH_KV): paged
+    decode of PAGED_SEQS x PAGED_KEYS keys against its roofline (max(cache bytes / copy
+    rate, 4 hd H keys / SGEMM rate)), the paged causal varlen prefill of VARLEN requests
+    and KVCache's chunked prefill (PREFILL_ROWS rows at the end of a SEQ-key context) in
+    TFLOP/s against SGEMM; head_dim, q and kv heads PAGED_SHAPE, default kernels and
+    plans (an empty tune store), limits timed in this run."""
+    from kgen.formats import FORMATS
+    from kgen.ir.axes import Position
+    from kgen.runtime.select import generated
+
+    sgemm = _sgemm(cp)
+    copy_gbps, sgemm_tf = _limits(cp, sgemm)
+    rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf}]
+    pageable = {k.kv.value for k, _ in generated() if k.position is Position.PAGED}
+    hd, n_head, n_kv = PAGED_SHAPE
+    for kv in _goal_kvs():
+        fmt = FORMATS[kv]
+        if not fmt.accepts_head_dim(hd):
+            continue
+        arms, meta = {}, {}
+        if kv in pageable:
+            name, arm, nbytes, k = paged_decode_arm(cp, g, kv)
+            flops = 4.0 * hd * n_head * PAGED_SEQS * PAGED_KEYS
+            arms[name], meta[name] = arm, ("paged decode", k, nbytes, flops)
+            name, arm, flops, k = paged_prefill_arm(cp, g, kv)
+            arms[name], meta[name] = arm, ("paged prefill", k, 0, flops)
+        cache, host = filled_cache(cp, g, kv, hd, n_kv=n_kv)
+        q = cp.asarray(g.standard_normal((PREFILL_ROWS, n_head, hd), dtype=np.float32))
+        arm, out, k = prefill_arm(cp, cache, q)
+        arm()
+        cp.cuda.runtime.deviceSynchronize()
+        _check(f"{k.name} chunked prefill {kv}", out.get()[-4:],
+               prefill_reference(cache, host, q.get(), k))
+        ctx = SEQ - PREFILL_ROWS
+        flops = 4.0 * hd * n_head * PREFILL_ROWS * (ctx + (PREFILL_ROWS + 1) / 2)
+        name = f"{k.name} ({PREFILL_ROWS} rows after {ctx} keys)"
+        arms[name], meta[name] = arm, ("chunked prefill", k, 0, flops)
+        t = bench(cp, arms)
+        for name, ms in t.items():
+            what, k, nbytes, flops = meta[name]
+            roof = max(nbytes / (copy_gbps * 1e9), flops / (sgemm_tf * 1e12)) * 1e6
+            row = {"kv": kv, "what": what, "arm": name, "kernel": k.name, "us": ms * 1e3,
+                   "TFLOPs": flops / (ms * 1e-3) / 1e12,
+                   "of_sgemm": flops / (ms * 1e-3) / 1e12 / sgemm_tf}
+            if nbytes:
+                row.update(GBps=nbytes / (ms * 1e-3) / 1e9, roofline_us=roof,
+                           of_roofline=roof / (ms * 1e3))
+            rows.append(row)
+            goal = (f"{100 * row['of_roofline']:5.1f}% of the roofline ({roof:.1f} us)"
+                    if nbytes else f"{100 * row['of_sgemm']:5.1f}% of SGEMM")
+            print(f"paged_goals {kv} {what}: {ms * 1e3:9.1f} us {goal} ({name})", flush=True)
+        del cache, host
+    return rows
+
+
 # ---- launch overhead ---------------------------------------------------------------
 
 def launch_table(cp, g) -> list[dict]:
@@ -807,7 +975,7 @@ def main() -> int:
                         "kps": KPS, "splits_cap": CAP}}
     sections = (("heads", heads_table), ("variants", variants_table),
                 ("prefill_long", prefill_long_table), ("decode_long", decode_long_table),
-                ("decode_goals", decode_goals_table),
+                ("decode_goals", decode_goals_table), ("paged_goals", paged_goals_table),
                 ("launch", launch_table))
     only = set(filter(None, os.environ.get("KGEN_BENCH_ONLY", "").split(",")))
     for name, fn in sections:
@@ -865,6 +1033,17 @@ def main() -> int:
             print(f"  {key[0]:<8} hd{key[1]:<3} {key[2]:>2}/{key[3]:<2} {key[4]:>6} keys: "
                   f"roof {b['roofline_us']:7.1f} us | best {b['us']:8.1f} us "
                   f"{100 * b['of_roofline']:5.1f}% {b['arm']}{dtxt}")
+    if "paged_goals" in record:
+        lim = record["paged_goals"][0]
+        hd, n_head, n_kv = PAGED_SHAPE
+        print(f"\npaged_goals: head_dim {hd}, {n_head}/{n_kv} heads; paged decode of "
+              f"{PAGED_SEQS} x {PAGED_KEYS} keys vs roofline (copy {lim['copy_GBps']:.0f} "
+              f"GB/s), paged prefill of {VARLEN[0]} x {VARLEN[1]} rows and chunked prefill "
+              f"vs SGEMM {lim['sgemm_TFLOPs']:.1f} TFLOP/s; default kernels and plans")
+        for r in record["paged_goals"][1:]:
+            share = (f"{100 * r['of_roofline']:5.1f}% of roofline" if "of_roofline" in r
+                     else f"{100 * r['of_sgemm']:5.1f}% of SGEMM")
+            print(f"  {r['kv']:<8} {r['what']:<16} {r['us']:10.1f} us  {share}  {r['arm']}")
     if "launch" in record:
         print(f"\nlaunch: one f32 decode step at head_dim 256, 4k context, kps {LAUNCH_KPS} cap "
               f"{LAUNCH_CAP} (host and wall µs per call)")
