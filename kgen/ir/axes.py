@@ -112,6 +112,12 @@ class QtileLoads(StrEnum):
     #                    keys / column quads (P.V); rows padded to whole float4s
 
 
+class StreamSteps(StrEnum):
+    SPLIT = "split"    # hoisted warp_stream decode: a step whose keys all lie in the split
+    #                    and the window runs an unmasked copy of the step
+    MASKED = "masked"  # every step masks (one copy of the step)
+
+
 class StreamLoads(StrEnum):
     GUARDED = "guarded"  # warp_stream: a branch per key and chunk element (any head_dim
     #                      up to kreg_max_chunk * dot_lanes)
@@ -187,6 +193,9 @@ KEYS: dict[str, Key] = {
     "stream_loads": Key(StreamLoads, StreamLoads.GUARDED, FLASH, "warp_stream: guarded "
                         "loads for any head_dim, or hoisted: one head_dim, every load "
                         "unconditional"),
+    "stream_steps": Key(StreamSteps, StreamSteps.SPLIT, FLASH, "hoisted warp_stream decode: "
+                        "full steps run an unmasked copy of the step (split), or every step "
+                        "masks (masked)"),
     "tile_keys": Key(int, 16, PLAN_OPS, "keys per tile (and split rounding)"),
     "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),
     "max_groups": Key(int, 8, FLASH, "compile-time bound on kv_groups"),

@@ -9,7 +9,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.ir.axes import KStage, Mode, Op, QtileLoads, Schedule, StreamLoads, Threads, VStage
+from kgen.ir.axes import (
+    KStage,
+    Mode,
+    Op,
+    QtileLoads,
+    Schedule,
+    StreamLoads,
+    StreamSteps,
+    Threads,
+    VStage,
+)
 from kgen.ir.kernel import Kernel
 from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM
 from kgen.ir.target import TARGET
@@ -35,9 +45,11 @@ def stream_hoisted(k: Kernel) -> bool:
 
 
 def stream_full_steps(k: Kernel) -> bool:
-    """A hoisted warp_stream decode runs a step whose keys all lie in the split and the
-    window from an unmasked copy of the step (the masked copy at the edges)."""
-    return stream_hoisted(k) and k.mode is not Mode.PREFILL
+    """A hoisted warp_stream decode with stream_steps = split runs a step whose keys all
+    lie in the split and the window from an unmasked copy of the step (the masked copy
+    at the edges)."""
+    return (stream_hoisted(k) and k.mode is not Mode.PREFILL
+            and k.stream_steps is StreamSteps.SPLIT)
 
 
 def stream_head_dim(k: Kernel) -> int:

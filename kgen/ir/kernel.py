@@ -27,6 +27,7 @@ from kgen.ir.axes import (
     Sinks,
     SoftCap,
     StreamLoads,
+    StreamSteps,
     Threads,
     VStage,
     Window,
@@ -68,6 +69,7 @@ class Kernel:
     micro_keys: int
     qtile_loads: QtileLoads
     stream_loads: StreamLoads
+    stream_steps: StreamSteps
     lse: Lse
     seq_starts: SeqStarts
     key_source: KeySource

@@ -323,13 +323,13 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
                 raise ctx.error(k.where(key), f"{key} applies to a flash kernel of schedule = "
                                 "query_tile only")
     if k.schedule is Schedule.QUERY_TILE:
-        for key in ("keys_per_step", "stream_loads"):
+        for key in ("keys_per_step", "stream_loads", "stream_steps"):
             if key in k.explicit_keys:
                 raise ctx.error(k.where(key), f"{key} applies to schedule = warp_stream only")
         _check_query_tile(k, ctx)
         return
     if k.schedule is not Schedule.WARP_STREAM:
-        for key in ("keys_per_step", "stream_loads"):
+        for key in ("keys_per_step", "stream_loads", "stream_steps"):
             if key in k.explicit_keys:
                 raise ctx.error(k.where(key), f"{key} applies to schedule = warp_stream only")
         return
