@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kgen import __version__
 from kgen.formats.base import SHADOW_SCALARS
 from kgen.ir import geometry as geo
@@ -287,7 +289,10 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
                    "mode_value": "" if r.mode is None else r.mode.value,
                    "position_value": r.position.value} for n, r in ROLES.items()],
         "formats": [{"name": f.name, "shadows": f.shadows, "tensor_scales": f.tensor_scales,
-                     "block": f.block} for _, f in sorted(FORMATS.items())],
+                     "block": f.block, "itemsize": np.dtype(f.dtype).itemsize}
+                    for _, f in sorted(FORMATS.items())],
+        # kgen.runtime.kv.allocate: the shadows are float16
+        "shadow_itemsize": np.dtype(np.float16).itemsize,
         "default_kv": DEFAULT_KV, "no_scales": NO_SCALES, "no_window": NO_WINDOW,
     }
 

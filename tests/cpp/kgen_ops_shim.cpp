@@ -18,7 +18,9 @@
 // or ERR\t<code>\t<contract>\t<message>; with run = 1 it launches on the CUstream
 // `stream` and writes OK or ERR. op=choose (fields role, kv, head_dim, groups, needs
 // as axis=value,axis=value, where ring_rows/sink_rows/tile_keys, variant) writes
-// OK\t<kernel> or ERR; op=mla_default_splits (max_seq_len, sm_count) writes the count.
+// OK\t<kernel> or ERR; op=slot_attention takes SlotAttentionArgs' fields (positions as
+// p0,p1,..; slot for a prefill), its launch lines <fill_pos>:<pos>[:<v0>,<v1>..] (the
+// positions a step writes first); op=mla_default_splits (max_seq_len, sm_count) writes the count.
 // The other ops' fields are their Args' members by name (MlaDecodeArgs::variants:
 // variant_decode, variant_combine). Returns the Result's code.
 #include "kgen_launch.hpp"
@@ -119,7 +121,9 @@ std::string plan_text(const kgen::ops::Plan &p) {
         const kgen::Launch &l = s.launch;
         o << "\n" << kgen::kernel_name(*s.kernel) << "\t" << l.grid[0] << "," << l.grid[1] << ","
           << l.grid[2] << "\t" << l.block[0] << "," << l.block[1] << "," << l.block[2] << "\t"
-          << l.shared_bytes << "\t" << (s.fill_pos ? 1 : 0) << ":" << s.pos_value << "\t"
+          << l.shared_bytes << "\t" << (s.fill_pos ? 1 : 0) << ":" << s.pos_value;
+        for (std::size_t i = 0; i < s.fill_values.size(); ++i) o << (i ? "," : ":") << s.fill_values[i];
+        o << "\t"
           << (s.neutral_sinks ? 1 : 0);
         std::vector<kgen::ops::BoundParam> ps;
         kgen::Result r = kgen::ops::bound_params(*s.kernel, s.args, &ps);
@@ -240,6 +244,41 @@ std::string call(const Request &r, int run, CUstream stream, int *code) {
             res = run ? kgen::ops::paged_attention(a, stream)
                       : kgen::ops::plan_paged_attention(a, &plan);
         }
+    } else if (op == "slot_attention") {
+        kgen::ops::SlotAttentionArgs a;
+        kgen::ops::SlotCache &c = a.cache;
+        if (r.s("kv")) c.kv = r.s("kv");
+        c.nslots = r.i("nslots");
+        c.n_head_kv = r.i("n_head_kv");
+        c.head_dim = r.i("head_dim");
+        c.max_seq = r.i("max_seq");
+        c.k = r.t("k");
+        c.v = r.t("v");
+        c.k_sink = r.t("k_sink");
+        c.v_sink = r.t("v_sink");
+        c.k_win = r.t("k_win");
+        c.v_win = r.t("v_win");
+        c.sink = r.i("sink");
+        c.win = r.i("win");
+        c.k_scale = r.f("k_scale", 1.0);
+        c.v_scale = r.f("v_scale", 1.0);
+        a.slot = r.oi("slot");
+        a.q = r.t("q");
+        a.k_new = r.t("k_new");
+        a.v_new = r.t("v_new");
+        a.out = r.t("out");
+        a.pos = r.i("pos");
+        if (r.s("positions") && *r.s("positions"))
+            for (const std::string &p : split(r.s("positions"), ',')) a.positions.push_back(std::atoll(p.c_str()));
+        a.options = options(r);
+        a.kps = r.oi("kps");
+        a.splits_cap = r.oi("splits_cap");
+        a.m = r.t("m");
+        a.l = r.t("l");
+        a.acc = r.t("acc");
+        a.pos_dev = r.t("pos_dev");
+        a.sm_count = r.i("sm_count");
+        res = run ? kgen::ops::slot_attention(a, stream) : kgen::ops::plan_slot_attention(a, &plan);
     } else if (op == "merge_attn_states") {
         kgen::ops::MergeAttnStatesArgs a;
         a.output = r.t("output");

@@ -13,7 +13,12 @@ each through the entry point both with the kernel named (variant) and chosen; th
 refusals are every contract mutation of those kernels (kgen.testing.contracts) that a
 kgen::Tensor can carry, and the entry points' own refusals. The Python side runs on
 kgen.testing.fakecupy with validate_pos = False / validate = False (the C++ side reads no
-device memory)."""
+device memory).
+
+kgen::ops::slot_attention is kgen.runtime.kv.SlotKVCache's decode and prefill, compared
+alike over every generated case of every per-slot decode kernel (the fake CuPy's slot
+views lie at their offsets, as CuPy's do), with the positions its steps write into the
+device position array checked against Python's upload."""
 
 from __future__ import annotations
 
@@ -283,7 +288,7 @@ def compare(cp, lib, k, a: dict, variant, extra=None, label="") -> str | None:
 
 
 def count_launches(launches) -> None:
-    ops = {k.name: k.op for k in kernels()}
+    ops = {k.name: k.op for k, _ in generated()}
     for name, *_ in launches:
         key = f"launches of {ops[name].value}"
         SEEN[key] = SEEN.get(key, 0) + 1
@@ -440,3 +445,161 @@ def test_mla_decode_scratch_and_rank(shim, cp):
         for sms in (1, SMS, 132):
             got = call(shim, {"op": "mla_default_splits", "max_seq_len": bound, "sm_count": sms})
             assert int(got) == mla_default_splits(bound, sms), (bound, sms, got)
+
+
+# ---- SlotKVCache (kgen::ops::slot_attention) ------------------------------------------
+
+@pytest.fixture
+def slots_cp(monkeypatch, tmp_path):
+    from kgen.runtime import options, tuned
+
+    monkeypatch.setattr(device, "_SMS", {})
+    monkeypatch.setattr(tuned, "_loaded", {})
+    monkeypatch.setattr(tuned, "current_device", lambda: ("kgen fake GPU", 13000))
+    monkeypatch.setenv("KGEN_TUNE_DIR", str(tmp_path / "tune"))
+    monkeypatch.setattr(options, "_NO_SINKS", {})
+    plain = FakeArray.__getitem__
+
+    def view(self, key):  # a slot's rings: views at their offset, as CuPy's
+        out = plain(self, key)
+        if isinstance(key, int):
+            out.data = type(self.data)(self.data.device_id, self.data.ptr + key * self.strides[0])
+        return out
+    monkeypatch.setattr(FakeArray, "__getitem__", view)
+    return FakeCupy().install(monkeypatch)
+
+
+def slot_kernels():
+    return [k for k, _ in generated() if k.op is Op.FLASH and k.position.value == "slots"]
+
+
+def _slot_options(case, k) -> tuple[dict, dict]:
+    """The case's attention options: SlotKVCache.decode's keywords and the shim's fields."""
+    py, c = {}, {}
+    if k.window.value == "exact" and case.window is not None:
+        py["window"] = case.window
+        c["window_left"], c["window_right"] = py["window"]
+    if k.softcap.value == "tanh":
+        py["softcap"] = c["logits_soft_cap"] = float(case.softcap)
+    if case.attn_win and k.window.value != "exact":
+        py["attn_win"] = c["attn_win"] = case.attn_win
+    if case.attn_sink:
+        py["attn_sink"] = c["attn_sink"] = case.attn_sink
+    return py, c
+
+
+def _slot_call(slots_cp, lib, k, case, mode, plan, change=None) -> str | None:
+    from kgen.runtime.kv import SlotKVCache
+
+    change = change or {}
+    ns = change.get("nslots", len(case.positions))
+    hk, hd, kv = case.n_head_kv, case.head_dim, k.kv.value
+    sink, win = (case.sink, case.win) if k.fmt.shadows else (0, 0)
+    base = {"op": "slot_attention", "kv": kv, "nslots": ns, "n_head_kv": hk, "head_dim": hd,
+            "max_seq": case.max_seq, "sink": sink, "win": win, "sm_count": SMS}
+    try:
+        cache = SlotKVCache(ns, hk, hd, case.max_seq, kv=kv, sink=sink, win=win)
+    except ContractError as exc:
+        got = call(lib, base)
+        SEEN["refusals"] = SEEN.get("refusals", 0) + 1
+        return None if got.split("\t", 3)[-1] == str(exc) else f"{k.name}: {exc} / {got}"
+    named = {"k": cache.k, "v": cache.v}
+    named.update(zip(("k_sink", "v_sink", "k_win", "v_win"), cache.shadows, strict=False))
+    n_head = change.get("n_head", case.n_head)
+    py, c = _slot_options(case, k) if mode == "decode" else ({}, {})
+    if mode == "decode":
+        q = FakeArray((ns, n_head, hd))
+        kn, vn = FakeArray((ns, hk, hd)), FakeArray((ns, hk, hd))
+        positions = list(change.get("positions", case.positions))
+        f = {**base, **named, **c, "q": q, "k_new": kn, "v_new": vn,
+             "out": FakeArray((ns, n_head, hd)), "positions": ",".join(map(str, positions)),
+             "pos_dev": FakeArray((ns,), np.int32)}
+        width = -(-case.max_seq // 16) + 1
+        f.update(m=FakeArray((ns * n_head * width,)), l=FakeArray((ns * n_head * width,)),
+                 acc=FakeArray((ns * n_head * width * hd,)))
+        if plan:
+            f["kps"], f["splits_cap"] = plan
+            py["kps"], py["splits_cap"] = plan
+        run = lambda: cache.decode(q, kn, vn, positions, **py)  # noqa: E731
+    else:
+        u = change.get("slot", ns - 1)
+        n = min(7, case.max_seq)
+        q = FakeArray((n, n_head, hd))
+        kn, vn = FakeArray((n, hk, hd)), FakeArray((n, hk, hd))
+        f = {**base, **named, "slot": u, "q": q, "k_new": kn, "v_new": vn,
+             "out": FakeArray((n, n_head, hd)), "pos": change.get("pos", 0)}
+        run = lambda: cache.prefill(u, q, kn, vn, f["pos"])  # noqa: E731
+    n0 = len(slots_cp.launched)
+    try:
+        run()
+        want = None
+    except ContractError as exc:
+        want = str(exc)
+    got = call(lib, f)
+    label = f"{k.name} {case.name} {mode} plan={plan} {change}"
+    if want is not None:
+        SEEN["refusals"] = SEEN.get("refusals", 0) + 1
+        same = got.split("\t", 3)[-1] == want
+        return None if same else f"{label}\n  python: {want}\n  c++:    {got}"
+    if not got.startswith("OK"):
+        return f"{label}\n  python: launched\n  c++:    {got}"
+    names = Names({**named, "q": q, "k_new": kn, "v_new": vn})
+    theirs = py_launches(slots_cp, names, n0)
+    names.new.clear()
+    mine = cpp_launches(got, names)
+    if mine != theirs:
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+                     min(len(mine), len(theirs)))
+        return (f"{label}: launch {first}\n  python: {theirs[first:first + 1]}\n"
+                f"  c++:    {mine[first:first + 1]}")
+    if mode == "decode":  # the positions the C++ steps write first: Python's upload
+        written = [int(v) for v in got.split("\n")[1].split("\t")[4].split(":")[2].split(",")]
+        uploaded = next(a for a in slots_cp.launched[n0][3] if isinstance(a, FakeArray)
+                        and a.dtype == np.int32)
+        if written != uploaded.get().tolist():
+            return f"{label}: positions {written} vs {uploaded.get().tolist()}"
+    SEEN["launch sequences"] = SEEN.get("launch sequences", 0) + 1
+    count_launches(mine)
+    return None
+
+
+def test_slot_cache_launches_as_python(shim, slots_cp):
+    """Every generated case of every per-slot decode kernel, through SlotKVCache.decode
+    (the default and a given plan) and SlotKVCache.prefill of its last slot."""
+    SEEN.clear()
+    wrong, n = [], 0
+    ks = slot_kernels()
+    assert ks, "no per-slot decode kernel built"
+    for k in ks:
+        for case in cases(k):
+            for mode, plan in (("decode", None), ("decode", (32, 3)), ("prefill", None)):
+                why = _slot_call(slots_cp, shim, k, case, mode, plan)
+                n += 1
+                if why:
+                    wrong.append(why)
+    assert not wrong, f"{len(wrong)} of {n} calls differ:\n" + "\n".join(wrong[:8])
+    print(f"{n} slot calls compared: {SEEN}")
+    assert SEEN.get("launch sequences", 0) > n // 2, SEEN
+
+
+def test_slot_cache_refuses_as_python(shim, slots_cp):
+    SEEN.clear()
+    wrong, n = [], 0
+    for k in slot_kernels()[::5]:
+        case = cases(k)[0]
+        ns = len(case.positions)
+        for mode, change in (("decode", {"positions": case.positions[:-1]}),
+                             ("decode", {"positions": (case.max_seq,) * ns}),
+                             ("decode", {"positions": (-1,) * ns}),
+                             ("decode", {"n_head": case.n_head_kv * 2 + 1}),
+                             ("decode", {"nslots": 0}),
+                             ("prefill", {"slot": ns}), ("prefill", {"slot": -1}),
+                             ("prefill", {"pos": case.max_seq - 3}),
+                             ("prefill", {"n_head": case.n_head_kv * 2 + 1})):
+            for plan in ((None, (0, 4)) if mode == "decode" else (None,)):
+                why = _slot_call(slots_cp, shim, k, case, mode, plan, change)
+                n += 1
+                if why:
+                    wrong.append(why)
+    assert not wrong, f"{len(wrong)} of {n} calls differ:\n" + "\n".join(wrong[:8])
+    assert SEEN.get("refusals", 0) >= n * 3 // 4, SEEN
