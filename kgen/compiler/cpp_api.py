@@ -135,6 +135,7 @@ ALWAYS = {
     # merge_attn_states and the DFlash ops (their op-level entry points)
     **{n: "tensor" for n in ("output", "output_lse", "prefix_output", "prefix_lse",
                              "suffix_output", "suffix_lse")},
+    "n_tokens": "int",
     **{n: ("int" if p.kind is int else "float") for n, p in PARAMS.items()},
 }
 
