@@ -20,16 +20,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kgen import __version__
 from kgen.formats.base import SHADOW_SCALARS
 from kgen.ir import geometry as geo
 from kgen.ir.axes import (
+    MLA_OPS,
     KeySource,
     KStage,
     Lse,
+    Mask,
     Mode,
     Op,
     Position,
+    SeqStarts,
     Sinks,
     SoftCap,
     VStage,
@@ -127,6 +132,10 @@ ALWAYS = {
                              "cu_seqlens_q", "cu_seqlens_k")},
     **{n: "int" for n in ("n_slots", "kv_c_stride", "k_pe_stride", "num_blocks", "num_tokens",
                           "n_head", "kv_splits", "total_q", "max_seqlen_q")},
+    # merge_attn_states and the DFlash ops (their op-level entry points)
+    **{n: "tensor" for n in ("output", "output_lse", "prefix_output", "prefix_lse",
+                             "suffix_output", "suffix_lse")},
+    "n_tokens": "int",
     **{n: ("int" if p.kind is int else "float") for n, p in PARAMS.items()},
 }
 
@@ -253,16 +262,27 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
         name = select.sibling(k.name, Position.DEVICE, pairs)
         return -1 if name is None else index[name]
 
+    op_roles = _op_roles()
+    # The axes a role may need: the option axes, and those the op-level roles name.
+    need_axes = list(select.OPTION_AXES)
+    for r in op_roles.values():
+        need_axes += [a for a, _ in r.needs if a not in need_axes]
     views = [{
         "index": i, "rank": rank_order[i], "kv": k.kv.value, "op": k.op.value,
         "mode": k.mode.value, "position": k.position.value,
-        "options": [getattr(k, a).value for a in select.OPTION_AXES],
+        "options": [getattr(k, a).value for a in need_axes],
+        "mla_width": geo.mla_width(k.op) if k.op in MLA_OPS else 0,
         "device_sibling": sibling(k),
         "plan": PLAN_RULES.get(k.schedule, (0, 0)),
         "source_sha256": sources.get(k.name, ""),
     } for i, k in enumerate(kernels)]
     return {
-        "pool": pool, "kernels": views, "option_axes": select.OPTION_AXES,
+        "pool": pool, "kernels": views, "option_axes": need_axes,
+        "op_roles": [{"name": n, "op": r.op.name, "position": r.position.name,
+                      "op_value": r.op.value, "position_value": r.position.value,
+                      "needs": list(r.needs),
+                      "width": geo.mla_width(r.op) if r.op in MLA_OPS else 0}
+                     for n, r in op_roles.items()],
         "roles": [{"name": n, "op": r.op.name, "position": r.position.name,
                    "mode": "" if r.mode is None else r.mode.name,
                    "has_mode": r.mode is not None,
@@ -270,9 +290,42 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
                    "mode_value": "" if r.mode is None else r.mode.value,
                    "position_value": r.position.value} for n, r in ROLES.items()],
         "formats": [{"name": f.name, "shadows": f.shadows, "tensor_scales": f.tensor_scales,
-                     "block": f.block} for _, f in sorted(FORMATS.items())],
+                     "block": f.block, "itemsize": np.dtype(f.dtype).itemsize}
+                    for _, f in sorted(FORMATS.items())],
+        # kgen.runtime.kv.allocate: the shadows are float16
+        "shadow_itemsize": np.dtype(np.float16).itemsize,
         "default_kv": DEFAULT_KV, "no_scales": NO_SCALES, "no_window": NO_WINDOW,
     }
+
+
+def _op_roles() -> dict:
+    """The roles of the op-level entry points beyond the caches, as each Python entry
+    point builds them (kgen.runtime.merge.role, mla.role, dflash.role): {C++ name: Role}."""
+    from kgen.runtime import dflash, merge, mla
+
+    out = {"merge": merge.role(Lse.NONE), "merge_lse": merge.role(Lse.WRITE),
+           "mla_store": mla.role(Op.MLA_STORE), "mla_decode": mla.role(Op.MLA_DECODE)}
+    for s in SeqStarts:
+        out[f"mla_gather_{s.value}"] = mla.role(Op.MLA_GATHER, seq_starts=s.value)
+    for lse in Lse:
+        out[f"mla_combine_{lse.value}"] = mla.role(Op.MLA_COMBINE, lse=lse.value)
+        for m in Mask:
+            out[f"mla_prefill_{m.value}_{lse.value}"] = mla.role(Op.MLA_PREFILL, mask=m.value,
+                                                                 lse=lse.value)
+    for src in KeySource:
+        out[f"dflash_{src.value}"] = dflash.role(src)
+    return out
+
+
+def _entry_params() -> dict:
+    """The op-level entry points' defaults and ranges (kgen.ir.params)."""
+    from kgen.ir.params import ENTRY_PARAMS
+
+    p = ENTRY_PARAMS["num_kv_splits"]
+    return {"num_kv_splits": {"default": p.default, "lo": p.lo, "hi": p.hi},
+            "prefill_tokens_with_context": PARAMS["prefill_tokens_with_context"].default,
+            "block_causal": PARAMS["block_causal"].default,
+            "sliding_window": PARAMS["sliding_window"].default}
 
 
 def _mla_geometry() -> dict:
@@ -285,7 +338,8 @@ def _mla_geometry() -> dict:
             "decode_grid_x": expr(geo.mla_decode_grid(Sym("H"), 1, 1)[0]),
             "prefill_qk": geo.MLA_PREFILL_QK, "prefill_v": geo.MLA_PREFILL_V,
             "prefill_threads": geo.MLA_PREFILL_ROWS * TARGET.warp,
-            "prefill_grid_x": expr(geo.mla_prefill_grid(Sym("mq"), 1, 1)[0])}
+            "prefill_grid_x": expr(geo.mla_prefill_grid(Sym("mq"), 1, 1)[0]),
+            "split_keys": geo.MLA_SPLIT_KEYS}
 
 
 def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
@@ -310,7 +364,8 @@ def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
         op_names=[o.name for o in Op], merge_rows=geo.MERGE_ROWS,
         merge_threads=geo.merge_threads(),
         merge_grid_x=expr(geo.merge_grid(Sym("T"), Sym("H"))[0]),
-        mla=_mla_geometry(),
+        mla=_mla_geometry(), entry=_entry_params(),
+        mla_ops=sorted(o.name for o in MLA_OPS),
         dflash_rows=geo.DFLASH_ROWS, dflash_threads=geo.dflash_threads(),
         dflash_grid_x=expr(geo.dflash_grid(Sym("T"), Sym("H"))[0]),
         header_name=HEADER, target=TARGET, registers_contract=REGISTERS, int_max=INT_MAX,

@@ -6,7 +6,9 @@
 //       generated/kgen_launch.cpp -o libkgen_ops_shim.so -ldl
 //
 // kgen_ops_call(request, run, stream, reply, reply_len): request is one line of
-// tab-separated fields, op=<attention|paged_store|paged_attention|choose> then
+// tab-separated fields, op=<attention|paged_store|paged_attention|merge_attn_states|
+// concat_and_cache_mla|gather_mla_cache|mla_decode_attention|mla_prefill_attention|
+// dflash_block_attention|dflash_paged_block_attention|choose|mla_default_splits> then
 // <name>=T:<ptr>:<d0>,<d1>..[:<s0>,<s1>..] (a device array: address, shape and, if
 // given, element strides), <name>=I:<int>, <name>=F:<float>, <name>=S:<text>. With
 // run = 0 it plans (every check, nothing launched) and writes to reply
@@ -16,7 +18,11 @@
 // or ERR\t<code>\t<contract>\t<message>; with run = 1 it launches on the CUstream
 // `stream` and writes OK or ERR. op=choose (fields role, kv, head_dim, groups, needs
 // as axis=value,axis=value, where ring_rows/sink_rows/tile_keys, variant) writes
-// OK\t<kernel> or ERR. Returns the Result's code.
+// OK\t<kernel> or ERR; op=slot_attention takes SlotAttentionArgs' fields (positions as
+// p0,p1,..; slot for a prefill), its launch lines <fill_pos>:<pos>[:<v0>,<v1>..] (the
+// positions a step writes first); op=mla_default_splits (max_seq_len, sm_count) writes the count.
+// The other ops' fields are their Args' members by name (MlaDecodeArgs::variants:
+// variant_decode, variant_combine). Returns the Result's code.
 #include "kgen_launch.hpp"
 
 #include <cstdio>
@@ -115,7 +121,9 @@ std::string plan_text(const kgen::ops::Plan &p) {
         const kgen::Launch &l = s.launch;
         o << "\n" << kgen::kernel_name(*s.kernel) << "\t" << l.grid[0] << "," << l.grid[1] << ","
           << l.grid[2] << "\t" << l.block[0] << "," << l.block[1] << "," << l.block[2] << "\t"
-          << l.shared_bytes << "\t" << (s.fill_pos ? 1 : 0) << ":" << s.pos_value << "\t"
+          << l.shared_bytes << "\t" << (s.fill_pos ? 1 : 0) << ":" << s.pos_value;
+        for (std::size_t i = 0; i < s.fill_values.size(); ++i) o << (i ? "," : ":") << s.fill_values[i];
+        o << "\t"
           << (s.neutral_sinks ? 1 : 0);
         std::vector<kgen::ops::BoundParam> ps;
         kgen::Result r = kgen::ops::bound_params(*s.kernel, s.args, &ps);
@@ -236,6 +244,153 @@ std::string call(const Request &r, int run, CUstream stream, int *code) {
             res = run ? kgen::ops::paged_attention(a, stream)
                       : kgen::ops::plan_paged_attention(a, &plan);
         }
+    } else if (op == "slot_attention") {
+        kgen::ops::SlotAttentionArgs a;
+        kgen::ops::SlotCache &c = a.cache;
+        if (r.s("kv")) c.kv = r.s("kv");
+        c.nslots = r.i("nslots");
+        c.n_head_kv = r.i("n_head_kv");
+        c.head_dim = r.i("head_dim");
+        c.max_seq = r.i("max_seq");
+        c.k = r.t("k");
+        c.v = r.t("v");
+        c.k_sink = r.t("k_sink");
+        c.v_sink = r.t("v_sink");
+        c.k_win = r.t("k_win");
+        c.v_win = r.t("v_win");
+        c.sink = r.i("sink");
+        c.win = r.i("win");
+        c.k_scale = r.f("k_scale", 1.0);
+        c.v_scale = r.f("v_scale", 1.0);
+        a.slot = r.oi("slot");
+        a.q = r.t("q");
+        a.k_new = r.t("k_new");
+        a.v_new = r.t("v_new");
+        a.out = r.t("out");
+        a.pos = r.i("pos");
+        if (r.s("positions") && *r.s("positions"))
+            for (const std::string &p : split(r.s("positions"), ',')) a.positions.push_back(std::atoll(p.c_str()));
+        a.options = options(r);
+        a.kps = r.oi("kps");
+        a.splits_cap = r.oi("splits_cap");
+        a.m = r.t("m");
+        a.l = r.t("l");
+        a.acc = r.t("acc");
+        a.pos_dev = r.t("pos_dev");
+        a.sm_count = r.i("sm_count");
+        res = run ? kgen::ops::slot_attention(a, stream) : kgen::ops::plan_slot_attention(a, &plan);
+    } else if (op == "merge_attn_states") {
+        kgen::ops::MergeAttnStatesArgs a;
+        a.output = r.t("output");
+        a.output_lse = r.t("output_lse");
+        a.prefix_output = r.t("prefix_output");
+        a.prefix_lse = r.t("prefix_lse");
+        a.suffix_output = r.t("suffix_output");
+        a.suffix_lse = r.t("suffix_lse");
+        if (r.has("prefill_tokens_with_context"))
+            a.prefill_tokens_with_context = r.i("prefill_tokens_with_context");
+        a.variant = r.s("variant");
+        res = run ? kgen::ops::merge_attn_states(a, stream)
+                  : kgen::ops::plan_merge_attn_states(a, &plan);
+    } else if (op == "concat_and_cache_mla") {
+        kgen::ops::ConcatAndCacheMlaArgs a;
+        a.kv_c = r.t("kv_c");
+        a.k_pe = r.t("k_pe");
+        a.kv_cache = r.t("kv_cache");
+        a.slot_mapping = r.t("slot_mapping");
+        a.variant = r.s("variant");
+        res = run ? kgen::ops::concat_and_cache_mla(a, stream)
+                  : kgen::ops::plan_concat_and_cache_mla(a, &plan);
+    } else if (op == "gather_mla_cache") {
+        kgen::ops::GatherMlaCacheArgs a;
+        a.dst = r.t("dst");
+        a.src_cache = r.t("src_cache");
+        a.block_table = r.t("block_table");
+        a.cu_seq_lens = r.t("cu_seq_lens");
+        a.token_to_seq = r.t("token_to_seq");
+        a.seq_starts = r.t("seq_starts");
+        a.num_tokens = r.i("num_tokens");
+        a.variant = r.s("variant");
+        res = run ? kgen::ops::gather_mla_cache(a, stream)
+                  : kgen::ops::plan_gather_mla_cache(a, &plan);
+    } else if (op == "mla_decode_attention") {
+        kgen::ops::MlaDecodeArgs a;
+        a.out = r.t("out");
+        a.lse = r.t("lse");
+        a.query = r.t("query");
+        a.kv_cache = r.t("kv_cache");
+        a.block_table = r.t("block_table");
+        a.seq_lens = r.t("seq_lens");
+        if (r.has("scale")) a.scale = r.f("scale");
+        if (r.has("num_kv_splits")) a.num_kv_splits = r.i("num_kv_splits");
+        a.max_seq_len = r.oi("max_seq_len");
+        a.m = r.t("m");
+        a.l = r.t("l");
+        a.acc = r.t("acc");
+        a.sm_count = r.i("sm_count");
+        a.variants[0] = r.s("variant_decode");
+        a.variants[1] = r.s("variant_combine");
+        res = run ? kgen::ops::mla_decode_attention(a, stream)
+                  : kgen::ops::plan_mla_decode_attention(a, &plan);
+    } else if (op == "mla_prefill_attention") {
+        kgen::ops::MlaPrefillArgs a;
+        a.out = r.t("out");
+        a.lse = r.t("lse");
+        a.query = r.t("query");
+        a.key = r.t("key");
+        a.value = r.t("value");
+        a.cu_seqlens_q = r.t("cu_seqlens_q");
+        a.cu_seqlens_k = r.t("cu_seqlens_k");
+        if (r.has("scale")) a.scale = r.f("scale");
+        a.causal = r.i("causal", 1) != 0;
+        a.max_seqlen_q = r.i("max_seqlen_q");
+        a.max_seqlen_k = r.oi("max_seqlen_k");
+        a.variant = r.s("variant");
+        res = run ? kgen::ops::mla_prefill_attention(a, stream)
+                  : kgen::ops::plan_mla_prefill_attention(a, &plan);
+    } else if (op == "dflash_block_attention" || op == "dflash_paged_block_attention") {
+        const bool paged = op == "dflash_paged_block_attention";
+        kgen::ops::DFlashArgs d;
+        kgen::ops::DFlashPagedArgs g;
+        std::optional<double> scale;
+        if (r.has("scale")) scale = r.f("scale");
+        const bool causal = r.i("causal", d.causal ? 1 : 0) != 0;
+        const std::int64_t window = r.i("sliding_window", d.sliding_window);
+        if (!paged) {
+            d.out = r.t("out");
+            d.query = r.t("query");
+            d.key = r.t("key");
+            d.value = r.t("value");
+            d.cu_seqlens = r.t("cu_seqlens");
+            d.scale = scale;
+            d.causal = causal;
+            d.sliding_window = window;
+            d.num_reqs = r.oi("num_reqs");
+            d.variant = r.s("variant");
+            res = run ? kgen::ops::dflash_block_attention(d, stream)
+                      : kgen::ops::plan_dflash_block_attention(d, &plan);
+        } else {
+            g.out = r.t("out");
+            g.query = r.t("query");
+            g.block_key = r.t("block_key");
+            g.block_value = r.t("block_value");
+            g.ctx_key = r.t("ctx_key");
+            g.ctx_value = r.t("ctx_value");
+            g.cu_seqlens = r.t("cu_seqlens");
+            g.seq_lens = r.t("seq_lens");
+            g.block_table = r.t("block_table");
+            g.scale = scale;
+            g.causal = causal;
+            g.sliding_window = window;
+            g.num_reqs = r.oi("num_reqs");
+            g.block_size = r.oi("block_size");
+            g.variant = r.s("variant");
+            res = run ? kgen::ops::dflash_paged_block_attention(g, stream)
+                      : kgen::ops::plan_dflash_paged_block_attention(g, &plan);
+        }
+    } else if (op == "mla_default_splits") {
+        *code = 0;
+        return std::to_string(kgen::ops::mla_default_splits(r.i("max_seq_len"), r.i("sm_count")));
     } else {
         res.code = kgen::KGEN_ERR_UNKNOWN;
         res.message = "unknown op " + op;
