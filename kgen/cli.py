@@ -310,6 +310,9 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
             axes += f" seq_starts={k.seq_starts.value}"
         elif k.op.value == "dflash_attention":
             axes += f" key_source={k.key_source.value}"
+        elif k.op.value == "dense_attention":
+            axes += (f" kv_reads={k.kv_reads.value} in_dtype={k.in_dtype.value}"
+                     f" out_dtype={k.out_dtype.value}")
         dims = coverage.runs(coverage.head_dims(k))
         print(f"{k.name:<{w}}  {k.module:<14}  {axes}  head_dim {dims}")
     return 0

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from kgen.ir.axes import MLA_OPS, KStage, Op, VStage
 from kgen.ir.geometry import (
     block_threads,
+    dense_threads,
     dflash_threads,
     flash_shared_bytes,
     head_dim_step,
@@ -114,8 +115,8 @@ def sized_head_dim(k: Kernel) -> int | None:
             return k.kreg_max_chunk * k.dot_lanes
     if k.op is Op.KV_APPEND and k.fmt.append_staging:
         return k.max_head_dim
-    if k.op is Op.DFLASH_ATTENTION:  # a warp's q and output rows, in registers
-        return k.max_head_dim
+    if k.op in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION):  # a warp's q and output rows,
+        return k.max_head_dim                                 # in registers
     return None
 
 
@@ -169,6 +170,8 @@ def _block(k: Kernel, hd: int | None, static: int) -> Block:
         return Block(hd, None, mla_threads(k), static)
     if k.op is Op.DFLASH_ATTENTION:  # likewise, whatever head_dim
         return Block(hd, None, dflash_threads(), static)
+    if k.op is Op.DENSE_ATTENTION:  # likewise; its tiles are static shared memory
+        return Block(hd, None, dense_threads(), static)
     if k.op is not Op.FLASH:  # an append or combine block is head_dim threads
         return Block(hd, None, hd, static)
     g = groups_by_head_dim(k, [hd])[hd]

@@ -108,6 +108,11 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
     for k in cache_ops:
         formats.setdefault(k.fmt.name, set()).update(_uses(k))
     by_name = {k.fmt.name: k.fmt for k in cache_ops}
+    for k in kernels:  # dense_attention: its element types' readers and rounding
+        if k.op is Op.DENSE_ATTENTION:
+            for fmt, use in ((k.in_dtype.fmt, "elem"), (k.out_dtype.fmt, "quant")):
+                formats.setdefault(fmt.name, set()).add(use)
+                by_name[fmt.name] = fmt
     return {
         "fp16": any(k.fmt.fp16 for k in cache_ops)
         or any(k.byte_layout for k in kernels if k.op is Op.FLASH),
@@ -118,7 +123,7 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
         "combine": any(k.op is Op.DECODE_COMBINE for k in kernels),
         "merge": any(k.op is Op.MERGE_ATTN_STATES for k in kernels),
         "mla": any(k.op in (Op.MLA_DECODE, Op.MLA_COMBINE) for k in kernels),  # split bounds
-        "dflash": any(k.op is Op.DFLASH_ATTENTION for k in kernels),
+        "dflash": any(k.op in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION) for k in kernels),
         "paged": any(k.paged and k.op is Op.FLASH for k in kernels),
         "combine_sinks": any(k.op is Op.DECODE_COMBINE and k.learned_sinks for k in kernels),
         "exact_window": any(k.op is Op.FLASH and k.exact_window for k in kernels),

@@ -13,6 +13,7 @@ from kgen.ir import geometry
 from kgen.ir.axes import (
     KeySource,
     KStage,
+    KvReads,
     Lse,
     Mask,
     Mode,
@@ -29,6 +30,7 @@ from kgen.ir.axes import (
     Window,
 )
 from kgen.ir.geometry import (
+    DENSE_ROWS,
     DFLASH_ROWS,
     MERGE_ROWS,
     Region,
@@ -231,6 +233,16 @@ class KernelView:
     def dflash_rows(self) -> int:
         """dflash_attention: (query row, q head) rows of a block, a warp each."""
         return DFLASH_ROWS
+
+    @property
+    def dense_tiled(self) -> bool:
+        """dense_attention: K/V tiles staged in shared memory (kv_reads = shared_tile)."""
+        return self.k.kv_reads is KvReads.SHARED_TILE
+
+    @property
+    def dense_rows(self) -> int:
+        """dense_attention: (query row, q head) rows of a block, a warp each."""
+        return DENSE_ROWS
 
     @property
     def dflash_chunks(self) -> int:

@@ -30,6 +30,8 @@ class Op(StrEnum):
     DFLASH_ATTENTION = "dflash_attention"  # the engine's DFlash block attention: each
     #                                        query attends only its request's block
     #                                        (and, paged, that request's context)
+    DENSE_ATTENTION = "dense_attention"  # the engine's AttentionDenseFast / AttentionDenseFlash:
+    #                                      one sequence, a warp per (query, q head)
 
 
 # The multi-head latent attention ops: kernels over the latent cache, one row width each.
@@ -142,6 +144,25 @@ class KeySource(StrEnum):
     #                  block's rows, as one combined key sequence
 
 
+class KvReads(StrEnum):
+    GLOBAL = "global"            # AttentionDenseFast: each warp reads its keys from global
+    SHARED_TILE = "shared_tile"  # AttentionDenseFlash: the block's warps (one kv head)
+    #                              stage each K/V tile in shared memory together, then each
+    #                              folds it exactly as the global kernel would
+
+
+class IoDtype(StrEnum):
+    """An element type of dense attention's query / key / value or output: a registered
+    format whose rows are plain elements (its NumPy model and device helpers convert)."""
+
+    F32 = "f32"
+    BF16 = "bf16"
+
+    @property
+    def fmt(self) -> KvFormat:
+        return FORMATS[self.value]
+
+
 class RingFloor(StrEnum):
     NONE = "none"    # the fp16 window ring is trusted for every recent key
     BATCH = "batch"  # keys lapped by later rows of the same batch fall back to the body
@@ -166,6 +187,7 @@ FLASH = frozenset({Op.FLASH})
 CACHE_OPS = frozenset({Op.FLASH, Op.KV_APPEND})
 PLAN_OPS = frozenset({Op.FLASH, Op.DECODE_COMBINE})
 DFLASH = frozenset({Op.DFLASH_ATTENTION})
+DENSE = frozenset({Op.DENSE_ATTENTION})
 
 KEYS: dict[str, Key] = {
     "module": Key(str, None, ALL, "generated file the kernel lands in"),
@@ -181,7 +203,8 @@ KEYS: dict[str, Key] = {
     "v_stage": Key(VStage, VStage.GLOBAL, FLASH, "where V rows are read from"),
     "threads": Key(Threads, Threads.HEAD_DIM, FLASH, "threads of a block"),
     "schedule": Key(Schedule, Schedule.BLOCK_TILE, FLASH, "how a block walks its keys"),
-    "keys_per_step": Key(int, 2, FLASH | DFLASH, "keys a warp_stream unit (dflash: a warp) "
+    "keys_per_step": Key(int, 2, FLASH | DFLASH | DENSE, "keys a warp_stream unit (dflash, "
+                         "dense_attention: a warp) "
                          "loads before scoring them"),
     "window": Key(Window, Window.SINK_RECENT, FLASH, "which key tiles are attended"),
     "mask": Key(Mask, Mask.CAUSAL, frozenset({Op.FLASH, Op.MLA_PREFILL}), "which keys a "
@@ -196,7 +219,8 @@ KEYS: dict[str, Key] = {
     "stream_steps": Key(StreamSteps, StreamSteps.SPLIT, FLASH, "hoisted warp_stream decode: "
                         "full steps run an unmasked copy of the step (split), or every step "
                         "masks (masked)"),
-    "tile_keys": Key(int, 16, PLAN_OPS, "keys per tile (and split rounding)"),
+    "tile_keys": Key(int, 16, PLAN_OPS | DENSE, "keys per tile (and split rounding; "
+                      "dense_attention, kv_reads = shared_tile: keys of a staged K/V tile)"),
     "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),
     "max_groups": Key(int, 8, FLASH, "compile-time bound on kv_groups"),
     "rows_per_block": Key(int, 1, FLASH, "query rows of a prefill block (K/V tiles shared)"),
@@ -208,7 +232,7 @@ KEYS: dict[str, Key] = {
     "v_rounds": Key(int, 3, FLASH, "blockDim-strided rounds that stage the V tile"),
     "ring_rows": Key(int, 256, CACHE_OPS, "rows of the fp16 window ring (it laps here)"),
     "sink_rows": Key(int, 8, CACHE_OPS, "rows of the fp16 sink buffer"),
-    "max_head_dim": Key(int, 1024, frozenset({Op.KV_APPEND, Op.FLASH}) | DFLASH,
+    "max_head_dim": Key(int, 1024, frozenset({Op.KV_APPEND, Op.FLASH}) | DFLASH | DENSE,
                         "static staging bound (append); the widest head_dim a query_tile "
                         "thread's output patch holds (dflash: a warp's q and output row, "
                         "in registers)"),
@@ -225,6 +249,12 @@ KEYS: dict[str, Key] = {
                       "request's context rows start at seq_starts[b] (given) or at 0 (none)"),
     "key_source": Key(KeySource, KeySource.DENSE, DFLASH, "dflash: the block's own key rows "
                       "(dense), or the request's paged context then its block (paged)"),
+    "kv_reads": Key(KvReads, KvReads.GLOBAL, DENSE, "dense_attention: each warp reads K/V "
+                    "from global (Fast), or a block stages K/V tiles in shared (Flash)"),
+    "in_dtype": Key(IoDtype, IoDtype.F32, DENSE, "dense_attention: element type of query, "
+                    "key and value (f32 or bf16; math is f32)"),
+    "out_dtype": Key(IoDtype, IoDtype.F32, DENSE, "dense_attention: element type of the "
+                     "output (f32, or bf16 rounded to nearest even)"),
 }
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kgen.ir.axes import (
     KStage,
+    KvReads,
     Mode,
     Op,
     QtileLoads,
@@ -435,3 +436,32 @@ def dflash_threads() -> int:
 def dflash_grid(n_rows: int, n_head: int) -> tuple[int, int, int]:
     """The grid of a dflash launch over n_rows x n_head (query row, q head) rows."""
     return (-(-n_rows * n_head // DFLASH_ROWS), 1, 1)
+
+
+# ---- op = dense_attention (templates/kernels/dense_attention.cu.j2) -------------------
+# One sequence: query, out [T][Hq][D], key / value [T][Hkv][D]; q head h reads kv head
+# h / G (G = Hq / Hkv). Every (query row t, q head h) is one warp, folding its keys with
+# lib/dflash.cuh.j2's arithmetic (lane l: dims l, l + 32, ..., dflash_chunks(k) of them).
+# Both kv_reads share one geometry: block (b, hk) is DENSE_ROWS warps over kv head hk's
+# T * G rows in (t, g) order, warp w of it row i = b * DENSE_ROWS + w, t = i / G,
+# h = hk * G + i % G; so a block's warps read the same kv head's keys (shared_tile: a
+# K and a V tile of tile_keys rows x max_head_dim floats, staged by the whole block).
+DENSE_ROWS = 8
+
+
+def dense_threads() -> int:
+    """Threads of a dense_attention block: DENSE_ROWS warps."""
+    return DENSE_ROWS * TARGET.warp
+
+
+def dense_grid(n_rows: int, n_head: int, n_head_kv: int) -> tuple[int, int, int]:
+    """The grid over n_rows x n_head (query row, q head) warps, kv head along y."""
+    return (-(-n_rows * (n_head // n_head_kv) // DENSE_ROWS), n_head_kv, 1)
+
+
+def dense_shared_bytes(k: Kernel) -> int:
+    """Static shared memory of a dense_attention block: the K and V tiles (shared_tile),
+    f32 whatever in_dtype (widened once when staged, exactly as a global read widens)."""
+    if k.kv_reads is not KvReads.SHARED_TILE:
+        return 0
+    return 2 * k.tile_keys * k.max_head_dim * 4

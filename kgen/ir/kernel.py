@@ -12,8 +12,10 @@ from kgen.compiler.spec.ast import ExpectRelation, ExpectResource
 from kgen.errors import SourcePos
 from kgen.formats import KvFormat, KvFormatName
 from kgen.ir.axes import (
+    IoDtype,
     KeySource,
     KStage,
+    KvReads,
     Lse,
     Mask,
     Mode,
@@ -73,6 +75,9 @@ class Kernel:
     lse: Lse
     seq_starts: SeqStarts
     key_source: KeySource
+    kv_reads: KvReads
+    in_dtype: IoDtype
+    out_dtype: IoDtype
     budgets: tuple[ExpectResource, ...] = ()
     relations: tuple[ExpectRelation, ...] = ()
     lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)

@@ -53,9 +53,9 @@ PARAMS = _table(
           "hold v / v_scale)"),
     Param("prefill_tokens_with_context", int, -1, -1, INT_MIN, INT_MAX, doc="merge: tokens "
           "at this index and past it take the suffix verbatim; < 0: every token merges"),
-    Param("block_causal", int, 0, 0, 0, 1, doc="dflash (the engine's causal): 1: query i "
-          "of a block sees keys j <= i (and the sliding window); 0: every key of its block "
-          "(bidirectional)"),
+    Param("block_causal", int, 0, 0, 0, 1, doc="dflash and dense_attention (the engine's "
+          "causal): 1: query i of a block sees keys j <= i (and the sliding window); 0: "
+          "every key of its block (bidirectional)"),
     Param("sliding_window", int, 0, 0, INT_MIN, INT_MAX, doc="dflash, causal: keys "
           "j >= i - (window - 1) too; <= 0: plain causal"),
 )

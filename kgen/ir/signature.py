@@ -179,4 +179,10 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         if paged:
             out += _p("int", "block_size", "max_blocks", "num_pages")
         out += _p("int", "block_causal", "sliding_window") + _p("float", "scale")
+    elif k.op is Op.DENSE_ATTENTION:  # the engine's Attention(out, query, key, value)
+        fi, fo = k.in_dtype.fmt, k.out_dtype.fmt
+        out.append(Param("out", f"{fo.ctype} *", fo.dtype))
+        out += [Param(n, f"const {fi.ctype} *", fi.dtype) for n in ("query", "key", "value")]
+        out += _p("int", "n_rows", "n_head", "n_head_kv", "head_dim", "block_causal")
+        out += _p("float", "scale")
     return tuple(out)

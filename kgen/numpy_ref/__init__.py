@@ -6,6 +6,8 @@
 * :mod:`.attention` -- prefill, decode split partials and combine, in float64
   over the exact key set the kernels attend (whole tiles of the kernel's
   ``tile_keys``).
+* :mod:`.dense` -- the engine's dense Attention over one sequence (AttentionDenseFast,
+  AttentionDenseFlash), from the doc's definition.
 * :mod:`.dflash` -- the engine's DFlash block attention (dense and paged), from
   the doc's definition.
 * :mod:`.merge` -- the engine's MergeAttnStates (two partial results merged by
@@ -54,6 +56,7 @@ from .cache import (
     read_kv_rows,
     shadow_source,
 )
+from .dense import attention_dense
 from .dflash import dflash_block_attention, dflash_paged_block_attention
 from .merge import merge_attn_states
 from .mla import (
@@ -71,7 +74,7 @@ __all__ = [
     "PagedCache", "dense", "slots_of",
     "append", "append_dev", "append_rows", "append_slots", "attended_keys", "combine",
     "decode_attention", "decode_attention_slots", "decode_partials", "decode_partials_slots",
-    "dflash_block_attention", "dflash_paged_block_attention",
+    "attention_dense", "dflash_block_attention", "dflash_paged_block_attention",
     "decode_plan", "exact_keys", "fill", "key_mask", "keys_scored_per_tile",
     "merge_attn_states", "concat_and_cache_mla", "gather_mla_cache", "mla_decode",
     "mla_decode_partials", "mla_merge", "mla_prefill",

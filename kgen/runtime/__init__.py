@@ -10,9 +10,11 @@ the kernel relies on; it touches no GPU, so contract checks run anywhere.
 ``mla_prefill_attention`` and ``MLACache``
 are the engine's multi-head latent attention ops (kgen.runtime.mla).
 ``dflash_block_attention`` and ``dflash_paged_block_attention`` its DFlash block
-attention (kgen.runtime.dflash).
+attention (kgen.runtime.dflash); ``attention_dense_fast`` and ``attention_dense_flash``
+its AttentionDenseFast / AttentionDenseFlash (kgen.runtime.attention_dense).
 """
 
+from kgen.runtime.attention_dense import attention_dense_fast, attention_dense_flash
 from kgen.runtime.bind import Launch, bind
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.dflash import dflash_block_attention, dflash_paged_block_attention
@@ -26,7 +28,8 @@ from kgen.runtime.mla import (
 )
 from kgen.runtime.plan import DecodePlan, decode_plan
 
-__all__ = ["ContractError", "DecodePlan", "Launch", "MLACache", "bind", "concat_and_cache_mla",
+__all__ = ["ContractError", "DecodePlan", "Launch", "MLACache", "attention_dense_fast",
+           "attention_dense_flash", "bind", "concat_and_cache_mla",
            "decode_plan", "dflash_block_attention", "dflash_paged_block_attention",
            "gather_mla_cache", "merge_attn_states", "mla_decode_attention",
            "mla_prefill_attention"]

@@ -28,6 +28,7 @@ from kgen.ir.axes import (
     Window,
 )
 from kgen.ir.geometry import (
+    DENSE_ROWS,
     DFLASH_ROWS,
     MERGE_ROWS,
     MLA_COMBINE_THREADS,
@@ -40,6 +41,8 @@ from kgen.ir.geometry import (
     MLA_STORE_THREADS,
     MLA_THREADS,
     block_threads,
+    dense_grid,
+    dense_threads,
     dflash_grid,
     dflash_threads,
     flash_shared_bytes,
@@ -121,7 +124,7 @@ def bind(k: Kernel, a: dict) -> Launch:
               Op.DECODE_COMBINE: _combine, Op.MERGE_ATTN_STATES: _merge,
               Op.MLA_STORE: _mla_store, Op.MLA_GATHER: _mla_gather, Op.MLA_DECODE: _mla_decode,
               Op.MLA_COMBINE: _mla_combine, Op.MLA_PREFILL: _mla_prefill,
-              Op.DFLASH_ATTENTION: _dflash}[k.op]
+              Op.DFLASH_ATTENTION: _dflash, Op.DENSE_ATTENTION: _dense}[k.op]
     if k.position is Position.PAGED:
         binder = _paged_append if k.op is Op.KV_APPEND else _paged_flash
     expected = {p.name for p in params(k)}
@@ -388,7 +391,7 @@ def shape_error(k: Kernel, head_dim: int, groups: int = 1) -> ContractError | No
             want = mla_width(k.op)
             c.require(head_dim == want, "shape", lambda: f"head_dim = {head_dim}: {k.op.value} "
                       f"serves rows of {want} only")
-        elif k.op is Op.DFLASH_ATTENTION:
+        elif k.op in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION):  # a warp's rows
             check_dflash_shape(k, c, head_dim)
         else:
             _head_dim(k, c, head_dim, rows=False)
@@ -667,6 +670,40 @@ def _dflash(k: Kernel, c: Checker, a: dict):
                   sliding_window=_param(c, a, "sliding_window"),
                   scale=_param(c, a, "scale", 1.0 / math.sqrt(D)))
     return dflash_grid(T, H), (dflash_threads(), 1, 1), 0, values
+
+
+# ---- dense_attention -----------------------------------------------------------------
+# The engine's Attention over one sequence (AttentionDenseFast, AttentionDenseFlash):
+# query [n_rows][n_head][head_dim] and key / value [n_rows][n_head_kv][head_dim] of
+# in_dtype, out [n_rows][n_head][head_dim] of out_dtype, every array C-contiguous; a warp
+# per (query row, q head), its head_dim within max_head_dim (check_dflash_shape: the
+# same warp's registers); the tiles of shared_tile are static shared memory.
+
+def _dense(k: Kernel, c: Checker, a: dict):
+    fi, fo = k.in_dtype.fmt, k.out_dtype.fmt
+    q = a["query"]
+    c.array("query", q, np.dtype(fi.dtype), 3)
+    T, H, D = (int(x) for x in q.shape)
+    c.require(T >= 1 and H >= 1 and D >= 1, "shape",
+              lambda: f"query has shape {(T, H, D)}: no rows to attend")
+    check_dflash_shape(k, c, D)
+    c.array("out", a["out"], np.dtype(fo.dtype), 3)
+    c.shape("out", a["out"], (T, H, D))
+    c.array("key", a["key"], np.dtype(fi.dtype), 3)
+    hk = int(a["key"].shape[1])
+    c.require(hk >= 1, "shape", lambda: "key has no kv heads")
+    c.shape("key", a["key"], (T, hk, D))
+    c.array("value", a["value"], np.dtype(fi.dtype), 3)
+    c.shape("value", a["value"], (T, hk, D))
+    c.require(H % hk == 0, "GQA", lambda: f"n_head = {H} is not a multiple of "
+              f"n_head_kv = {hk}")
+    c.require(T * H <= INT_MAX - DENSE_ROWS, "int32 index",
+              lambda: f"{T} rows x {H} heads overflow the kernel's int row index")
+    values = dict(out=a["out"], query=q, key=a["key"], value=a["value"], n_rows=T,
+                  n_head=H, n_head_kv=hk, head_dim=D,
+                  block_causal=_param(c, a, "block_causal"),
+                  scale=_param(c, a, "scale", 1.0 / math.sqrt(D)))
+    return dense_grid(T, H, hk), (dense_threads(), 1, 1), 0, values
 
 
 # ---- paged caches (position = paged) --------------------------------------------------

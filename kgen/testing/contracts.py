@@ -72,6 +72,10 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
         from kgen.testing.dflash import host_args as dflash_args
 
         return dflash_args(k, case, z)
+    if k.op is Op.DENSE_ATTENTION:
+        from kgen.testing.dense import host_args as dense_args
+
+        return dense_args(k, case, z)
     if k.op in MLA_OPS:
         from kgen.testing.mla import host_args as mla_args
 
@@ -228,7 +232,8 @@ def _first_array(k):
     return {Op.QZ_SPLIT: "q", Op.KV_APPEND: "k_new", Op.FLASH: "q",
             Op.DECODE_COMBINE: "out", Op.MERGE_ATTN_STATES: "output", Op.MLA_STORE: "kv_cache",
             Op.MLA_GATHER: "dst", Op.MLA_DECODE: "query", Op.MLA_COMBINE: "out",
-            Op.MLA_PREFILL: "query", Op.DFLASH_ATTENTION: "query"}[k.op]
+            Op.MLA_PREFILL: "query", Op.DFLASH_ATTENTION: "query",
+            Op.DENSE_ATTENTION: "query"}[k.op]
 
 
 def _non_contiguous(k, case):
@@ -282,6 +287,8 @@ def _int_scalar(k) -> str | None:
         return "pos0" if (k.op is Op.KV_APPEND or k.mode is Mode.PREFILL) else "seq_len"
     if k.op is Op.DFLASH_ATTENTION:
         return "sliding_window"
+    if k.op is Op.DENSE_ATTENTION:
+        return "block_causal"
     if k.position is Position.PAGED:
         return "kps" if k.op is Op.FLASH and k.mode is Mode.DECODE else None
     if k.position is not Position.HOST:
@@ -326,7 +333,8 @@ MUTATIONS: dict[str, Mutation] = {
                                  k.op in (Op.FLASH, Op.DECODE_COMBINE), lambda k, c: {
                                      **host_args(k, c), "sinks": np.zeros(1, np.float32)}),
     "head_dim_over_block": Mutation("block size", lambda k: k.op not in (Op.QZ_SPLIT, _MERGE,
-                                                                         _DFLASH, *MLA_OPS)
+                                                                         _DFLASH, *MLA_OPS,
+                                                                         Op.DENSE_ATTENTION)
                                     and not (_flash(k) and query_tiles(k)), _big_head_dim),
     "head_dim_over_tile": Mutation(
         "head_dim range", lambda k: _over_tile_width(k) is not None,
@@ -729,6 +737,46 @@ MUTATIONS.update({
     "dflash_table_int32_position": Mutation("int32 position", _dflash_paged, _dflash_set(
         "block_table", lambda a, c: ShapeOnly((a.shape[0], 2**31 // c.block_size),
                                               a.dtype))),
+})
+
+
+# ---- dense_attention: query / out [T][H][D], key / value [T][Hkv][D] -------------------
+
+def _dense(k):
+    return k.op is Op.DENSE_ATTENTION
+
+
+def _other_dtype(a, c):
+    """The same shape in the element type the kernel does not take (f32 <-> bf16)."""
+    return np.zeros(a.shape, np.uint16 if a.dtype == np.float32 else np.float32)
+
+
+MUTATIONS.update({
+    "dense_head_dim_over_max": Mutation("head_dim range", _dense, lambda k, c: host_args(
+        k, c.with_(head_dim=k.max_head_dim + 1))),
+    "dense_gqa_mismatch": Mutation("GQA", _dense, _args_with(n_head=7, n_head_kv=2)),
+    "dense_out_shape": Mutation("shape", _dense, _dflash_set("out", _grown(1))),
+    "dense_out_rows": Mutation("shape", _dense, _dflash_set("out", _grown(0))),
+    "dense_key_rows_mismatch": Mutation("shape", _dense, _dflash_set("key", _grown(0))),
+    "dense_value_heads_mismatch": Mutation("shape", _dense, _dflash_set("value", _grown(1))),
+    "dense_key_head_dim_mismatch": Mutation("shape", _dense, _dflash_set("key", _grown(2))),
+    "dense_no_kv_heads": Mutation("shape", _dense, _dflash_set(
+        "key", lambda a, c: np.zeros((a.shape[0], 0, a.shape[2]), a.dtype))),
+    "dense_query_2d": Mutation("shape", _dense, _dflash_set(
+        "query", lambda a, c: a.reshape(a.shape[0], -1))),
+    "dense_no_rows": Mutation("shape", _dense, _dflash_set(
+        "query", lambda a, c: a[:0].copy())),
+    "dense_key_dtype": Mutation("dtype", _dense, _dflash_set("key", _other_dtype)),
+    "dense_value_dtype": Mutation("dtype", _dense, _dflash_set("value", _other_dtype)),
+    "dense_out_dtype": Mutation("dtype", _dense, _dflash_set("out", _other_dtype)),
+    "dense_causal_range": Mutation("range", _dense, lambda k, c: {
+        **host_args(k, c), "block_causal": 2}),
+    "dense_scale_not_finite": Mutation("scale", _dense, lambda k, c: {
+        **host_args(k, c), "scale": float("nan")}),
+    "dense_scale_not_positive": Mutation("scale", _dense, lambda k, c: {
+        **host_args(k, c), "scale": -1.0}),
+    "dense_int32_rows": Mutation("int32 index", _dense, lambda k, c: host_args(
+        k, c.with_(n=2**27, n_head=16, n_head_kv=16, head_dim=1), alloc=ShapeOnly)),
 })
 
 

@@ -69,6 +69,10 @@ def check_kernel(k: Kernel, fn, case: Case) -> None:
         from kgen.testing import dflash
 
         return dflash.check(k, fn, case)
+    if k.op is Op.DENSE_ATTENTION:
+        from kgen.testing import dense
+
+        return dense.check(k, fn, case)
     {Op.QZ_SPLIT: _check_qz, Op.KV_APPEND: _check_append, Op.FLASH: _check_flash,
      Op.DECODE_COMBINE: _check_combine}[k.op](k, fn, case)
 
@@ -261,6 +265,10 @@ def check_relation(kind: str, tolerance: float, ka: Kernel, fa, kb: Kernel, fb,
     """Both kernels on the same inputs: bit-identical (decode: every partial), or
     within ``tolerance`` relative to the largest output magnitude (decode: the
     combined output, since an empty split's m is -inf in both)."""
+    if ka.op is Op.DENSE_ATTENTION:
+        from kgen.testing import dense
+
+        return dense.relation(kind, tolerance, ka, fa, kb, fb, case)
     g, seed = rng()
     if ka.op is Op.DECODE_COMBINE:
         return _combine_relation(kind, tolerance, ka, fa, kb, fb, case, g, seed)

@@ -152,6 +152,24 @@ DFLASH_DENSE = [
     Case("r8_len16_hd128_h32_kv8_bidir", requests=((16, 0),) * 8, n_head=32, n_head_kv=8,
          head_dim=128),
 ]
+# dense_attention: one sequence of n rows. The vision tower's head sizes 64, 72, 80
+# (a 14 x 14 + 1 patch grid), the audio encoder's 1500 frames, head sizes that are no
+# whole warps, GQA 1 to 8 q heads per kv head (7: a block's warps span query rows
+# mid-group), bidirectional and causal, one key, sequences that end mid-tile.
+DENSE = [
+    Case("t1_hd64_one_key", n=1, n_head=4, n_head_kv=4, head_dim=64),
+    Case("t197_hd72_h16_bidir", n=197, n_head=16, n_head_kv=16, head_dim=72),
+    Case("t256_hd64_h16_bidir", n=256, n_head=16, n_head_kv=16, head_dim=64),
+    Case("t100_hd80_h12_kv4_causal", n=100, n_head=12, n_head_kv=4, head_dim=80,
+         causal=True),
+    Case("t65_hd128_g8_causal", n=65, n_head=8, n_head_kv=1, head_dim=128, causal=True),
+    Case("t33_hd100_g3_bidir", n=33, n_head=6, n_head_kv=2, head_dim=100),
+    Case("t7_hd31_g7_causal", n=7, n_head=7, n_head_kv=1, head_dim=31, causal=True),
+    Case("t300_hd128_g4_causal", n=300, n_head=8, n_head_kv=2, head_dim=128, causal=True),
+    Case("t1500_hd64_h20_bidir", n=1500, n_head=20, n_head_kv=20, head_dim=64),
+    Case("t1500_hd64_h8_g2_causal", n=1500, n_head=8, n_head_kv=4, head_dim=64,
+         causal=True),
+]
 DFLASH_PAGED = [
     Case("r1_ctx0_len4_hd128_window_negative", requests=((4, 0),), n_head=4, n_head_kv=2,
          head_dim=128, causal=True, sliding_window=-3),
@@ -242,6 +260,8 @@ def candidates(k: Kernel) -> list[Case]:
         return mla.candidates(k)
     if k.op is Op.DFLASH_ATTENTION:
         return DFLASH_PAGED if k.key_source is KeySource.PAGED else DFLASH_DENSE
+    if k.op is Op.DENSE_ATTENTION:
+        return DENSE
     if k.mode is Mode.PREFILL:
         return PREFILL + query_tile_cases(k) if query_tiles(k) else PREFILL
     return DECODE_SLOTS if k.position is Position.SLOTS else DECODE
@@ -295,6 +315,13 @@ def required(k: Kernel) -> list[Case]:
                 Case(f"hd{k.max_head_dim}_widest_causal_win2", requests=((5, ctx),), n_head=2,
                      n_head_kv=2, head_dim=k.max_head_dim, block_size=2, causal=True,
                      sliding_window=2)]
+    if k.op is Op.DENSE_ATTENTION:  # one dim a row, GQA, past two tiles, partial blocks
+        n = 2 * k.tile_keys + 3
+        return [Case(f"hd{hd}_smallest", n=n, n_head=3, n_head_kv=1, head_dim=hd),
+                Case(f"hd{hd}_smallest_causal", n=n, n_head=3, n_head_kv=1, head_dim=hd,
+                     causal=True),
+                Case(f"hd{k.max_head_dim}_widest_causal", n=n, n_head=2, n_head_kv=2,
+                     head_dim=k.max_head_dim, causal=True)]
     if k.op is Op.DECODE_COMBINE:
         base = Case(f"hd{hd}_smallest", n_head=3, head_dim=hd, n_splits=2, seq_len=2 * T + 3,
                     kps=T, cap=4)

@@ -28,6 +28,7 @@ from kgen.ir.axes import (
 )
 from kgen.ir.geometry import (
     accumulators,
+    dense_shared_bytes,
     dflash_chunks,
     dflash_held_floats,
     flash_shared_bytes,
@@ -551,7 +552,8 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
         if other is None:
             raise ctx.error(r.pos, f"'{k.name}' is related to unknown kernel '{r.other}'"
                             + did_you_mean(r.other, sorted(ctx.by_name)))
-        if (other.op, other.mode, other.position, other.kv) != (k.op, k.mode, k.position, k.kv):
+        if (other.op, other.mode, other.position, other.kv, other.in_dtype, other.out_dtype) \
+                != (k.op, k.mode, k.position, k.kv, k.in_dtype, k.out_dtype):
             raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' take different inputs "
                             "(op, mode, position and kv must match to compare outputs)",
                             culprit=other)
@@ -567,7 +569,7 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
 def check_dflash_registers(k: Kernel, ctx: _Ctx) -> None:
     """A dflash lane holds its q and output dims and the K and V dims of the keys in
     flight in registers: they must fit a thread's."""
-    if k.op is not Op.DFLASH_ATTENTION:
+    if k.op not in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION):  # the same warp's registers
         return
     held, limit = dflash_held_floats(k), TARGET.registers_per_thread
     if held > limit:
@@ -577,6 +579,20 @@ def check_dflash_registers(k: Kernel, ctx: _Ctx) -> None:
                         f"{k.keys_per_step}: a lane holds {dflash_chunks(k)} dims of q, of "
                         f"the output and of the K and V of each key in flight ({held} "
                         f"floats); a {TARGET.arch} thread has {limit} registers")
+
+
+def check_dense_tile(k: Kernel, ctx: _Ctx) -> None:
+    """A dense_attention shared_tile block's K and V tiles (tile_keys rows of
+    max_head_dim floats each) must fit the shared memory a block may use."""
+    if k.op is not Op.DENSE_ATTENTION:
+        return
+    need, limit = dense_shared_bytes(k), TARGET.shared_per_block
+    if need > limit:
+        key = max(("max_head_dim", "tile_keys"), key=lambda n: (k.where(n).line,
+                                                                k.where(n).col))
+        raise ctx.error(k.where(key), f"tile_keys = {k.tile_keys} and max_head_dim = "
+                        f"{k.max_head_dim}: the K and V tiles need {need} bytes of shared "
+                        f"memory; a block may use {limit}")
 
 
 CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
@@ -595,6 +611,7 @@ CHECKS: tuple[Callable[[Kernel, _Ctx], None], ...] = (
     check_shared_v,
     check_shared_budget,
     check_dflash_registers,
+    check_dense_tile,
     check_expectations,
 )
 
