@@ -5,8 +5,10 @@ prefill and paged decode (kgen.runtime.paged.PagedKVCache), on the same device i
 give bit-identical outputs and caches; outputs are NaN-poisoned before each C++ launch,
 and each format's dense prefill is also checked against the float64 NumPy reference.
 
-A crash inside the library (rather than a refusal) is found with KGEN_TRACE=1 and
-pytest -s: the library then logs each driver step to stderr before it takes it.
+Before any test, one launch runs in a process of its own (tests/cpp/launch_smoke.py,
+KGEN_TRACE=1: the library logs each driver step to stderr before it takes it): a crash
+inside the library fails this module with that trace instead of killing the test
+process.
 
 The library is built here with the system C++ compiler from the package's
 kgen_launch.cpp and tests/cpp/kgen_ops_shim.cpp (a C ABI, loaded with ctypes) against
@@ -18,7 +20,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +36,7 @@ from kgen.testing.cxx import cuda_include, cxx
 
 pytestmark = pytest.mark.gpu
 SHIM = Path(__file__).resolve().parents[1] / "cpp" / "kgen_ops_shim.cpp"
+SMOKE = SHIM.with_name("launch_smoke.py")
 RTOL, ATOL = 2e-4, 2e-5
 HD, HK, H, MS = 128, 2, 8, 256
 OPTIONS = [{}, {"window": (23, 0), "softcap": 1.5, "sinks": True}]
@@ -67,6 +72,14 @@ def lib(tmp_path_factory):
            f"-I{inc}", str(SHIM), str(src), "-o", str(out), "-ldl"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr[-4000:]}"
+    # One launch in a process of its own first: a crash in the library fails this
+    # module with the library's driver trace, and the test process lives on.
+    smoke = subprocess.run([sys.executable, "-I", str(SMOKE), str(out), str(root)],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "KGEN_TRACE": "1"})
+    if smoke.returncode != 0:
+        pytest.fail(f"one C++ launch in a fresh process exited {smoke.returncode} "
+                    f"(a negative code is the signal); its trace:\n{smoke.stderr[-6000:]}")
     so = ctypes.CDLL(str(out))
     so.kgen_ops_call.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
                                  ctypes.c_char_p, ctypes.c_int]
