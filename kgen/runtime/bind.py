@@ -824,6 +824,17 @@ def _paged_flash(k: Kernel, c: Checker, a: dict):
     return (width, hk, reqs), (block_threads(k, hd), 1, 1), smem, values
 
 
+def _slots_within(c: Checker, sm, positions: int) -> None:
+    """A store's slot_mapping, read back: every slot below ``positions`` (negative ones
+    skip), no two tokens on one slot."""
+    slots = _host_ints(sm)
+    c.require(bool((slots < positions).all()), "slot_mapping", lambda: f"a slot beyond the "
+              f"{positions} positions of the pages")
+    live = slots[slots >= 0]
+    c.require(len(set(live.tolist())) == live.size, "slot_mapping",
+              "two tokens map to one slot (two blocks would race for it)")
+
+
 def _paged_append(k: Kernel, c: Checker, a: dict):
     kn, vn = a["k_new"], a["v_new"]
     c.array("k_new", kn, np.float32, 3)
@@ -835,12 +846,7 @@ def _paged_append(k: Kernel, c: Checker, a: dict):
     c.require(hk_c == hk, "shape", lambda: f"k_new has {hk} kv heads, the cache {hk_c}")
     sm = _index(c, a, "slot_mapping", (n,))
     if a.get("validate_pos", True):
-        slots = _host_ints(sm)
-        c.require(bool((slots < nb * bs).all()), "slot_mapping", lambda: f"a slot beyond the "
-                  f"{nb * bs} positions of the pages")
-        live = slots[slots >= 0]
-        c.require(len(set(live.tolist())) == live.size, "slot_mapping",
-                  "two tokens map to one slot (two blocks would race for it)")
+        _slots_within(c, sm, nb * bs)
     values = dict(k_new=kn, v_new=vn, k_cache=a["k_cache"], v_cache=a["v_cache"],
                   slot_mapping=sm, n_head_kv=hk, head_dim=hd)
     _cache_values(k, c, a, values)
@@ -912,12 +918,7 @@ def _mla_store(k: Kernel, c: Checker, a: dict):
     c.require(1 <= S <= T, "shape", lambda: f"slot_mapping has {S} slots for {T} tokens "
               "(1 <= S <= T: the tail past S is padding)")
     if a.get("validate_pos", True):
-        slots = _host_ints(sm)
-        c.require(bool((slots < nb * bs).all()), "slot_mapping", lambda: f"a slot beyond the "
-                  f"{nb * bs} positions of the pages")
-        live = slots[slots >= 0]
-        c.require(len(set(live.tolist())) == live.size, "slot_mapping",
-                  "two tokens map to one slot (two blocks would race for it)")
+        _slots_within(c, sm, nb * bs)
     values = dict(kv_c=a["kv_c"], k_pe=a["k_pe"], kv_cache=a["kv_cache"], slot_mapping=sm,
                   n_slots=S, kv_c_stride=kv_stride, k_pe_stride=pe_stride, num_blocks=nb,
                   block_size=bs)

@@ -10,10 +10,12 @@ compared with the Python KVCache's output bit for bit; prints OK and exits 0."""
 
 from __future__ import annotations
 
-import ctypes
 import sys
+from pathlib import Path
 
 import numpy as np
+
+from kgen.testing.cxx import call, load_shim
 
 
 def main(so_path: str, root: str) -> int:
@@ -21,11 +23,7 @@ def main(so_path: str, root: str) -> int:
 
     from kgen.runtime.kv import KVCache
 
-    so = ctypes.CDLL(so_path)
-    so.kgen_ops_call.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
-                                 ctypes.c_char_p, ctypes.c_int]
-    so.kgen_ops_set_generated_dir.argtypes = [ctypes.c_char_p]
-    so.kgen_ops_set_generated_dir(root.encode())
+    so = load_shim(Path(so_path), Path(root))
     hk, hd, ms, h, n = 2, 128, 64, 8, 5
     g = np.random.default_rng(0)
     q, kn, vn = (cp.asarray(g.standard_normal(s).astype(np.float32))
@@ -36,15 +34,13 @@ def main(so_path: str, root: str) -> int:
     cp.cuda.get_current_stream().synchronize()
 
     def t(a):
-        return f"T:{a.data.ptr}:" + ",".join(str(d) for d in a.shape)
-    fields = {"op": "S:attention", "kv": "S:f32", "n_head_kv": f"I:{hk}", "head_dim": f"I:{hd}",
-              "max_seq": f"I:{ms}", "k": t(c.k), "v": t(c.v), "q": t(q), "k_new": t(kn),
-              "v_new": t(vn), "out": t(out), "pos": "I:0"}
-    buf = ctypes.create_string_buffer(1 << 16)
+        return (a.data.ptr, a.shape)
+    fields = {"op": "attention", "kv": "f32", "n_head_kv": hk, "head_dim": hd, "max_seq": ms,
+              "k": t(c.k), "v": t(c.v), "q": t(q), "k_new": t(kn), "v_new": t(vn),
+              "out": t(out), "pos": 0}
     print("kgen smoke: calling kgen_ops_call", file=sys.stderr, flush=True)
-    code = so.kgen_ops_call("\t".join(f"{a}={b}" for a, b in fields.items()).encode(), 1,
-                            cp.cuda.get_current_stream().ptr, buf, len(buf))
-    print(f"kgen smoke: returned {code} {buf.value.decode()!r}", file=sys.stderr, flush=True)
+    code, reply = call(so, fields, 1, cp.cuda.get_current_stream().ptr)
+    print(f"kgen smoke: returned {code} {reply!r}", file=sys.stderr, flush=True)
     if code != 0:
         return 3
     cp.cuda.get_current_stream().synchronize()

@@ -18,7 +18,6 @@ stream."""
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import subprocess
@@ -32,7 +31,8 @@ from kgen import numpy_ref as ref
 from kgen.formats import FORMATS
 from kgen.runtime import ContractError
 from kgen.testing import rng
-from kgen.testing.cxx import cuda_include, cxx
+from kgen.testing.cxx import build_shim, load_shim
+from kgen.testing.cxx import call as shim_call
 
 pytestmark = pytest.mark.gpu
 SHIM = Path(__file__).resolve().parents[1] / "cpp" / "kgen_ops_shim.cpp"
@@ -57,21 +57,14 @@ def _paged_formats() -> list[str]:
 def lib(tmp_path_factory):
     import kgen_kernels
 
-    compiler, inc = cxx(), cuda_include()
-    if compiler is None:
-        pytest.skip("no C++ compiler (g++, c++ or clang++ on PATH, or $CXX)")
-    if inc is None:
-        pytest.skip("no cuda.h found (KGEN_CUDA_HOME, CUDA_HOME, nvcc's toolkit, "
-                    "/usr/local/cuda/include)")
     root = Path(kgen_kernels.ROOT)
-    src = root / "kgen_launch.cpp"
-    if not src.is_file():
+    if not (root / "kgen_launch.cpp").is_file():
         pytest.fail(f"{root} has no kgen_launch.cpp: the package lacks the C++ API")
     out = tmp_path_factory.mktemp("cpp") / "libkgen_ops_shim.so"
-    cmd = [compiler, "-std=c++17", "-O2", "-Wall", "-Wextra", "-shared", "-fPIC", f"-I{root}",
-           f"-I{inc}", str(SHIM), str(src), "-o", str(out), "-ldl"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr[-4000:]}"
+    why = build_shim(SHIM, root, out, ("-O2",))
+    if why is not None and why.startswith("skip: "):
+        pytest.skip(why[6:])
+    assert why is None, why
     # One launch in a process of its own first: a crash in the library fails this
     # module with the library's driver trace, and the test process lives on.
     smoke = subprocess.run([sys.executable, "-I", str(SMOKE), str(out), str(root)],
@@ -80,12 +73,7 @@ def lib(tmp_path_factory):
     if smoke.returncode != 0:
         pytest.fail(f"one C++ launch in a fresh process exited {smoke.returncode} "
                     f"(a negative code is the signal); its trace:\n{smoke.stderr[-6000:]}")
-    so = ctypes.CDLL(str(out))
-    so.kgen_ops_call.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
-                                 ctypes.c_char_p, ctypes.c_int]
-    so.kgen_ops_set_generated_dir.argtypes = [ctypes.c_char_p]
-    so.kgen_ops_set_generated_dir(str(root).encode())
-    return so
+    return load_shim(out, root)
 
 
 def T(a) -> tuple:
@@ -103,24 +91,9 @@ def run(lib, fields: dict) -> None:
 
     fields = {**fields, "tune_store": str(tuned.cache_path(*tuned.current_device()))}
     lib.kgen_ops_forget_tune_stores()
-    parts = []
-    for name, v in fields.items():
-        if v is None:
-            continue
-        if isinstance(v, tuple):
-            parts.append(f"{name}=T:{v[0]}:" + ",".join(str(int(d)) for d in v[1]))
-        elif isinstance(v, bool):
-            parts.append(f"{name}=I:{int(v)}")
-        elif isinstance(v, int):
-            parts.append(f"{name}=I:{v}")
-        elif isinstance(v, float):
-            parts.append(f"{name}=F:{v!r}")
-        else:
-            parts.append(f"{name}=S:{v}")
-    buf = ctypes.create_string_buffer(1 << 16)
     stream = cp.cuda.get_current_stream()
-    code = lib.kgen_ops_call("\t".join(parts).encode(), 1, stream.ptr, buf, len(buf))
-    assert code == 0, buf.value.decode()
+    code, reply = shim_call(lib, fields, 1, stream.ptr)
+    assert code == 0, reply
     stream.synchronize()
 
 

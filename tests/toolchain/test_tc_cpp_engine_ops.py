@@ -22,8 +22,6 @@ device position array checked against Python's upload."""
 
 from __future__ import annotations
 
-import ctypes
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -37,13 +35,12 @@ from kgen.runtime.contracts import ContractError
 from kgen.runtime.select import generated
 from kgen.testing.built import BUILT
 from kgen.testing.contracts import MUTATIONS, ShapeOnly, host_args, mutations_for
-from kgen.testing.cxx import cuda_include as _cuda_include
-from kgen.testing.cxx import cxx as _cxx
+from kgen.testing.cxx import build_shim, load_shim
+from kgen.testing.cxx import call as shim_call
 from kgen.testing.fakecupy import FakeArray, FakeCupy
 from kgen.testing.testgen import cases
 
-REPO = Path(__file__).resolve().parents[2]
-SHIM = REPO / "tests" / "cpp" / "kgen_ops_shim.cpp"
+SHIM = Path(__file__).resolve().parents[1] / "cpp" / "kgen_ops_shim.cpp"
 SMS = FakeCupy().cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
 OPS = (Op.MERGE_ATTN_STATES, Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE, Op.MLA_COMBINE,
        Op.MLA_PREFILL, Op.DFLASH_ATTENTION)
@@ -57,20 +54,12 @@ pytestmark = [pytest.mark.toolchain,
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory):
-    cxx, inc = _cxx(), _cuda_include()
-    if cxx is None or inc is None:
-        pytest.skip("no C++ compiler or no cuda.h")
-    gen = BUILT.root
     out = tmp_path_factory.mktemp("engine_ops") / "libkgen_ops_shim.so"
-    cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-           f"-I{gen}", f"-I{inc}", str(SHIM), str(gen / "kgen_launch.cpp"), "-o", str(out),
-           "-ldl"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr[-4000:]}"
-    lib = ctypes.CDLL(str(out))
-    lib.kgen_ops_call.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
-                                  ctypes.c_char_p, ctypes.c_int]
-    return lib
+    why = build_shim(SHIM, BUILT.root, out, ("-O1", "-Werror"))
+    if why is not None and why.startswith("skip: "):
+        pytest.skip(why[6:])
+    assert why is None, why
+    return load_shim(out)
 
 
 @pytest.fixture
@@ -82,25 +71,13 @@ def cp(monkeypatch):
 
 
 def call(lib, fields: dict) -> str:
-    parts = []
-    for name, v in fields.items():
-        if v is None:
-            continue
+    """The shim's reply; a fake array goes as its address, shape and element strides."""
+    def arg(v):
         if isinstance(v, FakeArray):
             item = v.dtype.itemsize
-            parts.append(f"{name}=T:{v.data.ptr}:" + ",".join(str(d) for d in v.shape) +
-                         ":" + ",".join(str(s // item) for s in v.strides))
-        elif isinstance(v, bool):
-            parts.append(f"{name}=I:{int(v)}")
-        elif isinstance(v, int):
-            parts.append(f"{name}=I:{v}")
-        elif isinstance(v, float):
-            parts.append(f"{name}=F:{v!r}")
-        else:
-            parts.append(f"{name}=S:{v}")
-    buf = ctypes.create_string_buffer(1 << 20)
-    lib.kgen_ops_call("\t".join(parts).encode(), 0, None, buf, len(buf))
-    return buf.value.decode()
+            return (v.data.ptr, v.shape, tuple(s // item for s in v.strides))
+        return v
+    return shim_call(lib, {n: arg(v) for n, v in fields.items()})[1]
 
 
 def fake(x):

@@ -11,8 +11,6 @@ through tests/cpp/kgen_ops_shim.cpp (a C ABI, loaded with ctypes) in plan mode."
 
 from __future__ import annotations
 
-import ctypes
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +24,11 @@ from kgen.runtime.paged import PagedKVCache
 from kgen.runtime.roles import ROLES
 from kgen.runtime.select import Role, find, generated
 from kgen.testing.built import BUILT
-from kgen.testing.cxx import cuda_include as _cuda_include
-from kgen.testing.cxx import cxx as _cxx
+from kgen.testing.cxx import build_shim, load_shim
+from kgen.testing.cxx import call as shim_call
 from kgen.testing.fakecupy import FakeArray, FakeCupy
 
-REPO = Path(__file__).resolve().parents[2]
-SHIM = REPO / "tests" / "cpp" / "kgen_ops_shim.cpp"
+SHIM = Path(__file__).resolve().parents[1] / "cpp" / "kgen_ops_shim.cpp"
 SMS = 13  # FakeCupy's multiProcessorCount
 
 pytestmark = [pytest.mark.toolchain,
@@ -41,40 +38,16 @@ pytestmark = [pytest.mark.toolchain,
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory):
-    cxx, inc = _cxx(), _cuda_include()
-    if cxx is None or inc is None:
-        pytest.skip("no C++ compiler or no cuda.h")
-    gen = BUILT.root
     out = tmp_path_factory.mktemp("ops") / "libkgen_ops_shim.so"
-    cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-           f"-I{gen}", f"-I{inc}", str(SHIM), str(gen / "kgen_launch.cpp"), "-o", str(out),
-           "-ldl"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr[-4000:]}"
-    lib = ctypes.CDLL(str(out))
-    lib.kgen_ops_call.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
-                                  ctypes.c_char_p, ctypes.c_int]
-    return lib
+    why = build_shim(SHIM, BUILT.root, out, ("-O1", "-Werror"))
+    if why is not None and why.startswith("skip: "):
+        pytest.skip(why[6:])
+    assert why is None, why
+    return load_shim(out)
 
 
 def call(lib, fields: dict, run: int = 0, stream: int = 0) -> str:
-    parts = []
-    for name, v in fields.items():
-        if v is None:
-            continue
-        if isinstance(v, tuple):  # (ptr, shape)
-            parts.append(f"{name}=T:{v[0]}:" + ",".join(str(int(d)) for d in v[1]))
-        elif isinstance(v, bool):
-            parts.append(f"{name}=I:{int(v)}")
-        elif isinstance(v, int):
-            parts.append(f"{name}=I:{v}")
-        elif isinstance(v, float):
-            parts.append(f"{name}=F:{v!r}")
-        else:
-            parts.append(f"{name}=S:{v}")
-    buf = ctypes.create_string_buffer(1 << 20)
-    lib.kgen_ops_call("\t".join(parts).encode(), run, stream, buf, len(buf))
-    return buf.value.decode()
+    return shim_call(lib, fields, run, stream)[1]
 
 
 # ---- the choice -----------------------------------------------------------------------
