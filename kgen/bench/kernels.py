@@ -122,7 +122,7 @@ def _check(name: str, got, want, rtol=RTOL, atol=ATOL) -> None:
 
 def prefill_arm(cp, cache, q, kernel=None):
     """(arm, out, kernel): the prefill of the last PREFILL_ROWS rows, bound once."""
-    G = q.shape[1] // HK
+    G = q.shape[1] // cache.n_head_kv
     k, fn = cache.kernels.get("prefill", G) if kernel is None else kernel
     out = cp.full(q.shape, np.nan, cp.float32)
     b = fn(q, cache.k, cache.v, *cache.shadows, out, pos0=SEQ - PREFILL_ROWS,
@@ -143,16 +143,16 @@ def prefill_reference(cache, host, q, k, rows: int = 4):
     qq = q[-rows:]
     if k.q_stage.value == "f16":
         qq = qq.astype(np.float16).astype(np.float32)
-    return ref.prefill_attention_cache(qq, host, q.shape[1] // HK, SEQ - rows, sink, win, 0, 0,
-                                       1 / math.sqrt(q.shape[-1]), floor, tile=k.tile_keys,
-                                       k_round=k_round)
+    return ref.prefill_attention_cache(qq, host, q.shape[1] // cache.n_head_kv, SEQ - rows,
+                                       sink, win, 0, 0, 1 / math.sqrt(q.shape[-1]), floor,
+                                       tile=k.tile_keys, k_round=k_round)
 
 
 def decode_arm(cp, cache, q1):
     """(arm, out, kernel): split decode over SEQ keys + combine, host plan, bound once."""
     from kgen.runtime.plan import decode_plan
 
-    G = q1.shape[0] // HK
+    G = q1.shape[0] // cache.n_head_kv
     kd, fdec = cache.kernels.get("decode", G)
     _, fcomb = cache.kernels.get("combine")
     plan = decode_plan(SEQ, KPS, CAP, kd.tile_keys)

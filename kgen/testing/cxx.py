@@ -57,8 +57,17 @@ def build_shim(shim: Path, api_dir: Path, out: Path, flags: tuple[str, ...]) -> 
     cmd = [compiler, "-std=c++17", *flags, "-Wall", "-Wextra", "-shared", "-fPIC",
            f"-I{api_dir}", f"-I{inc}", str(shim), str(api_dir / "kgen_launch.cpp"), "-o",
            str(out), "-ldl"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    return None if done.returncode == 0 else f"{' '.join(cmd)}\n{done.stderr[-4000:]}"
+    # The library is loaded into a Python process that may hold another libstdc++
+    # already (an extension module's): its C++ runtime is linked in and kept private
+    # (not exported), so the code compiled against this compiler's headers runs on
+    # this compiler's runtime. A compiler without a static runtime builds it plain.
+    done = None
+    for private in (["-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL",
+                     "-Wl,-Bsymbolic"], []):
+        done = subprocess.run(cmd + private, capture_output=True, text=True)
+        if done.returncode == 0:
+            return None
+    return f"{' '.join(cmd)}\n{done.stderr[-4000:]}"
 
 
 def load_shim(path: Path, generated_dir: Path | None = None):

@@ -158,9 +158,16 @@ def test_dense_prefill_and_decode_match_python(lib, kv, opt):
     same_bits(py_cache.k, c_cache.k, f"{kv} prefill K cache")
     same_bits(py_cache.v, c_cache.v, f"{kv} prefill V cache")
     # The float64 reference over the rows the cache holds.
-    host = ref.HostCache.empty(kv, HK, n, HD, **sc)
-    ref.append(kn.get(), vn.get(), host, 0)
-    exp = ref.prefill_attention_cache(q.get(), host, H // HK, 0, 0, 0, 0, 0, 1 / math.sqrt(HD),
+    # (A format with fp16 shadows reads its sink rows and window ring; its prefill
+    # kernel may floor the ring at the batch's first live row.)
+    sink, win = py_cache.sink, py_cache.win
+    host = ref.HostCache.empty(kv, HK, MS, HD, py_cache.RING_ROWS, py_cache.SINK_ROWS, **sc)
+    ref.append(kn.get(), vn.get(), host, 0, sink, win)
+    kp = py_cache.kernels.get("prefill", H // HK)[0]
+    floor = (ref.prefill_live_floor(0, n, py_cache.RING_ROWS)
+             if kp.ring_floor.value == "batch" else None)
+    exp = ref.prefill_attention_cache(q.get(), host, H // HK, 0, sink, win, 0, 0,
+                                      1 / math.sqrt(HD), floor, tile=kp.tile_keys,
                                       window=opt.get("window"),
                                       softcap=opt.get("softcap", 0.0),
                                       sinks=None if sinks is None else sinks.get())
