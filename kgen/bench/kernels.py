@@ -421,6 +421,19 @@ def bench_slow(cp, arms: dict) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def _blocks_per_sm(cp, fn, b) -> int:
+    """How many blocks of launch ``b`` one SM of this device holds at once (the driver's
+    occupancy of the kernel's JIT-compiled image)."""
+    import ctypes
+
+    f = _function(fn, b.kernel)
+    n = ctypes.c_int(0)
+    r = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(n), ctypes.c_void_p(getattr(f, "kernel", f).ptr),
+        ctypes.c_int(int(np.prod(b.block))), ctypes.c_size_t(int(b.shared_bytes)))
+    return n.value if r == 0 else -1
+
+
 def split_arm(cp, cache, fn, fcomb, q1, seq: int, kps: int, cap: int, tile: int):
     """(split kernel launch, combine launch, out, plan): a host-plan split decode of q1
     over ``seq`` keys of ``cache``, its partials and output NaN-poisoned, bound once."""
@@ -526,7 +539,7 @@ def decode_goals_table(cp, g) -> list[dict]:
     from kgen.formats import FORMATS
     from kgen.ir.axes import Mode, Op, Position, Schedule
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.plan import kernel_plan
+    from kgen.runtime.planner import kernel_plan
     from kgen.runtime.select import Role, generated
 
     match = os.environ.get("KGEN_BENCH_MATCH")
@@ -562,7 +575,7 @@ def decode_goals_table(cp, g) -> list[dict]:
                         pool = [(k, f) for k, f in pool if k.name == chosen.name
                                 or re.search(match, k.name)]
                     dkps, dcap = kernel_plan(chosen, hd, n_kv)
-                    arms, meta = {}, {}
+                    arms, meta, occ = {}, {}, {}
                     for k, fn in pool:
                         plans = [(max(1, -(-seq // n)), n) for n in GOAL_SPLITS
                                  if n <= max(1, seq // k.tile_keys)]
@@ -580,6 +593,7 @@ def decode_goals_table(cp, g) -> list[dict]:
                                    want, *((2e-2, 2e-3) if lossy else (RTOL, ATOL)))
                             arms[name] = replay([(fn, b1), (fcomb, b2)])
                             meta[name] = (k, plan)
+                            occ.setdefault(k.name, _blocks_per_sm(cp, fn, b1))
                     t = bench(cp, arms)
                     cache_bytes = 2 * n_kv * seq * fmt.row_bytes(hd)
                     roof_us = max(cache_bytes / (copy_gbps * 1e9),
@@ -591,13 +605,14 @@ def decode_goals_table(cp, g) -> list[dict]:
                           f"us; best {best * 1e3:.1f} us = {roof_us / (best * 1e3):.2f} "
                           f"({min(t, key=t.get)}); default {dflt * 1e3:.1f} us = "
                           f"{roof_us / (dflt * 1e3):.2f}; default kernel's best plan "
-                          f"{own * 1e3:.1f} us", flush=True)
+                          f"{own * 1e3:.1f} us; {occ[chosen.name]} blocks/SM", flush=True)
                     for name, ms in t.items():
                         k, plan = meta[name]
                         rows.append({"kv": kv, "head_dim": hd, "n_head": n_head, "n_kv": n_kv,
                                      "seq": seq, "arm": name, "kernel": k.name,
                                      "stream": k.schedule is Schedule.WARP_STREAM,
                                      "splits": plan.n_splits, "us": ms * 1e3,
+                                     "blocks_per_sm": occ[k.name],
                                      "roofline_us": roof_us, "of_roofline": roof_us / (ms * 1e3),
                                      "default": name.endswith("[default]"),
                                      "best": ms == best, "vs_best": ms / best})

@@ -243,7 +243,7 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
     from kgen.runtime import select
     from kgen.runtime.kv import DEFAULT_KV
     from kgen.runtime.options import NO_SCALES
-    from kgen.runtime.plan import PLAN_RULES
+    from kgen.runtime.plan import PLAN_RULES, family_registers, plan_registers
     from kgen.runtime.roles import ROLES
 
     # select.generated's pool: kgen_kernels.MODULES (kgen.runtime.manifest.Manifest
@@ -262,6 +262,13 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
         name = select.sibling(k.name, Position.DEVICE, pairs)
         return -1 if name is None else index[name]
 
+    fam = family_registers(kernels)
+
+    def plan_rule(k) -> tuple[int, int, int]:
+        r = PLAN_RULES.get(k.schedule)
+        return (0, 0, 0) if r is None else (r.min_kps, r.threads_per_sm or 0,
+                                             r.max_splits or 0)
+
     op_roles = _op_roles()
     # The axes a role may need: the option axes, and those the op-level roles name.
     need_axes = list(select.OPTION_AXES)
@@ -273,7 +280,8 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
         "options": [getattr(k, a).value for a in need_axes],
         "mla_width": geo.mla_width(k.op) if k.op in MLA_OPS else 0,
         "device_sibling": sibling(k),
-        "plan": PLAN_RULES.get(k.schedule, (0, 0)),
+        "plan": plan_rule(k),
+        "plan_registers": plan_registers(k, fam),
         "source_sha256": sources.get(k.name, ""),
     } for i, k in enumerate(kernels)]
     return {

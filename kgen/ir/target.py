@@ -6,7 +6,7 @@ object; nothing else spells these numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,18 @@ class Target:
                      self.registers_per_sm // (per_warp * warps),
                      self.shared_per_sm // shared if shared else self.blocks_per_sm)
         return blocks, blocks * warps
+
+    def on_device(self, sms: int, threads_per_sm: int | None = None,
+                  blocks_per_sm: int | None = None, registers_per_sm: int | None = None,
+                  shared_per_sm: int | None = None) -> Target:
+        """This target's per-block limits (what the kernels were compiled against) on a
+        device of ``sms`` multiprocessors with its own per-SM limits (each left out: this
+        target's): what a kernel's residency on that device is counted against."""
+        return replace(self, sms=sms,
+                       threads_per_sm=threads_per_sm or self.threads_per_sm,
+                       blocks_per_sm=blocks_per_sm or self.blocks_per_sm,
+                       registers_per_sm=registers_per_sm or self.registers_per_sm,
+                       shared_per_sm=shared_per_sm or self.shared_per_sm)
 
 
 # Kepler GK210 (one die of a Tesla K80), compute capability 3.7: 13 SMs, each with 2048

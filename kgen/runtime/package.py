@@ -45,3 +45,13 @@ def ensure_kgen_kernels(generated: Path | None = None) -> None:
         _drop()
         return
     sys.modules[PACKAGE] = mod
+
+
+def generated() -> list[tuple]:
+    """Every generated kernel (its IR, kgen.runtime.record.Built) with its launcher, in
+    the generated package's order."""
+    ensure_kgen_kernels()
+    import kgen_kernels
+
+    return [(k, getattr(mod, name)) for mod in kgen_kernels.MODULES.values()
+            for name, k in mod.KERNELS.items()]

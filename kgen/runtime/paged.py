@@ -32,7 +32,7 @@ from kgen.runtime.contracts import ContractError
 from kgen.runtime.kv import DEFAULT_KV, Scratch
 from kgen.runtime.options import Options, count, groups, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
-from kgen.runtime.plan import kernel_plan
+from kgen.runtime.planner import kernel_plan
 from kgen.runtime.roles import CacheKernels
 
 WHO = "PagedKVCache"  # how its refusals name it

@@ -10,35 +10,99 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kgen.ir.axes import Schedule
-from kgen.ir.geometry import block_threads
 from kgen.ir.kernel import Kernel
-
-# The default plan derived from the device: per schedule, splits of at least its
-# min_kps keys, as many as the context gives, capped where the blocks of every kv head
-# hold its threads_per_sm threads per SM. Measured on the H200 (make bench-kernels,
-# decode_goals: 1 to 512 splits at 1k, 4k and 32k keys, every format, head_dim 128 and
-# 256, 4 and 8 q heads per kv head): a block_tile decode keeps few loads in flight per
-# thread and wants 8 blocks of 128 threads an SM (within 1.03x of its best plan on
-# geometric mean, 1.18x at worst); a hoisted warp_stream unit keeps 4 keys in flight
-# and wants 256 threads (1.02x mean, 1.44x worst: head_dim 128 at 8 kv heads would take
-# twice the splits, head_dim 256 at 2 kv heads half). The cap rounds down, so the
-# blocks of a long context fill whole waves. Both numbers are launch arguments,
-# so the device-position kernels follow the context the same way in a graph replay;
-# a single split (batch-invariant runs) is splits_cap = 1.
-PLAN_RULES = {Schedule.BLOCK_TILE: (16, 1024), Schedule.WARP_STREAM: (64, 256)}
+from kgen.ir.target import TARGET, Target
 
 
-def default_plan(sm_count: int, n_head_kv: int, block_threads: int,
-                 schedule: Schedule) -> tuple[int, int]:
-    """(kps, splits_cap) for a decode block of ``block_threads`` threads and
-    ``schedule`` on a device of ``sm_count`` SMs over ``n_head_kv`` kv heads."""
-    if min(sm_count, n_head_kv, block_threads) < 1:
+@dataclass(frozen=True)
+class PlanRule:
+    """How a schedule's default plan follows the device: splits of at least
+    ``min_kps`` keys, as many as the context gives, capped where the blocks of every kv
+    head hold ``threads_per_sm`` threads an SM -- or, with none given, where they fill
+    one wave of the blocks an SM holds at once (the kernel's occupancy on the device)
+    -- and at ``max_splits`` (the combine folds the splits one after another)."""
+
+    min_kps: int
+    threads_per_sm: int | None = None
+    max_splits: int | None = None
+
+
+# Measured on the H200 (make bench-kernels, decode_goals: 1 to 512 splits at 1k, 4k
+# and 32k keys, every format, head_dim 128 and 256, 4 and 8 q heads per kv head): a
+# block_tile decode keeps few loads in flight per thread and wants 8 blocks of 128
+# threads an SM (within 1.03x of its best plan on geometric mean, 1.18x at worst). A
+# hoisted warp_stream decode is fastest with one full wave of its resident blocks
+# (head_dim 128: 4 blocks an SM, so 64 splits at 8 kv heads and 128 at 2 on 132 SMs;
+# head_dim 256: 1, so 16 and 64), the combine's serial fold bounding it at 128 splits;
+# a fixed 256 threads an SM was 1.29-1.50x off the best at head_dim 128 with 8 kv heads
+# and 32k keys. On a K80 die (13 SMs, 128K registers an SM) the same rule gives
+# head_dim 128's 8 blocks an SM 13 splits at 8 kv heads. The cap rounds down, so the
+# blocks of a long context fill whole waves. Both numbers are launch arguments, so the
+# device-position kernels follow the context the same way in a graph replay; a single
+# split (batch-invariant runs) is splits_cap = 1.
+PLAN_RULES = {Schedule.BLOCK_TILE: PlanRule(16, threads_per_sm=1024),
+              Schedule.WARP_STREAM: PlanRule(64, max_splits=128)}
+
+
+def default_plan(device: Target, n_head_kv: int, block_threads: int, registers: int,
+                 shared_bytes: int, schedule: Schedule) -> tuple[int, int]:
+    """(kps, splits_cap) for decode blocks of ``block_threads`` threads, ``registers``
+    a thread and ``shared_bytes`` each, of ``schedule``, on ``device`` (its SM count
+    and per-SM limits) over ``n_head_kv`` kv heads."""
+    if min(device.sms, n_head_kv, block_threads) < 1:
         raise ValueError(f"default_plan needs positive SM, kv head and thread counts; got "
-                         f"{sm_count}, {n_head_kv}, {block_threads}")
-    min_kps, per_sm = PLAN_RULES[schedule]
-    # Rounded down: one more split than fits puts a few blocks in a second wave (at
-    # head_dim 256 with 8 kv heads on the H200, 17 splits took 263 us, 16 took 157).
-    return min_kps, max(1, per_sm * sm_count // (n_head_kv * block_threads))
+                         f"{device.sms}, {n_head_kv}, {block_threads}")
+    rule = PLAN_RULES[schedule]
+    if rule.threads_per_sm is not None:
+        # Rounded down: one more split than fits puts a few blocks in a second wave (at
+        # head_dim 256 with 8 kv heads on the H200, 17 splits took 263 us, 16 took 157).
+        cap = rule.threads_per_sm * device.sms // (n_head_kv * block_threads)
+    else:
+        blocks, _ = device.occupancy(block_threads, registers, shared_bytes)
+        cap = max(blocks, 1) * device.sms // n_head_kv
+    if rule.max_splits is not None:
+        cap = min(cap, rule.max_splits)
+    return rule.min_kps, max(1, cap)
+
+
+def plan_family(k: Kernel) -> tuple:
+    """``k``'s axes but its position (and doc and module): the decode forms of one
+    arithmetic (host, device, slots, paged), which share a default plan."""
+    from kgen.runtime.record import axes_of
+
+    axes = axes_of(k)
+    for key in ("position", "doc", "module"):
+        axes.pop(key)
+    return tuple(sorted(axes.items()))
+
+
+def family_registers(kernels) -> dict[tuple, int]:
+    """The most registers a thread the build recorded in each plan family."""
+    from kgen.runtime.record import registers
+
+    out: dict[tuple, int] = {}
+    for x in kernels:
+        r = registers(x)
+        if r is not None:
+            key = plan_family(x)
+            out[key] = max(out.get(key, 0), r)
+    return out
+
+
+def plan_registers(k: Kernel, table: dict[tuple, int]) -> int:
+    """The registers a thread the default plan weighs for ``k``: the most in its plan
+    family (``table``: family_registers), so every form of one decode gets one plan,
+    hence the same bits (the paged decode the dense one's); the target's per-thread
+    bound where the build recorded none."""
+    return table.get(plan_family(k), TARGET.registers_per_thread)
+
+
+def plan_shared_bytes(k: Kernel, head_dim: int) -> int:
+    """The shared memory a decode block of ``k`` at ``head_dim`` takes at its most q
+    heads per kv head (the plan's bound: one figure for every group count)."""
+    from kgen.ir.geometry import flash_shared_bytes
+
+    return flash_shared_bytes(k, k.max_groups, head_dim)
 
 
 @dataclass(frozen=True)
@@ -74,16 +138,3 @@ def given_plan(kps, splits_cap, who: str = "KVCache") -> tuple[int | None, int |
 
     return (None if kps is None else positive("kps", kps, who),
             None if splits_cap is None else positive("splits_cap", splits_cap, who))
-
-
-def kernel_plan(k: Kernel, head_dim: int, n_head_kv: int, kps=None, splits_cap=None,
-                who: str = "KVCache") -> tuple[int, int]:
-    """(kps, splits_cap) for decoding with ``k``: the given values, checked (positive
-    ints), the missing ones from default_plan on the current device (asked only then)."""
-    kps, splits_cap = given_plan(kps, splits_cap, who)
-    if kps is not None and splits_cap is not None:
-        return kps, splits_cap
-    from kgen.runtime.device import sm_count
-
-    dk, dc = default_plan(sm_count(), n_head_kv, block_threads(k, head_dim), k.schedule)
-    return (dk if kps is None else kps), (dc if splits_cap is None else splits_cap)

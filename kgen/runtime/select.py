@@ -54,13 +54,9 @@ def options(k: Kernel) -> int:
 
 def generated() -> list[tuple[Kernel, Callable]]:
     """Every generated kernel with its launcher, in the generated package's order."""
-    from kgen.runtime.package import ensure_kgen_kernels
+    from kgen.runtime import package
 
-    ensure_kgen_kernels()
-    import kgen_kernels
-
-    return [(k, getattr(mod, name)) for mod in kgen_kernels.MODULES.values()
-            for name, k in mod.KERNELS.items()]
+    return package.generated()
 
 
 def rank(k: Kernel) -> tuple:

@@ -98,7 +98,11 @@ class FakeCupy:
 
             @staticmethod
             def getDeviceProperties(index):
-                return {"name": b"kgen fake GPU", "major": 9, "minor": 0, "multiProcessorCount": 13}
+                # A K80 die's multiprocessors (kgen.ir.target.SM_37).
+                return {"name": b"kgen fake GPU", "major": 9, "minor": 0,
+                        "multiProcessorCount": 13, "maxThreadsPerMultiProcessor": 2048,
+                        "maxBlocksPerMultiProcessor": 16, "regsPerMultiprocessor": 131072,
+                        "sharedMemPerMultiprocessor": 114688}
 
             @staticmethod
             def driverGetVersion():

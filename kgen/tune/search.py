@@ -41,7 +41,8 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
     from kgen.bench.kernels import HK, bench, filled_cache, replay, split_arm
     from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.plan import decode_plan, kernel_plan
+    from kgen.runtime.plan import decode_plan
+    from kgen.runtime.planner import kernel_plan
     from kgen.runtime.select import Role, generated
 
     g = np.random.default_rng(0)

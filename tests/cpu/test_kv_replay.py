@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from kgen.ir.geometry import block_threads
+from kgen.ir.target import TARGET
 from kgen.runtime import ContractError, kv, plan, tuned
+from kgen.runtime.select import generated
 from kgen.testing.fakecupy import FakeCupy
 
 HK, H, HD, MS = 2, 4, 256, 64
@@ -129,11 +131,13 @@ def test_the_tuned_plan_is_asked_every_step(cp, full_steps, monkeypatch):
         cache.decode(q, k1, v1, pos)
         assert cache.last_plan == (32, 8, "tuned")
     monkeypatch.setattr(tuned, "tuned", lambda *a: None)
-    # Untuned: the plan derived from the device (the fake has 13 SMs, a K80 die) and
-    # the decode kernel's block: PLAN_RULES of its schedule over HK kv heads.
+    # Untuned: the plan derived from the device (the fake is a K80 die) and the decode
+    # kernel's block: default_plan of its schedule over HK kv heads.
     k = cache.kernels.get("decode", H // HK)[0]
-    min_kps, per_sm = plan.PLAN_RULES[k.schedule]
-    derived = (min_kps, max(1, per_sm * 13 // (HK * block_threads(k, cache.head_dim))))
+    family = plan.family_registers(x for x, _ in generated())
+    derived = plan.default_plan(TARGET.on_device(13), HK, block_threads(k, cache.head_dim),
+                                plan.plan_registers(k, family),
+                                plan.plan_shared_bytes(k, cache.head_dim), k.schedule)
     for pos in (7, 8):
         cache.decode(q, k1, v1, pos)
         assert cache.last_plan == (*derived, "default")

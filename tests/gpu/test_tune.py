@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kgen import numpy_ref as ref
-from kgen.runtime.plan import kernel_plan
+from kgen.runtime.planner import kernel_plan
 from kgen.testing import rng
 
 pytestmark = pytest.mark.gpu
