@@ -662,10 +662,14 @@ def _seq_rows(cache, host, sid: int, n: int):
     return dense, ref.read_kv_rows(dense, n - 1)
 
 
-def paged_decode_arm(cp, g, kv: str):
-    """(arm, roofline bytes, kernel): PagedKVCache's decode of PAGED_SEQS sequences at
-    PAGED_KEYS keys with its default kernel and plan, split + combine bound once, its
-    output checked against the float64 reference of every sequence."""
+PAGED_CAPS = (16, 32, 64)  # split caps the paged decode is also timed at, beside the default
+
+
+def paged_decode_arms(cp, g, kv: str) -> list[tuple]:
+    """[(name, arm, roofline bytes, kernel)]: PagedKVCache's decode of PAGED_SEQS
+    sequences at PAGED_KEYS keys with its default kernel, under its default plan and
+    under the caps PAGED_CAPS (kps kept), split + combine bound once each, every
+    output checked against the float64 reference of three sequences."""
     from kgen import numpy_ref as ref
     from kgen.runtime.options import Options
 
@@ -674,30 +678,35 @@ def paged_decode_arm(cp, g, kv: str):
     cache, host, sids = _paged_filled(cp, g, kv, [PAGED_KEYS] * PAGED_SEQS)
     R = len(sids)
     opts = Options.checked(n_head, 0, 0, None, None, 0.0, None, True)
-    kd, fdec, kc, fcomb, kps, cap = cache._decode_kernels(G, opts, None, None)
-    width = min(max(-(-PAGED_KEYS // kps), 1), cap)
-    m = cp.full(R * n_head * width, np.nan, cp.float32)
-    l = cp.full(R * n_head * width, np.nan, cp.float32)  # noqa: E741
-    acc = cp.full(R * n_head * width * hd, np.nan, cp.float32)
-    out = cp.full((R * n_head, hd), np.nan, cp.float32)
+    kd, fdec, kc, fcomb, dkps, dcap = cache._decode_kernels(G, opts, None, None)
     q = cp.asarray(g.standard_normal((R, n_head, hd), dtype=np.float32))
+    qh = q.get()
     table = cp.asarray(cache.block_table(sids))
     lens = cp.asarray(np.full(R, PAGED_KEYS, np.int32))
-    b1 = fdec(q, cache.k, cache.v, m, l, acc, block_table=table, seq_lens=lens, kps=kps,
-              splits_cap=cap, max_seq_len=PAGED_KEYS, **cache._scales, **opts.kwargs(kd),
-              validate_pos=False)
-    b2 = fcomb(m, l, acc, out, n_splits=width)
-    cp.cuda.runtime.deviceSynchronize()
-    got = out.get().reshape(R, n_head, hd)
-    qh = q.get()
-    for r in (0, R // 2, R - 1):  # every sequence runs the same code; three are checked
-        _, (kr, vr) = _seq_rows(cache, host, sids[r], PAGED_KEYS)
-        want = ref.decode_attention(qh[r], kr, vr, G, PAGED_KEYS, kps, cap, 0, 0,
-                                    1 / math.sqrt(hd), tile=kd.tile_keys)
-        _check(f"{kd.name} paged decode {kv} sequence {r}", got[r], want)
-    name = f"{kd.name} kps {kps} cap {cap} ({width} splits) [default]"
-    return name, replay([(fdec, b1), (fcomb, b2)]), 2 * R * PAGED_KEYS * n_kv * \
-        cache.fmt.row_bytes(hd), kd
+    nbytes = 2 * R * PAGED_KEYS * n_kv * cache.fmt.row_bytes(hd)
+    arms = []
+    for kps, cap in [(dkps, dcap)] + [(dkps, c) for c in PAGED_CAPS if c != dcap]:
+        width = min(max(-(-PAGED_KEYS // kps), 1), cap)
+        m = cp.full(R * n_head * width, np.nan, cp.float32)
+        l = cp.full(R * n_head * width, np.nan, cp.float32)  # noqa: E741
+        acc = cp.full(R * n_head * width * hd, np.nan, cp.float32)
+        out = cp.full((R * n_head, hd), np.nan, cp.float32)
+        b1 = fdec(q, cache.k, cache.v, m, l, acc, block_table=table, seq_lens=lens, kps=kps,
+                  splits_cap=cap, max_seq_len=PAGED_KEYS, **cache._scales, **opts.kwargs(kd),
+                  validate_pos=False)
+        b2 = fcomb(m, l, acc, out, n_splits=width)
+        cp.cuda.runtime.deviceSynchronize()
+        got = out.get().reshape(R, n_head, hd)
+        for r in (0, R // 2, R - 1):  # every sequence runs the same code; three are checked
+            _, (kr, vr) = _seq_rows(cache, host, sids[r], PAGED_KEYS)
+            want = ref.decode_attention(qh[r], kr, vr, G, PAGED_KEYS, kps, cap, 0, 0,
+                                        1 / math.sqrt(hd), tile=kd.tile_keys)
+            _check(f"{kd.name} paged decode {kv} cap {cap} sequence {r}", got[r], want)
+        name = f"{kd.name} kps {kps} cap {cap} ({width} splits)"
+        if (kps, cap) == (dkps, dcap):
+            name += " [default]"
+        arms.append((name, replay([(fdec, b1), (fcomb, b2)]), nbytes, kd))
+    return arms
 
 
 def paged_prefill_arm(cp, g, kv: str):
@@ -754,9 +763,10 @@ def paged_goals_table(cp, g) -> list[dict]:
             continue
         arms, meta = {}, {}
         if kv in pageable:
-            name, arm, nbytes, k = paged_decode_arm(cp, g, kv)
             flops = 4.0 * hd * n_head * PAGED_SEQS * PAGED_KEYS
-            arms[name], meta[name] = arm, ("paged decode", k, nbytes, flops)
+            for name, arm, nbytes, k in paged_decode_arms(cp, g, kv):
+                what = "paged decode" if name.endswith("[default]") else "paged decode (cap)"
+                arms[name], meta[name] = arm, (what, k, nbytes, flops)
             name, arm, flops, k = paged_prefill_arm(cp, g, kv)
             arms[name], meta[name] = arm, ("paged prefill", k, 0, flops)
         cache, host = filled_cache(cp, g, kv, hd, n_kv=n_kv)
