@@ -678,7 +678,7 @@ def paged_decode_arms(cp, g, kv: str) -> list[tuple]:
     cache, host, sids = _paged_filled(cp, g, kv, [PAGED_KEYS] * PAGED_SEQS)
     R = len(sids)
     opts = Options.checked(n_head, 0, 0, None, None, 0.0, None, True)
-    kd, fdec, kc, fcomb, dkps, dcap = cache._decode_kernels(G, opts, None, None)
+    kd, fdec, kc, fcomb, dkps, dcap = cache._decode_kernels(G, opts, None, None, R)
     q = cp.asarray(g.standard_normal((R, n_head, hd), dtype=np.float32))
     qh = q.get()
     table = cp.asarray(cache.block_table(sids))

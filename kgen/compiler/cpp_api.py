@@ -264,10 +264,10 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
 
     fam = family_registers(kernels)
 
-    def plan_rule(k) -> tuple[int, int, int]:
+    def plan_rule(k) -> tuple[int, int, int, int]:
         r = PLAN_RULES.get(k.schedule)
-        return (0, 0, 0) if r is None else (r.min_kps, r.threads_per_sm or 0,
-                                             r.max_splits or 0)
+        return (0, 0, 0, 0) if r is None else (r.min_kps, r.threads_per_sm or 0,
+                                                r.max_splits or 0, r.batch_floor or 0)
 
     op_roles = _op_roles()
     # The axes a role may need: the option axes, and those the op-level roles name.

@@ -544,7 +544,7 @@ class SlotKVCache:
         kdec, fdec = self.kernels.get("decode_slots", G, needs=opts.needs("decode_slots"))
         _, fcomb = self.kernels.get("combine")
         kps, splits_cap = kernel_plan(kdec, self.head_dim, self.n_head_kv, kps, splits_cap,
-                                      "SlotKVCache")
+                                      "SlotKVCache", len(pos_host))
         width = max(decode_plan(p + 1, kps, splits_cap, kdec.tile_keys).n_splits
                     for p in pos_host)
         pos_dev = upload(np.array(pos_host, np.int32))

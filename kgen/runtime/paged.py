@@ -178,14 +178,14 @@ class PagedKVCache(PagedBlocks):
         """One new token per sequence, then every sequence attends at its own length
         (split decode + combine). q [len(sids)][n_head][hd]; returns the same shape.
         With no plan given, the one derived from the device and the kernel
-        (kgen.runtime.plan.default_plan, the dense cache's rule: a sequence's bits do
-        not depend on the batch it decodes in)."""
+        (kgen.runtime.plan.default_plan: the dense cache's rule, its cap shared among
+        the sequences, so one sequence decodes with the dense plan, bit for bit)."""
         self._batch(sids)
         R = len(sids)
         G = self._check_q(q, R)
         n_head = q.shape[1]
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks, True)
-        kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap)
+        kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap, R)
         calls = Calls()
         rows, tables = self._append_calls(calls, sids, k_new, v_new, [1] * R)
         bound = max(self.lengths[s] + 1 for s in sids)
@@ -205,12 +205,13 @@ class PagedKVCache(PagedBlocks):
         self._commit(sids, rows, tables)
         return out.made().reshape(R, n_head, self.head_dim)
 
-    def _decode_kernels(self, G: int, opts: Options, kps, splits_cap) -> tuple:
+    def _decode_kernels(self, G: int, opts: Options, kps, splits_cap, batch: int) -> tuple:
         """(decode kernel, its launcher, combine kernel, its launcher, kps, splits_cap):
         the kernels serving ``G`` q heads per KV head with ``opts``, and the plan
         (the given one checked, the missing parts derived: kgen.runtime.plan)."""
         kd, fdec = self.kernels.get("decode_paged", G, needs=opts.needs("decode_paged"))
-        kps, splits_cap = kernel_plan(kd, self.head_dim, self.n_head_kv, kps, splits_cap, WHO)
+        kps, splits_cap = kernel_plan(kd, self.head_dim, self.n_head_kv, kps, splits_cap, WHO,
+                                      batch)
         kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
         return kd, fdec, kc, fcomb, kps, splits_cap
 
@@ -316,7 +317,7 @@ class PagedKVCache(PagedBlocks):
             per_head = sinks[0]
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, per_head,
                                True)
-        kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap)
+        kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap, B)
         heads = B * n_head
         if out is not None:
             want = (B, n_head, self.head_dim)

@@ -20,11 +20,15 @@ class PlanRule:
     ``min_kps`` keys, as many as the context gives, capped where the blocks of every kv
     head hold ``threads_per_sm`` threads an SM -- or, with none given, where they fill
     one wave of the blocks an SM holds at once (the kernel's occupancy on the device)
-    -- and at ``max_splits`` (the combine folds the splits one after another)."""
+    -- and at ``max_splits`` (the combine folds the splits one after another). A launch
+    decoding ``batch`` sequences at once (slots, paged requests) shares that cap among
+    them, down to ``batch_floor`` splits a sequence; one sequence gets the whole cap,
+    so the paged decode of one sequence plans as the dense one (the same bits)."""
 
     min_kps: int
     threads_per_sm: int | None = None
     max_splits: int | None = None
+    batch_floor: int | None = None
 
 
 # Measured on the H200 (make bench-kernels, decode_goals: 1 to 512 splits at 1k, 4k
@@ -36,22 +40,25 @@ class PlanRule:
 # head_dim 256: 1, so 16 and 64), the combine's serial fold bounding it at 128 splits;
 # a fixed 256 threads an SM was 1.29-1.50x off the best at head_dim 128 with 8 kv heads
 # and 32k keys. On a K80 die (13 SMs, 128K registers an SM) the same rule gives
-# head_dim 128's 8 blocks an SM 13 splits at 8 kv heads. The cap rounds down, so the
-# blocks of a long context fill whole waves. Both numbers are launch arguments, so the
-# device-position kernels follow the context the same way in a graph replay; a single
-# split (batch-invariant runs) is splits_cap = 1.
+# head_dim 128's 8 blocks an SM 13 splits at 8 kv heads. Many sequences in one launch
+# fill the waves by themselves: the paged decode of 32 sequences x 4k keys (head_dim
+# 128, 8 kv heads; bench paged_goals) took 320 us at 16 splits, 354 at 32, 431 at 64
+# (f32; f16 301, 335, 412), so a batch shares the cap down to 16 splits. The cap
+# rounds down, so the blocks of a long context fill whole waves. Both numbers are
+# launch arguments, so the device-position kernels follow the context the same way in
+# a graph replay; a single split (batch-invariant runs) is splits_cap = 1.
 PLAN_RULES = {Schedule.BLOCK_TILE: PlanRule(16, threads_per_sm=1024),
-              Schedule.WARP_STREAM: PlanRule(64, max_splits=128)}
+              Schedule.WARP_STREAM: PlanRule(64, max_splits=128, batch_floor=16)}
 
 
 def default_plan(device: Target, n_head_kv: int, block_threads: int, registers: int,
-                 shared_bytes: int, schedule: Schedule) -> tuple[int, int]:
+                 shared_bytes: int, schedule: Schedule, batch: int = 1) -> tuple[int, int]:
     """(kps, splits_cap) for decode blocks of ``block_threads`` threads, ``registers``
     a thread and ``shared_bytes`` each, of ``schedule``, on ``device`` (its SM count
-    and per-SM limits) over ``n_head_kv`` kv heads."""
-    if min(device.sms, n_head_kv, block_threads) < 1:
-        raise ValueError(f"default_plan needs positive SM, kv head and thread counts; got "
-                         f"{device.sms}, {n_head_kv}, {block_threads}")
+    and per-SM limits) over ``n_head_kv`` kv heads, ``batch`` sequences a launch."""
+    if min(device.sms, n_head_kv, block_threads, batch) < 1:
+        raise ValueError(f"default_plan needs positive SM, kv head, thread and sequence "
+                         f"counts; got {device.sms}, {n_head_kv}, {block_threads}, {batch}")
     rule = PLAN_RULES[schedule]
     if rule.threads_per_sm is not None:
         # Rounded down: one more split than fits puts a few blocks in a second wave (at
@@ -62,6 +69,8 @@ def default_plan(device: Target, n_head_kv: int, block_threads: int, registers: 
         cap = max(blocks, 1) * device.sms // n_head_kv
     if rule.max_splits is not None:
         cap = min(cap, rule.max_splits)
+    if batch > 1 and rule.batch_floor is not None:
+        cap = min(cap, max(cap // batch, rule.batch_floor))
     return rule.min_kps, max(1, cap)
 
 

@@ -54,7 +54,29 @@ def test_the_stream_cap_follows_the_blocks_a_multiprocessor_holds():
     assert default_plan(K80, 8, 128, 128, 4224, stream) == (64, 13)
 
 
-@pytest.mark.parametrize("bad", [(0, 8, 128), (13, 0, 128), (13, 8, 0)])
-def test_refuses_empty_devices_and_blocks(bad):
+@pytest.mark.parametrize("device", [K80, H200], ids=["k80", "h200"])
+def test_a_batch_shares_the_cap_down_to_its_floor(device):
+    """One sequence gets the whole cap (the dense plan: the paged decode of one
+    sequence keeps the dense bits); more sequences in a launch share it, never below
+    the rule's batch_floor nor above the one-sequence cap."""
+    stream = Schedule.WARP_STREAM
+    floor = PLAN_RULES[stream].batch_floor
+    for n_kv, threads, regs in BLOCKS:
+        one = default_plan(device, n_kv, threads, regs, 4096, stream)
+        assert default_plan(device, n_kv, threads, regs, 4096, stream, batch=1) == one
+        caps = [default_plan(device, n_kv, threads, regs, 4096, stream, batch=b)[1]
+                for b in (1, 2, 4, 32, 1000)]
+        assert caps == sorted(caps, reverse=True)
+        assert all(c == one[1] or c == max(one[1] // b, floor)
+                   for c, b in zip(caps, (1, 2, 4, 32, 1000), strict=True))
+        assert caps[-1] == min(one[1], floor)
+    # The H200's 32 paged sequences at head_dim 128 over 8 kv heads: 66 for one, 16 each.
+    assert default_plan(H200, 8, 128, 128, 4224, stream, batch=32) == (64, 16)
+
+
+@pytest.mark.parametrize("bad", [(0, 8, 128, 1), (13, 0, 128, 1), (13, 8, 0, 1),
+                                 (13, 8, 128, 0)])
+def test_refuses_empty_devices_blocks_and_batches(bad):
     with pytest.raises(ValueError):
-        default_plan(TARGET.on_device(bad[0]), bad[1], bad[2], 64, 0, Schedule.BLOCK_TILE)
+        default_plan(TARGET.on_device(bad[0]), bad[1], bad[2], 64, 0, Schedule.BLOCK_TILE,
+                     batch=bad[3])
