@@ -286,7 +286,9 @@ class PagedKVCache(PagedBlocks):
         ``out`` float32 [batch][n_head][head_dim], or None for a new one (in a
         capture, pass one); ``sinks`` float32 [batch][n_head] (one logit per q head
         of each row: a tiled copy made once, outside the graph). Options and plan as
-        for ``decode``; with the same ones the bits are ``decode``'s. Every launch is
+        for ``decode``; with the same ones the bits are ``decode``'s (a default plan
+        is derived for ``meta.batch`` sequences, padding rows counted: the graph's
+        arguments are fixed by it, so it is ``decode``'s for as many sequences). Every launch is
         checked before the first runs; with ``validate_pos`` (device-to-host reads)
         that includes the tensors' values, without it (in a capture) they are as
         ``prepare`` wrote them. Run it once outside the capture first (it loads the
