@@ -362,8 +362,10 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
 # The keys only a query_tile kernel reads (the tile shape and the head_dim bound of a
 # thread's output patch); max_head_dim is also the append kernels' staging bound.
 QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim", "qtile_loads")
-# Options a query_tile kernel does not have yet, and the staging axes it fixes itself.
-QUERY_TILE_NOT_YET = ("window", "softcap", "sinks", "ring_floor")
+# Options a query_tile kernel does not have yet (the vec4 loads: none of the engine's),
+# and the staging axes it fixes itself.
+QUERY_TILE_NOT_YET = ("ring_floor",)
+QUERY_TILE_VEC4_NOT_YET = ("window", "softcap", "sinks")
 QUERY_TILE_FIXED = ("q_stage", "k_stage", "v_stage", "threads", "rows_per_block")
 QUERY_TILE_MAX_ACCUMULATORS = 128  # output floats a thread keeps in registers
 
@@ -371,10 +373,11 @@ QUERY_TILE_MAX_ACCUMULATORS = 128  # output floats a thread keeps in registers
 def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
     """schedule = query_tile: a contiguous prefill (position = host); every row of a
     tile reads a key as the same value (no fp16 shadows, which a row picks by its own
-    position); the tile-granular window (window = sink_recent) and either mask, no
-    other option yet; f32 tiles in shared memory (the staging axes at their defaults);
-    micro-tiles that divide the tile, a row's lanes inside one warp (its max and sum
-    reduce by shuffles), whole warps, and an output patch that fits the registers."""
+    position); either mask, the tile-granular or the key-exact window, soft-cap and
+    learned sinks (with scalar loads; vec4 loads the tile-granular window only); f32
+    tiles in shared memory (the staging axes at their defaults); micro-tiles that
+    divide the tile, a row's lanes inside one warp (its max and sum reduce by
+    shuffles), whole warps, and an output patch that fits the registers."""
     where = k.where("schedule")
     if k.mode is not Mode.PREFILL or k.position is not Position.HOST:
         raise ctx.error(where, "schedule = query_tile serves a contiguous prefill only "
@@ -385,10 +388,11 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
                         f"{k.fmt.name} yet: a key's fp16 shadow (sink rows, window ring) "
                         "depends on the row's position, so the rows of a query tile cannot "
                         "share one K/V tile")
-    for key in QUERY_TILE_NOT_YET:
+    for key in QUERY_TILE_NOT_YET + (QUERY_TILE_VEC4_NOT_YET if qtile_vec4(k) else ()):
         if getattr(k, key) != KEYS[key].default:
-            raise ctx.error(k.where(key), f"schedule = query_tile does not combine with "
-                            f"{key} = {getattr(k, key).value} yet")
+            loads = " with qtile_loads = vec4" if key in QUERY_TILE_VEC4_NOT_YET else ""
+            raise ctx.error(k.where(key), f"schedule = query_tile{loads} does not combine "
+                            f"with {key} = {getattr(k, key).value} yet")
     for key in QUERY_TILE_FIXED:
         default = KEYS[key].default
         if getattr(k, key) != default:
