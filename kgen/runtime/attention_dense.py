@@ -19,6 +19,7 @@ import numpy as np
 from kgen.ir.axes import IoDtype, KvReads, Op
 from kgen.ir.params import PARAMS
 from kgen.runtime.contracts import ContractError
+from kgen.runtime.options import flag
 from kgen.runtime.select import Role, find
 
 _CHOSEN: dict[tuple, tuple] = {}  # (reads, in, out, head_dim, variant) -> (kernel, launcher)
@@ -55,16 +56,8 @@ def launcher(reads: KvReads, in_dtype: IoDtype, out_dtype: IoDtype, head_dim: in
     return hit
 
 
-def _flag(name: str, v) -> int:
-    if isinstance(v, bool | np.bool_):
-        return int(v)
-    if isinstance(v, int | np.integer) and int(v) in (0, 1):
-        return int(v)
-    raise ContractError(WHO, "type", f"{name} must be True or False, not {v!r}")
-
-
 def _call(reads: KvReads, out, query, key, value, scale, causal, stream, variant):
-    causal = _flag("causal", causal)
+    causal = flag("causal", causal, WHO)
     fi, fo = io_dtype("query", query), io_dtype("out", out)
     shape = query.shape
     hd = int(shape[-1]) if len(shape) == 3 else 1  # bind refuses another rank

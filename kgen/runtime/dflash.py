@@ -30,6 +30,7 @@ from kgen.ir.axes import KeySource, Op
 from kgen.ir.params import PARAMS
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import Checker, ContractError
+from kgen.runtime.options import flag
 from kgen.runtime.select import Role, find
 
 _CHOSEN: dict[tuple[KeySource, int, str | None], tuple] = {}  # -> (kernel, launcher)
@@ -54,14 +55,6 @@ def launcher(source: KeySource, head_dim: int, variant: str | None = None):
 def _head_dim(query) -> int:
     shape = getattr(query, "shape", None)
     return int(shape[-1]) if shape is not None and len(shape) == 3 else 1
-
-
-def _flag(name: str, v) -> int:
-    if isinstance(v, bool | np.bool_):
-        return int(v)
-    if isinstance(v, int | np.integer) and int(v) in (0, 1):
-        return int(v)
-    raise ContractError(WHO, "type", f"{name} must be True or False, not {v!r}")
 
 
 def _num_reqs(c: Checker, num_reqs, cu_seqlens) -> None:
@@ -108,7 +101,7 @@ def dflash_block_attention(out, query, key, value, cu_seqlens, *, scale: float,
     device). Returns the bound kgen.runtime.Launch; a broken contract raises
     kgen.runtime.ContractError before any launch."""
     k, fn = launcher(KeySource.DENSE, _head_dim(query), variant)
-    scalars = dict(block_causal=_flag("causal", causal), sliding_window=sliding_window,
+    scalars = dict(block_causal=flag("causal", causal, WHO), sliding_window=sliding_window,
                    scale=scale)
     c = Checker(WHO)
     bind(k, dict(out=out, query=query, key=key, value=value, cu_seqlens=cu_seqlens,
@@ -135,7 +128,7 @@ def dflash_paged_block_attention(out, query, block_key, block_value, ctx_key, ct
     CuPy arrays. Returns the bound kgen.runtime.Launch; a broken contract raises
     kgen.runtime.ContractError before any launch."""
     k, fn = launcher(KeySource.PAGED, _head_dim(query), variant)
-    scalars = dict(block_causal=_flag("causal", causal), sliding_window=sliding_window,
+    scalars = dict(block_causal=flag("causal", causal, WHO), sliding_window=sliding_window,
                    scale=scale)
     c = Checker(WHO)
     b = bind(k, dict(out=out, query=query, block_key=block_key, block_value=block_value,

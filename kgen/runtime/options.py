@@ -28,6 +28,15 @@ def count(name: str, v, lo: int = 0, who: str = "KVCache", hi: int = INT_MAX) ->
     return int(v)
 
 
+def flag(name: str, v, who: str) -> int:
+    """A yes/no argument (a bool, or the int 0 or 1) as the C int a kernel takes."""
+    if isinstance(v, bool | np.bool_):
+        return int(v)
+    if isinstance(v, int | np.integer) and int(v) in (0, 1):
+        return int(v)
+    raise ContractError(who, "type", f"{name} must be True or False, not {v!r}")
+
+
 def positive(name: str, v, who: str = "KVCache") -> int:
     return count(name, v, 1, who)
 

@@ -74,26 +74,15 @@ def default_plan(device: Target, n_head_kv: int, block_threads: int, registers: 
     return rule.min_kps, max(1, cap)
 
 
-def plan_family(k: Kernel) -> tuple:
-    """``k``'s axes but its position (and doc and module): the decode forms of one
-    arithmetic (host, device, slots, paged), which share a default plan."""
-    from kgen.runtime.record import axes_of
-
-    axes = axes_of(k)
-    for key in ("position", "doc", "module"):
-        axes.pop(key)
-    return tuple(sorted(axes.items()))
-
-
 def family_registers(kernels) -> dict[tuple, int]:
     """The most registers a thread the build recorded in each plan family."""
-    from kgen.runtime.record import registers
+    from kgen.runtime.record import forms_key, registers
 
     out: dict[tuple, int] = {}
     for x in kernels:
         r = registers(x)
         if r is not None:
-            key = plan_family(x)
+            key = forms_key(x)
             out[key] = max(out.get(key, 0), r)
     return out
 
@@ -103,7 +92,9 @@ def plan_registers(k: Kernel, table: dict[tuple, int]) -> int:
     family (``table``: family_registers), so every form of one decode gets one plan,
     hence the same bits (the paged decode the dense one's); the target's per-thread
     bound where the build recorded none."""
-    return table.get(plan_family(k), TARGET.registers_per_thread)
+    from kgen.runtime.record import forms_key
+
+    return table.get(forms_key(k), TARGET.registers_per_thread)
 
 
 def plan_shared_bytes(k: Kernel, head_dim: int) -> int:

@@ -42,3 +42,12 @@ def registers(k: Kernel) -> int | None:
 def axes_of(k: Kernel) -> dict:
     """The inverse: plain values, for emitting into a generated module."""
     return {key: getattr(getattr(k, key), "value", getattr(k, key)) for key in KEYS}
+
+
+def forms_key(k: Kernel) -> tuple:
+    """``k``'s axes but its position (and doc and module): equal for the forms of one
+    arithmetic (host, device, slots, paged), which are siblings and share a plan."""
+    axes = axes_of(k)
+    for key in ("position", "doc", "module"):
+        axes.pop(key)
+    return tuple(sorted(axes.items()))

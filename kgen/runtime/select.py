@@ -113,19 +113,14 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
 def sibling(name: str, position: Position, kernels: list[tuple[Kernel, Callable]]
             ) -> str | None:
     """The kernel with ``name``'s axes but another position form, if one is generated."""
-    from kgen.runtime.record import axes_of
+    from kgen.runtime.record import forms_key
 
     mine = next((k for k, _ in kernels if k.name == name), None)
     if mine is None:
         return None
-    want = {**axes_of(mine), "position": position.value}
-    want.pop("doc"), want.pop("module")
-    for k, _ in kernels:
-        axes = axes_of(k)
-        axes.pop("doc"), axes.pop("module")
-        if axes == want:
-            return k.name
-    return None
+    want = forms_key(mine)
+    return next((k.name for k, _ in kernels
+                 if k.position is position and forms_key(k) == want), None)
 
 
 def decode_variants(kv: str, head_dim: int, groups: int,

@@ -570,6 +570,11 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
             raise ctx.error(r.pos, f"tolerance {r.tolerance} must be in (0, 1)")
 
 
+def _written_last(k: Kernel, *keys: str) -> str:
+    """Of ``keys``, the one whose value the spec text sets last (where the error points)."""
+    return max(keys, key=lambda n: (k.where(n).line, k.where(n).col))
+
+
 def check_dflash_registers(k: Kernel, ctx: _Ctx) -> None:
     """A dflash lane holds its q and output dims and the K and V dims of the keys in
     flight in registers: they must fit a thread's."""
@@ -577,8 +582,7 @@ def check_dflash_registers(k: Kernel, ctx: _Ctx) -> None:
         return
     held, limit = dflash_held_floats(k), TARGET.registers_per_thread
     if held > limit:
-        key = max(("max_head_dim", "keys_per_step"), key=lambda n: (k.where(n).line,
-                                                                    k.where(n).col))
+        key = _written_last(k, "max_head_dim", "keys_per_step")
         raise ctx.error(k.where(key), f"max_head_dim = {k.max_head_dim} and keys_per_step = "
                         f"{k.keys_per_step}: a lane holds {dflash_chunks(k)} dims of q, of "
                         f"the output and of the K and V of each key in flight ({held} "
@@ -592,8 +596,7 @@ def check_dense_tile(k: Kernel, ctx: _Ctx) -> None:
         return
     need, limit = dense_shared_bytes(k), TARGET.shared_per_block
     if need > limit:
-        key = max(("max_head_dim", "tile_keys"), key=lambda n: (k.where(n).line,
-                                                                k.where(n).col))
+        key = _written_last(k, "max_head_dim", "tile_keys")
         raise ctx.error(k.where(key), f"tile_keys = {k.tile_keys} and max_head_dim = "
                         f"{k.max_head_dim}: the K and V tiles need {need} bytes of shared "
                         f"memory; a block may use {limit}")
