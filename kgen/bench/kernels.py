@@ -121,9 +121,10 @@ def _check(name: str, got, want, rtol=RTOL, atol=ATOL) -> None:
 # ---- heads ---------------------------------------------------------------------------
 
 def prefill_arm(cp, cache, q, kernel=None):
-    """(arm, out, kernel): the prefill of the last PREFILL_ROWS rows, bound once."""
+    """(arm, out, kernel): the prefill of the last PREFILL_ROWS rows, bound once (the
+    cache's choice for a batch of q's rows unless ``kernel`` is given)."""
     G = q.shape[1] // cache.n_head_kv
-    k, fn = cache.kernels.get("prefill", G) if kernel is None else kernel
+    k, fn = cache.kernels.get("prefill", G, rows=q.shape[0]) if kernel is None else kernel
     out = cp.full(q.shape, np.nan, cp.float32)
     b = fn(q, cache.k, cache.v, *cache.shadows, out, pos0=SEQ - PREFILL_ROWS,
            **cache._shadow_args)
@@ -209,7 +210,7 @@ def variants_table(cp, g) -> list[dict]:
     for kv in FORMATS:
         cache, host = filled_cache(cp, g, kv, hd)
         q = cp.asarray(g.standard_normal((PREFILL_ROWS, H, hd), dtype=np.float32))
-        chosen = cache.kernels.get("prefill", H // HK)[0].name
+        chosen = cache.kernels.get("prefill", H // HK, rows=PREFILL_ROWS)[0].name
         same = [(k, f) for k, f in generated() if k.op is Op.FLASH and k.mode is Mode.PREFILL
                 and k.kv.value == kv and shape_refusal(k, hd, H // HK) is None
                 and options(k) == 0 and k.position is Position.HOST
@@ -709,12 +710,24 @@ def paged_decode_arms(cp, g, kv: str) -> list[tuple]:
     return arms
 
 
-def paged_prefill_arm(cp, g, kv: str):
+def tiled_kernel(role, hd: int, groups: int):
+    """The kernel (and launcher) the default choice would be without the query-tile
+    forms: the block_tile baseline a query tile is timed beside."""
+    from kgen.ir.geometry import query_tiles
+    from kgen.runtime.select import find
+
+    return find(role, hd, groups, where=lambda k: not query_tiles(k))
+
+
+def paged_prefill_arm(cp, g, kv: str, tiled: bool = False):
     """(arm, FLOPs, kernel): PagedKVCache's causal varlen prefill of VARLEN requests
     (their rows appended first, from position 0), the attention launch bound once; the
-    last rows of every request checked against the float64 reference."""
+    last rows of every request checked against the float64 reference. ``tiled``: the
+    block_tile kernel the choice would be without the query tiles."""
     from kgen import numpy_ref as ref
+    from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.options import Options
+    from kgen.runtime.select import Role
 
     hd, n_head, n_kv = PAGED_SHAPE
     G = n_head // n_kv
@@ -722,13 +735,17 @@ def paged_prefill_arm(cp, g, kv: str):
     rows = [n] * reqs
     cache, host, sids = _paged_filled(cp, g, kv, rows)
     opts = Options.checked(n_head, 0, 0, None, None, 0.0, None, True)
-    kp, fn = cache.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"))
+    if tiled:
+        kp, fn = tiled_kernel(Role(Op.FLASH, Position.PAGED, Mode.PREFILL, kv), hd, G)
+    else:
+        kp, fn = cache.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"),
+                                   rows=n)
     q = cp.asarray(g.standard_normal((sum(rows), n_head, hd), dtype=np.float32))
     out = cp.full(q.shape, np.nan, cp.float32)
     qsl = cp.asarray(np.concatenate([[0], np.cumsum(rows)]).astype(np.int32))
     b = fn(q, cache.k, cache.v, out, block_table=cp.asarray(cache.block_table(sids)),
            seq_lens=cp.asarray(np.array(rows, np.int32)), query_start_loc=qsl,
-           **cache._scales, **opts.kwargs(kp, n_head), validate_pos=False)
+           max_query_len=n, **cache._scales, **opts.kwargs(kp, n_head), validate_pos=False)
     cp.cuda.runtime.deviceSynchronize()
     got, qh = out.get(), q.get()
     for i in (0, reqs - 1):
@@ -767,19 +784,26 @@ def paged_goals_table(cp, g) -> list[dict]:
             for name, arm, nbytes, k in paged_decode_arms(cp, g, kv):
                 what = "paged decode" if name.endswith("[default]") else "paged decode (cap)"
                 arms[name], meta[name] = arm, (what, k, nbytes, flops)
-            name, arm, flops, k = paged_prefill_arm(cp, g, kv)
-            arms[name], meta[name] = arm, ("paged prefill", k, 0, flops)
+            for tiled in (False, True):
+                name, arm, flops, k = paged_prefill_arm(cp, g, kv, tiled)
+                if name not in arms:
+                    what = "paged prefill (tiled)" if tiled else "paged prefill"
+                    arms[name], meta[name] = arm, (what, k, 0, flops)
         cache, host = filled_cache(cp, g, kv, hd, n_kv=n_kv)
         q = cp.asarray(g.standard_normal((PREFILL_ROWS, n_head, hd), dtype=np.float32))
-        arm, out, k = prefill_arm(cp, cache, q)
-        arm()
-        cp.cuda.runtime.deviceSynchronize()
-        _check(f"{k.name} chunked prefill {kv}", out.get()[-4:],
-               prefill_reference(cache, host, q.get(), k))
         ctx = SEQ - PREFILL_ROWS
         flops = 4.0 * hd * n_head * PREFILL_ROWS * (ctx + (PREFILL_ROWS + 1) / 2)
-        name = f"{k.name} ({PREFILL_ROWS} rows after {ctx} keys)"
-        arms[name], meta[name] = arm, ("chunked prefill", k, 0, flops)
+        base = tiled_kernel(cache.kernels._role("prefill"), hd, n_head // n_kv)
+        for what, kernel in (("chunked prefill", None), ("chunked prefill (tiled)", base)):
+            arm, out, k = prefill_arm(cp, cache, q, kernel)
+            name = f"{k.name} ({PREFILL_ROWS} rows after {ctx} keys)"
+            if name in arms:
+                continue
+            arm()
+            cp.cuda.runtime.deviceSynchronize()
+            _check(f"{k.name} chunked prefill {kv}", out.get()[-4:],
+                   prefill_reference(cache, host, q.get(), k))
+            arms[name], meta[name] = arm, (what, k, 0, flops)
         t = bench(cp, arms)
         for name, ms in t.items():
             what, k, nbytes, flops = meta[name]
@@ -794,6 +818,59 @@ def paged_goals_table(cp, g) -> list[dict]:
             goal = (f"{100 * row['of_roofline']:5.1f}% of the roofline ({roof:.1f} us)"
                     if nbytes else f"{100 * row['of_sgemm']:5.1f}% of SGEMM")
             print(f"paged_goals {kv} {what}: {ms * 1e3:9.1f} us {goal} ({name})", flush=True)
+        del cache, host
+    return rows
+
+
+ROWS_SWEEP = tuple(int(x) for x in os.environ.get("KGEN_BENCH_ROWS", "1,4,16,64,128,512")
+                   .split(","))  # query rows of a chunk after a context
+
+
+def prefill_rows_table(cp, g) -> list[dict]:
+    """The query-tile prefill beside the block_tile one, for chunks of ROWS_SWEEP rows at
+    the end of a SEQ-key context (head_dim, q and kv heads PAGED_SHAPE; KGEN_BENCH_KV
+    formats with a query tile), and which of the two KVCache's default choice is (the
+    rows rule, kgen.runtime.select.fills): where a query tile of few rows, and so few
+    blocks, stops paying. Each arm checked against float64 first."""
+    from kgen import numpy_ref as ref
+    from kgen.ir.geometry import query_tiles
+    from kgen.runtime.select import find
+
+    hd, n_head, n_kv = PAGED_SHAPE
+    G = n_head // n_kv
+    rows = []
+    for kv in _goal_kvs():
+        cache, host = filled_cache(cp, g, kv, hd, n_kv=n_kv)
+        role = cache.kernels._role("prefill")
+        tile = find(role, hd, G)
+        if not query_tiles(tile[0]):
+            continue
+        base = tiled_kernel(role, hd, G)
+        for n in ROWS_SWEEP:
+            q = g.standard_normal((n, n_head, hd), dtype=np.float32)
+            qd = cp.asarray(q)
+            want = ref.prefill_attention_cache(q[-1:], host, G, SEQ - 1, 0, 0, 0, 0,
+                                               1 / math.sqrt(hd))
+            pick = cache.kernels.get("prefill", G, rows=n)
+            chosen = pick[0].name
+            arms, names = {}, {}
+            others = (("default", pick),) if chosen not in (tile[0].name, base[0].name) else ()
+            for what, (k, fn) in (("query tile", tile), ("tiled", base), *others):
+                out = cp.full(qd.shape, np.nan, cp.float32)
+                b = fn(qd, cache.k, cache.v, *cache.shadows, out, pos0=SEQ - n,
+                       **cache._shadow_args)
+                cp.cuda.runtime.deviceSynchronize()
+                _check(f"{k.name} {n} rows {kv}", out.get()[-1:], want)
+                arms[what], names[what] = replay([(fn, b)]), k.name
+            t = bench(cp, arms)
+            for what, ms in t.items():
+                rows.append({"kv": kv, "rows": n, "what": what, "kernel": names[what],
+                             "us": ms * 1e3, "vs_tiled": t["tiled"] / ms,
+                             "default": names[what] == chosen})
+            print(f"prefill_rows {kv} {n:>4} rows: query tile {names['query tile']} "
+                  f"{t['query tile'] * 1e3:9.1f} us, tiled {names['tiled']} "
+                  f"{t['tiled'] * 1e3:9.1f} us ({t['tiled'] / t['query tile']:.2f}x); "
+                  f"default {chosen}", flush=True)
         del cache, host
     return rows
 
@@ -1001,6 +1078,7 @@ def main() -> int:
     sections = (("heads", heads_table), ("variants", variants_table),
                 ("prefill_long", prefill_long_table), ("decode_long", decode_long_table),
                 ("decode_goals", decode_goals_table), ("paged_goals", paged_goals_table),
+                ("prefill_rows", prefill_rows_table),
                 ("launch", launch_table))
     only = set(filter(None, os.environ.get("KGEN_BENCH_ONLY", "").split(",")))
     for name, fn in sections:
@@ -1068,7 +1146,16 @@ def main() -> int:
         for r in record["paged_goals"][1:]:
             share = (f"{100 * r['of_roofline']:5.1f}% of roofline" if "of_roofline" in r
                      else f"{100 * r['of_sgemm']:5.1f}% of SGEMM")
-            print(f"  {r['kv']:<8} {r['what']:<16} {r['us']:10.1f} us  {share}  {r['arm']}")
+            print(f"  {r['kv']:<8} {r['what']:<23} {r['us']:10.1f} us  {share}  {r['arm']}")
+    if "prefill_rows" in record:
+        hd, n_head, n_kv = PAGED_SHAPE
+        print(f"\nprefill_rows: the query-tile prefill and the block_tile one, a chunk of "
+              f"n rows after {SEQ} - n keys, head_dim {hd}, {n_head}/{n_kv} heads "
+              "([default]: KVCache's choice for the chunk)")
+        for r in record["prefill_rows"]:
+            mark = " [default]" if r["default"] else ""
+            print(f"  {r['kv']:<8} {r['rows']:>4} rows {r['what']:<10} {r['us']:10.1f} us  "
+                  f"{r['vs_tiled']:5.2f}x the tiled  {r['kernel']}{mark}")
     if "launch" in record:
         print(f"\nlaunch: one f32 decode step at head_dim 256, 4k context, kps {LAUNCH_KPS} cap "
               f"{LAUNCH_CAP} (host and wall µs per call)")

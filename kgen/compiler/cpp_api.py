@@ -41,7 +41,7 @@ from kgen.ir.axes import (
     Window,
 )
 from kgen.ir.params import INT_MAX, PARAMS
-from kgen.ir.pyapi import py_args
+from kgen.ir.pyapi import HOST_BOUNDS, py_args
 from kgen.ir.signature import params
 from kgen.ir.target import TARGET
 from kgen.runtime.bind import REGISTERS
@@ -125,7 +125,7 @@ ALWAYS = {
     **{n: "int" for n in (
         "sink", "win", "kv_groups", "head_dim", "block_size", "max_blocks", "num_reqs", "kps",
         "splits_cap", "max_seq", "seq_len", "n_splits", "split_len", "pos0", "n_rows",
-        "n_head_kv", "total", "launch_splits", "max_seq_len", "n_head", "num_pages")},
+        "n_head_kv", "total", "n_head", "num_pages", *HOST_BOUNDS)},
     # the MLA ops (the latent cache's store and gather, the split decode)
     **{n: "tensor" for n in ("kv_c", "k_pe", "kv_cache", "dst", "src_cache", "cu_seq_lens",
                              "token_to_seq", "seq_starts", "query", "lse", "key", "value",
@@ -157,7 +157,7 @@ def _fields(kernels) -> list[Field]:
             seen[p.name] = "tensor" if p.is_pointer else ("float" if p.ctype == "float"
                                                            else "int")
         for a in py_args(k)[1]:
-            if a.name in ("launch_splits", "max_seq_len", "max_seqlen_q"):
+            if a.name in HOST_BOUNDS:
                 seen[a.name] = "int"
     seen.update({n: kind for n, kind in ALWAYS.items() if n not in seen})
     return [Field(n, seen[n]) for n in sorted(seen) if n != "validate_pos"]
@@ -224,9 +224,12 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "block_threads": expr(geo.block_threads(k, HD)) if flash else None,
         "shared_bytes": expr(geo.flash_shared_bytes(k, G, HD)) if flash else None,
         "row_width": expr(geo.row_width(k, HD)) if cache else None,
-        "prefill_grid_x": (expr(geo.prefill_grid(k, N, G, 1)[0])
-                           if flash and k.mode is Mode.PREFILL
-                           and k.position is not Position.PAGED else None),
+        # x of a prefill's grid in n query rows (a paged form: n is the batch's rows, or
+        # for a query tile the bound on one request's rows, max_query_len).
+        "prefill_grid_x": (None if not (flash and k.mode is Mode.PREFILL) else
+                           expr(geo.paged_prefill_grid(k, N, N, G, 1, 1)[0])
+                           if k.position is Position.PAGED else
+                           expr(geo.prefill_grid(k, N, G, 1)[0])),
     }
     return v
 
@@ -286,6 +289,7 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
     } for i, k in enumerate(kernels)]
     return {
         "pool": pool, "kernels": views, "option_axes": need_axes,
+        "min_query_tiles": select.MIN_QUERY_TILES,
         "op_roles": [{"name": n, "op": r.op.name, "position": r.position.name,
                       "op_value": r.op.value, "position_value": r.position.value,
                       "needs": list(r.needs),

@@ -114,6 +114,17 @@ def prefill_grid(k: Kernel, n: int, groups: int, n_head_kv: int) -> tuple[int, i
     return (-(-n // k.rows_per_block), n_head_kv, 1)
 
 
+def paged_prefill_grid(k: Kernel, rows: int, max_query_len: int, groups: int,
+                       n_head_kv: int, reqs: int) -> tuple[int, int, int]:
+    """The grid of a paged varlen prefill of ``rows`` query rows in ``reqs`` requests,
+    none longer than ``max_query_len`` (the host's bound): a block per query tile of
+    each kv head of each request (query_tile; blocks past a request's rows return at
+    once), else per query row of the batch."""
+    if query_tiles(k):
+        return (-(-max_query_len * groups // k.tile_rows), n_head_kv, reqs)
+    return (rows, n_head_kv, 1)
+
+
 def tile_threads(k: Kernel) -> int:
     """Threads that score one tile: every key of a tile has its own dot lanes. A
     warp_stream block needs one unit of dot lanes (each unit streams its own keys); a

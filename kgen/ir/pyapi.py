@@ -19,6 +19,9 @@ DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "
                      "n_slots", "kv_c_stride", "k_pe_stride", "num_blocks", "kv_splits",
                      "total_q", "num_pages"})
 
+# Launcher scalars that are no kernel parameter: the host's bounds that size a grid.
+HOST_BOUNDS = ("launch_splits", "max_seq_len", "max_seqlen_q", "max_query_len")
+
 # The default of each parameter a caller may leave out (kgen.ir.params), as source.
 DEFAULTS = {name: repr(p.default) for name, p in PARAMS.items()}
 
@@ -51,6 +54,8 @@ def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
         scalars.append(PyArg("launch_splits", "int | None", "None"))
     if k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.PAGED:
         scalars.append(PyArg("max_seq_len", "int | None", "None"))  # host bound: the grid
+    if k.op is Op.FLASH and k.mode is Mode.PREFILL and k.position is Position.PAGED:
+        scalars.append(PyArg("max_query_len", "int | None", "None"))  # host bound: the grid
     if k.op is Op.MLA_PREFILL:
         scalars.append(PyArg("max_seqlen_q", "int"))  # host bound: the grid
     # Positions, tables and lengths on the device (the MLA ops' index tensors too).

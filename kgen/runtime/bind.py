@@ -57,6 +57,7 @@ from kgen.ir.geometry import (
     mla_width,
     out_cols,
     padded,
+    paged_prefill_grid,
     prefill_grid,
     query_tiles,
     row_lanes,
@@ -783,6 +784,7 @@ def _paged_flash(k: Kernel, c: Checker, a: dict):
         reqs = int(qsl.shape[0]) - 1
         c.require(reqs >= 1, "shape", "query_start_loc needs num_reqs + 1 entries")
         mb = _paged_tables(k, c, a, nb, bs, reqs)
+        qlen = None
         if a.get("validate_pos", True):
             starts, lens = _host_ints(qsl), _host_ints(a["seq_lens"])
             qlen = np.diff(starts)
@@ -798,7 +800,19 @@ def _paged_flash(k: Kernel, c: Checker, a: dict):
         values.update(out=a["out"], block_table=a["block_table"], seq_lens=a["seq_lens"],
                       query_start_loc=qsl, max_blocks=mb, num_reqs=reqs)
         c.require(rows >= 1, "shape", "no query rows")
-        return (rows, hk, 1), (block_threads(k, hd), 1, 1), smem, values
+        # The host's bound on one request's query rows (the grid of a query_tile form).
+        mq = c.integer("max_query_len", a.get("max_query_len") or rows, 1, rows,
+                       "max_query_len")
+        if qlen is not None:
+            most = int(qlen.max())
+            c.require(most <= mq, "max_query_len", lambda: f"a request has {most} query "
+                      f"rows, above max_query_len = {mq}")
+        if query_tiles(k):  # rows (query, q head) of a kv head, and a tile past them, in int
+            c.require(mq * G <= INT_MAX - k.tile_rows, "int32 index",
+                      lambda: f"{mq} query rows x {G} q heads overflow the kernel's int row "
+                      "index")
+        return (paged_prefill_grid(k, rows, mq, G, hk, reqs), (block_threads(k, hd), 1, 1),
+                smem, values)
     reqs = rows
     mb = _paged_tables(k, c, a, nb, bs, reqs)
     kps = c.integer("kps", a["kps"], 1)

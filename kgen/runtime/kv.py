@@ -311,7 +311,7 @@ class KVCache:
                 hit = self.kernels.named("prefill", groups, c.kernel)
                 if hit is not None:
                     return hit
-        return self.kernels.get("prefill", groups, needs=needs)
+        return self.kernels.get("prefill", groups, needs=needs, rows=rows)
 
     def _staged(self, pos: int, stream):
         """The device copy of the decode position, holding ``pos`` in stream order."""

@@ -159,14 +159,15 @@ class PagedKVCache(PagedBlocks):
         G = self._check_q(q, sum(counts))
         opts = Options.checked(q.shape[1], attn_sink, attn_win, scale, window, softcap, sinks,
                                causal)
-        kp, fn = self.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"))
+        kp, fn = self.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"),
+                                  rows=max(counts))
         calls = Calls()
         rows, tables = self._append_calls(calls, sids, k_new, v_new, counts)
         qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
         out = empty(q.shape)
         calls.add(fn, q, self.k, self.v, out, **self._uploads(sids, rows, tables),
-                  query_start_loc=upload(qsl), **self._scales, **opts.kwargs(kp, q.shape[1]),
-                  validate_pos=False)
+                  query_start_loc=upload(qsl), max_query_len=max(rows), **self._scales,
+                  **opts.kwargs(kp, q.shape[1]), validate_pos=False)
         calls.run(stream)
         self._commit(sids, rows, tables)
         return out.made()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgen.ir.axes import KEYS, KStage, Mode, Op, Position, QStage, Schedule
-from kgen.ir.geometry import padded, stream_hoisted, tile_threads
+from kgen.ir.geometry import padded, qtile_vec4, query_tiles, stream_hoisted, tile_threads
 from kgen.ir.kernel import Kernel
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
@@ -61,29 +61,57 @@ def generated() -> list[tuple[Kernel, Callable]]:
 
 def rank(k: Kernel) -> tuple:
     """Preference among kernels that serve a shape (smaller first): exact staging
-    before fp16 q or K tiles, then the fewest options nobody asked for, then a
+    before fp16 q or K tiles, then a query_tile prefill with scalar loads (the one
+    form the contiguous and paged prefills share; make bench-kernels, prefill_long and
+    paged_goals, time both), then the fewest options
+    nobody asked for, then a
     hoisted warp_stream decode (one head_dim, its bounds set to the shape: 1.4-4.2x the
     tiled decode's speed, each at its best plan, at 4k and 32k keys on the H200; make
     bench-kernels, decode_goals)
-    with the tightest group bound, then the tiled schedule (a guarded warp_stream
-    decode or a query_tile prefill is chosen by `kgen tune` or by name), then the
-    widest tile (the most of the block scoring keys: fewer tile steps), then a block
-    with no idle threads. The dense, per-slot and paged decodes rank alike, so one
-    shape gets the same arithmetic in each (the paged form bit for bit the dense)."""
+    with the tightest group bound, then the query tile with the tightest head_dim
+    bound (the most rows a tile: 64-row tiles up to head_dim 128, then 32-row ones),
+    then the tiled schedule (a guarded warp_stream decode or a vec4 query tile is
+    chosen by `kgen tune` or by name), then the widest tile (the most of the block
+    scoring keys: fewer tile steps), then a block with no idle threads. The dense,
+    per-slot and paged forms rank alike, so one shape gets the same arithmetic in each
+    (the paged form bit for bit the dense)."""
     if k.op is not Op.FLASH:
         return (options(k),)
     lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
     fast = k.mode is Mode.DECODE and stream_hoisted(k)
-    return (lossy, options(k), not fast, k.max_groups if fast else 0,
-            k.schedule is not Schedule.BLOCK_TILE, -tile_threads(k), padded(k))
+    tiled = query_tiles(k) and not qtile_vec4(k)
+    return (lossy, not tiled, options(k), not fast, k.max_groups if fast else 0,
+            k.max_head_dim if tiled else 0, k.schedule is not Schedule.BLOCK_TILE,
+            -tile_threads(k), padded(k))
+
+
+# A query_tile prefill pays once a kv head's rows fill this many of its tiles: below,
+# its few blocks each walk the whole context, where the block_tile form has a block per
+# query row. On the H200 (make bench-kernels, prefill_rows: head_dim 128, 32/8 heads,
+# chunks after a 4k context, the five formats with query tiles) the query tile ran at
+# 0.72-0.98x the block_tile speed at one tile of 64 rows (16 query rows), 0.90-1.17x at
+# four, 1.11-1.33x at eight (128 rows) and 2.85-3.79x at 32 (512 rows).
+MIN_QUERY_TILES = 8
+
+
+def fills(k: Kernel, rows: int, groups: int) -> bool:
+    """Whether a prefill of ``rows`` query rows (a paged batch: its longest request's)
+    with ``groups`` q heads per kv head suits ``k``: any kernel but a query tile, which
+    wants MIN_QUERY_TILES of its tiles per kv head. (A query tile of fewer rows but a
+    wider head bound is no remedy: at head_dim 128 the 32-row d256 tile ran at
+    0.69-1.00x the block_tile speed for 64 and 96 rows.)"""
+    return not query_tiles(k) or rows * groups >= MIN_QUERY_TILES * k.tile_rows
 
 
 def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
          where: Callable[[Kernel], bool] | None = None,
-         kernels: list[tuple[Kernel, Callable]] | None = None) -> tuple[Kernel, Callable]:
+         kernels: list[tuple[Kernel, Callable]] | None = None,
+         rows: int | None = None) -> tuple[Kernel, Callable]:
     """The kernel (and its launcher) that serves ``role`` at ``head_dim`` with
     ``groups`` q heads per KV head; ``where`` adds a layout constraint (e.g. the
-    shadow rows or tile size another kernel already fixed)."""
+    shadow rows or tile size another kernel already fixed). ``rows``: a prefill's
+    query rows (a paged batch's longest request): when they do not fill the query
+    tile ranked first (:func:`fills`), the first kernel that is no query tile."""
     pool = generated() if kernels is None else kernels
     if variant is not None:
         hit = [(k, f) for k, f in pool if k.name == variant]
@@ -100,7 +128,13 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
     fits = [(k, f) for k, f in pool if role.matches(k) and (where is None or where(k))]
     ok = [(k, f) for k, f in fits if shape_refusal(k, head_dim, groups) is None]
     if ok:
-        return min(ok, key=lambda kf: rank(kf[0]))  # min is stable: generated order
+        best = min(ok, key=lambda kf: rank(kf[0]))  # min is stable: generated order
+        if rows is not None and not fills(best[0], rows, groups):
+            # Too few rows for the query tile ranked first: no query tile (one of
+            # fewer rows but wider heads is slower than the block_tile form there).
+            tiled = [(k, f) for k, f in ok if not query_tiles(k)]
+            best = min(tiled, key=lambda kf: rank(kf[0])) if tiled else best
+        return best
     near = fits or [(k, f) for k, f in pool if k.op is role.op]
     reasons = "; ".join(f"{k.name}: {shape_refusal(k, head_dim, groups) or 'layout'}"
                         for k, _ in near[:4])
@@ -108,6 +142,12 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
                         f"no generated kernel serves {role} at head_dim {head_dim}, kv_groups "
                         f"{groups}" + (f"; closest: {reasons}" if reasons else
                                        " (none has these axes; add a spec)"))
+
+
+def max_tile_rows() -> int:
+    """The most rows of any generated query tile (1 when none is generated)."""
+    return max((k.tile_rows for k, _ in generated() if k.op is Op.FLASH and query_tiles(k)),
+               default=1)
 
 
 def sibling(name: str, position: Position, kernels: list[tuple[Kernel, Callable]]

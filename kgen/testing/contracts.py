@@ -340,9 +340,14 @@ MUTATIONS: dict[str, Mutation] = {
         "head_dim range", lambda k: _over_tile_width(k) is not None,
         lambda k, c: host_args(k, c.with_(head_dim=_over_tile_width(k), n_head=2,
                                           n_head_kv=2))),
-    "qtile_int32_rows": Mutation("int32 index", lambda k: _flash(k) and query_tiles(k),
+    "qtile_int32_rows": Mutation("int32 index", lambda k: _flash(k) and query_tiles(k)
+                                 and not _paged(k),
                                  _shape_only(n=2**28 + 1, n_head=16, n_head_kv=2,
                                              max_seq=2**28 + 1, pos0=0)),
+    "qtile_paged_int32_rows": Mutation(
+        "int32 index", lambda k: _flash(k) and query_tiles(k) and _paged(k),
+        _shape_only(requests=((2**28 + 1, 2**28 + 1),), n_head=16, n_head_kv=2,
+                    block_size=2**20)),
     "qz_int32_index": Mutation("int32 index", lambda k: k.op is Op.QZ_SPLIT,
                                _shape_only(n=2**16, n_head=2**8, head_dim=2**8)),
     "grid_y_over_limit": Mutation("grid", lambda k: k.op is Op.KV_APPEND and
@@ -426,6 +431,12 @@ MUTATIONS: dict[str, Mutation] = {
     "paged_query_rows_mismatch": Mutation(
         "query_start_loc", lambda k: _paged(k) and _flash(k) and k.mode is Mode.PREFILL,
         _set("query_start_loc", lambda a, k, c: a * 2)),
+    "paged_max_query_len_too_small": Mutation(
+        "max_query_len", lambda k: _paged(k) and _flash(k) and k.mode is Mode.PREFILL,
+        lambda k, c: {**host_args(k, c), "max_query_len": max(q for q, _ in c.requests) - 1}),
+    "paged_max_query_len_over_rows": Mutation(
+        "max_query_len", lambda k: _paged(k) and _flash(k) and k.mode is Mode.PREFILL,
+        lambda k, c: {**host_args(k, c), "max_query_len": sum(q for q, _ in c.requests) + 1}),
     "paged_max_seq_len_too_small": Mutation(
         "max_seq_len", lambda k: _paged(k) and _flash(k) and k.mode is Mode.DECODE,
         lambda k, c: {**host_args(k, c), "max_seq_len": 1}),

@@ -93,8 +93,10 @@ def check(k: Kernel, fn, case: Case) -> None:
         sinks = sink_logits(g, case, case.n_head)
         extra = {"sinks": dev(sinks)} if k.sinks is Sinks.LEARNED else {}
         out = poisoned(q.shape)
+        # The host's bound on one request's rows, as PagedKVCache passes it.
         fn(dev(q), dev(pages.k), dev(pages.v), out, **extra, **idx,
-           query_start_loc=dev(lay["query_start_loc"]), **common)
+           query_start_loc=dev(lay["query_start_loc"]),
+           max_query_len=max(q for q, _ in case.requests), **common)
         got = out.get()
         for r, (qlen, klen) in enumerate(case.requests):
             lo = int(lay["query_start_loc"][r])

@@ -241,12 +241,40 @@ def query_tile_cases(k: Kernel) -> list[Case]:
     return out
 
 
+def paged_query_tile_cases(k: Kernel) -> list[Case]:
+    """schedule = query_tile over pages: at each of head_dim 64, 128 and 256 the kernel
+    accepts, requests of several query tiles and of part of one (rows = queries x
+    groups), an empty request (its blocks return at once), chunks after a context,
+    1, 4 and 8 q heads per kv head, pages of 5 and 16 positions, and the tile-granular
+    window."""
+    T, BM = k.tile_keys, k.tile_rows
+    out = []
+    for hd in (64, 128, 256):
+        if shape_refusal(k, hd, 1) is not None:
+            continue
+        out += [
+            Case(f"pqt_hd{hd}_g4_tiles", requests=((2 * BM // 4 + 5, 2 * BM + 40), (3, 300),
+                                                    (0, 9), (BM // 4, BM // 4)),
+                 n_head=8, n_head_kv=2, head_dim=hd, block_size=16),
+            Case(f"pqt_hd{hd}_g1_block5", requests=((BM + 5, BM + 20), (1, 1)), n_head=2,
+                 n_head_kv=2, head_dim=hd, block_size=5),
+            Case(f"pqt_hd{hd}_g8", requests=((50, 57), (9, 200)), n_head=8, n_head_kv=1,
+                 head_dim=hd, block_size=16),
+            Case(f"pqt_hd{hd}_g2_window", requests=((60, 160), (7, 40)), n_head=4,
+                 n_head_kv=2, head_dim=hd, block_size=16, attn_sink=3, attn_win=2 * T + 5),
+        ]
+    return out
+
+
 def candidates(k: Kernel) -> list[Case]:
     if k.op is Op.QZ_SPLIT:
         return QZ
     if k.position is Position.PAGED:
-        return {Op.KV_APPEND: PAGED_APPEND}.get(k.op) or (
-            PAGED_PREFILL if k.mode is Mode.PREFILL else PAGED_DECODE)
+        if k.op is Op.KV_APPEND:
+            return PAGED_APPEND
+        if k.mode is Mode.DECODE:
+            return PAGED_DECODE
+        return PAGED_PREFILL + paged_query_tile_cases(k) if query_tiles(k) else PAGED_PREFILL
     if k.op is Op.KV_APPEND:
         return {Position.HOST: APPEND, Position.DEVICE: APPEND_DEV,
                 Position.SLOTS: APPEND_SLOTS}[k.position]

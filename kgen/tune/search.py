@@ -116,7 +116,7 @@ def tune_prefill_class(cp, kv: str, head_dim: int, groups: int, rows: int,
     qh = g.standard_normal((n, HK * groups, head_dim), dtype=np.float32)
     q = cp.asarray(qh)
     role = Role(Op.FLASH, Position.HOST, Mode.PREFILL, kv)
-    default = cache.kernels.get("prefill", groups)[0].name
+    default = cache.kernels.get("prefill", groups, rows=n)[0].name
     arms = {}
     for k, f in generated():
         if (not role.matches(k) or options(k) or shape_refusal(k, head_dim, groups)

@@ -17,7 +17,7 @@ from kgen import __version__
 from kgen import numpy_ref as ref
 from kgen.compiler import pipeline
 from kgen.formats import FORMATS
-from kgen.ir.axes import Mode, Op, Position, Schedule
+from kgen.ir.axes import Mode, Op, Position
 from kgen.ir.geometry import flash_shared_bytes, min_head_dim
 from kgen.ir.pyapi import py_args
 from kgen.runtime import ContractError, bind, decode_plan
@@ -252,20 +252,56 @@ def test_kernel_choice_follows_the_axes(spec_kernels):
              variant=next(k.name for k in spec_kernels.values() if k.op is Op.KV_APPEND))
 
 
-def test_a_query_tile_prefill_is_chosen_by_name_only(spec_kernels):
-    """query_tile kernels serve the prefill role but rank after the tiled ones (a tuned
-    choice or a named variant picks them), so KVCache's default choice is unchanged."""
-    from kgen.runtime.select import Role, find
+def test_the_default_prefill_is_a_query_tile_and_the_paged_one_its_sibling(spec_kernels):
+    """Where a query_tile kernel (scalar loads) serves a prefill, it is the default
+    choice, the 64-row tile where it reaches the head size; the paged prefill picks the
+    same arithmetic (its sibling: the axes but the position), so one sequence prefills
+    bit for bit alike; a batch of fewer rows than MIN_QUERY_TILES tiles takes the
+    block_tile form, contiguous and paged alike. Where none serves (kv with fp16
+    shadows, wider heads) the tiled form is chosen, paged and contiguous alike."""
+    from kgen.formats import FORMATS
+    from kgen.ir.geometry import qtile_vec4, query_tiles
+    from kgen.runtime.bind import shape_refusal
+    from kgen.runtime.record import forms_key
+    from kgen.runtime.select import MIN_QUERY_TILES, Role, find
 
     pool = [(k, None) for k in spec_kernels.values()]
-    role = Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32")
-    for hd, groups in ((64, 1), (128, 8), (256, 4)):
-        k, _ = find(role, hd, groups, kernels=pool)
-        assert k.schedule is not Schedule.QUERY_TILE, (hd, groups, k.name)
-    k, _ = find(role, 128, 8, variant="qt_f32_causal", kernels=pool)
-    assert k.name == "qt_f32_causal"
+    qt = [k for k in spec_kernels.values() if k.op is Op.FLASH and query_tiles(k)
+          and not qtile_vec4(k) and k.position is Position.HOST and k.mask.value == "causal"
+          and k.window.value == "sink_recent"]
+    assert qt, "the specs define a query-tile prefill"
+    for kv in sorted(FORMATS):
+        for hd in (64, 128, 256, 512):
+            for groups in (1, 4, 8):
+                if not FORMATS[kv].accepts_head_dim(hd):
+                    continue
+                serving = [k for k in qt if k.kv.value == kv
+                           and shape_refusal(k, hd, groups) is None]
+                dense, _ = find(Role(Op.FLASH, Position.HOST, Mode.PREFILL, kv), hd, groups,
+                                kernels=pool)
+                if serving:
+                    tight = min(k.max_head_dim for k in serving)
+                    assert query_tiles(dense) and dense.max_head_dim == tight, \
+                        (kv, hd, groups, dense.name)
+                else:
+                    assert not query_tiles(dense), (kv, hd, groups, dense.name)
+                if FORMATS[kv].shadows:
+                    continue
+                paged, _ = find(Role(Op.FLASH, Position.PAGED, Mode.PREFILL, kv), hd, groups,
+                                kernels=pool)
+                if query_tiles(dense):
+                    assert forms_key(paged) == forms_key(dense), (kv, hd, groups, paged.name)
+                    # Fewer rows than MIN_QUERY_TILES tiles: the block_tile form, alike.
+                    few = -(-MIN_QUERY_TILES * dense.tile_rows // groups) - 1
+                    for pos in (Position.HOST, Position.PAGED):
+                        role = Role(Op.FLASH, pos, Mode.PREFILL, kv)
+                        small, _ = find(role, hd, groups, kernels=pool, rows=few)
+                        enough, _ = find(role, hd, groups, kernels=pool, rows=few + 1)
+                        assert not query_tiles(small) and query_tiles(enough), \
+                            (kv, hd, groups, pos, small.name, enough.name)
     with pytest.raises(ContractError, match="head_dim range"):
-        find(role, 256, 8, variant="qt_f32_causal", kernels=pool)
+        find(Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32"), 256, 8,
+             variant="qt_f32_causal", kernels=pool)
 
 
 def test_decode_variants_pair_a_host_decode_with_its_device_sibling():

@@ -253,12 +253,10 @@ def test_a_broken_contract_leaves_state_untouched(cp):
                       cp.ones((4, 2, HD), cp.float32), pos0=0)
     assert cache.length == 0 and bool((cache.k == out_before).all())
     kp, fn = cache.kernels.get("prefill", 4)
-    small = cp.ones((4, 8, 128), cp.float32)
-    kc = cp.ones((2, 16, 128), cp.float32)
-    out = cp.full((4, 8, 128), np.nan, cp.float32)
-    with pytest.raises(ContractError):
-        fn(small, kc, kc, out, pos0=0)
-    assert bool(cp.isnan(out).all())
+    out = cp.full((4, 8, HD), np.nan, cp.float32)
+    with pytest.raises(ContractError, match="no ring wrap"):  # rows [13, 17) of 16
+        fn(q, cache.k, cache.v, out, pos0=13)
+    assert bool(cp.isnan(out).all()) and bool((cache.k == out_before).all())
 
 
 def _bytes(cache) -> list[bytes]:

@@ -324,3 +324,63 @@ def test_non_causal_prefill_dense_and_paged(kv, hd, G):
                                err_msg=f"{kv} hd{hd} G{G} dense ({kp.name}) seed={seed}")
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
         f"{kv} hd{hd} G{G} non-causal paged vs dense ({kp.name}), seed={seed}"
+
+
+def _paged_query_tiles() -> list[str]:
+    from kgen.ir.axes import Position
+    from kgen.ir.geometry import query_tiles
+    from kgen.runtime.select import generated
+
+    return [k.name for k, _ in generated() if k.position is Position.PAGED
+            and k.op.value == "flash" and query_tiles(k) and k.window.value == "sink_recent"]
+
+
+@pytest.mark.parametrize("name", _paged_query_tiles())
+def test_paged_query_tile_grid_bound_changes_no_bit(name):
+    """A paged query-tile prefill sized by the tight bound on one request's rows
+    (max_query_len, as PagedKVCache passes it) and by none (the batch's rows: most
+    blocks return at once) writes the same bits, the tight one checked against
+    float64; a bound below the longest request is refused before the launch."""
+    import cupy as cp
+
+    from kgen.runtime.select import generated
+    from kgen.testing.case import Case
+    from kgen.testing.keywords import options, ref_options, shadow_args
+    from kgen.testing.paged import _fill, layout
+
+    k, fn = next((k, f) for k, f in generated() if k.name == name)
+    g, seed = rng()
+    hd = min(k.max_head_dim, 128)
+    case = Case("bound", requests=((k.tile_rows // 2 + 7, 300), (0, 5), (3, 40),
+                                   (k.tile_rows, k.tile_rows)),
+                n_head=8, n_head_kv=2, head_dim=hd, block_size=16)
+    lay = layout(case, g)
+    pages, dense = _fill(g, k, case, lay)
+    rows = int(lay["query_start_loc"][-1])
+    q = _rand(g, rows, case.n_head, hd)
+    args = dict(block_table=cp.asarray(lay["block_table"]), seq_lens=cp.asarray(lay["seq_lens"]),
+                query_start_loc=cp.asarray(lay["query_start_loc"]), **options(k, case),
+                **shadow_args(k, case))
+    outs = []
+    longest = max(n for n, _ in case.requests)
+    for bound in (longest, None):
+        out = cp.full((rows, case.n_head, hd), np.nan, cp.float32)
+        fn(cp.asarray(q), cp.asarray(pages.k), cp.asarray(pages.v), out, max_query_len=bound,
+           **args)
+        outs.append(out.get())
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), \
+        f"{name}: the grid bound changed bits, seed={seed}"
+    G = case.n_head // case.n_head_kv
+    for r, (qlen, klen) in enumerate(case.requests):
+        lo = int(lay["query_start_loc"][r])
+        if qlen:
+            want = ref.prefill_attention_cache(q[lo:lo + qlen], dense[r], G, klen - qlen, 0, 0,
+                                               0, 0, 1 / math.sqrt(hd), None, tile=k.tile_keys,
+                                               max_groups=k.max_groups,
+                                               **ref_options(k, case))
+            np.testing.assert_allclose(outs[0][lo:lo + qlen], want, rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{name} request {r}, seed={seed}")
+    with pytest.raises(ContractError, match="max_query_len"):
+        fn(cp.asarray(q), cp.asarray(pages.k), cp.asarray(pages.v),
+           cp.full((rows, case.n_head, hd), np.nan, cp.float32), max_query_len=longest - 1,
+           **args)

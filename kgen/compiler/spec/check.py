@@ -371,7 +371,8 @@ QUERY_TILE_MAX_ACCUMULATORS = 128  # output floats a thread keeps in registers
 
 
 def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
-    """schedule = query_tile: a contiguous prefill (position = host); every row of a
+    """schedule = query_tile: a prefill, of a contiguous sequence (position = host) or
+    a paged varlen batch (position = paged, scalar loads); every row of a
     tile reads a key as the same value (no fp16 shadows, which a row picks by its own
     position); either mask, the tile-granular or the key-exact window, soft-cap and
     learned sinks (with scalar loads; vec4 loads the tile-granular window only); f32
@@ -379,10 +380,14 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
     divide the tile, a row's lanes inside one warp (its max and sum reduce by
     shuffles), whole warps, and an output patch that fits the registers."""
     where = k.where("schedule")
-    if k.mode is not Mode.PREFILL or k.position is not Position.HOST:
-        raise ctx.error(where, "schedule = query_tile serves a contiguous prefill only "
-                        "(mode = prefill, position = host); its decode and paged forms are "
-                        "not supported yet")
+    if k.mode is not Mode.PREFILL or k.position not in (Position.HOST, Position.PAGED):
+        raise ctx.error(where, "schedule = query_tile "
+                        "serves a prefill only (mode = prefill, position = host or paged); "
+                        "its decode forms are not supported yet")
+    if k.position is Position.PAGED and qtile_vec4(k):
+        raise ctx.error(_blame(k, "qtile_loads", "position"), "schedule = query_tile over "
+                        "pages (position = paged) has scalar loads only (qtile_loads = "
+                        "scalar) yet")
     if k.fmt.shadows:
         raise ctx.error(k.where("kv"), f"schedule = query_tile does not support kv = "
                         f"{k.fmt.name} yet: a key's fp16 shadow (sink rows, window ring) "
