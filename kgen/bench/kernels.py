@@ -875,6 +875,112 @@ def prefill_rows_table(cp, g) -> list[dict]:
     return rows
 
 
+# ---- MLA (the engine's latent attention) -------------------------------------------
+
+MLA_DECODES = ((16, 1, 4096), (16, 8, 4096), (16, 1, 32768), (128, 1, 4096),
+               (128, 8, 4096), (128, 1, 32768))  # (q heads, requests, keys each)
+MLA_BLOCK = 64                                    # positions per latent page
+MLA_PREFILLS = ((16, 4096, 4096, True), (16, 512, 4096, False))  # (H, Lq, Lk, causal)
+
+
+def _mla_decode_arm(cp, g, H: int, B: int, n: int):
+    """(arm, bytes, FLOPs): mla_decode_attention (the default split count, the
+    LSE written) of B requests of n keys each over scattered latent pages, bound once;
+    the first and last requests checked against the float64 reference first."""
+    from kgen import numpy_ref as ref
+    from kgen.ir.geometry import MLA_LATENT, MLA_ROW
+    from kgen.runtime.mla import mla_decode_attention
+
+    blocks = -(-n // MLA_BLOCK)
+    phys = g.permutation(B * blocks).astype(np.int32)
+    table = phys.reshape(B, blocks)
+    cache = g.standard_normal((B * blocks, MLA_BLOCK, MLA_ROW), dtype=np.float32)
+    query = g.standard_normal((B, H, MLA_ROW), dtype=np.float32)
+    lens = np.full(B, n, np.int32)
+    scale = 1.0 / math.sqrt(MLA_ROW)
+    dq, dc = cp.asarray(query), cp.asarray(cache)
+    dt, dl = cp.asarray(table), cp.asarray(lens)
+    out = cp.full((B, H, MLA_LATENT), np.nan, cp.float32)
+    lse = cp.full((B, H), np.nan, cp.float32)
+    bound = mla_decode_attention(out, lse, dq, dc, dt, dl, scale, 0, n)
+    cp.cuda.runtime.deviceSynchronize()
+    got, got_lse = out.get(), lse.get()
+    for b in sorted({0, B - 1}):
+        want, want_lse = ref.mla_decode(query[b:b + 1], cache, table[b:b + 1], lens[b:b + 1],
+                                        scale, MLA_LATENT)
+        _check(f"mla decode H{H} B{B} {n} keys request {b}", got[b:b + 1], want)
+        _check(f"mla decode lse H{H} B{B} {n} keys request {b}", got_lse[b:b + 1], want_lse)
+    nbytes = B * n * MLA_ROW * 4                      # every latent row read once
+    flops = 2.0 * B * H * n * (MLA_ROW + MLA_LATENT)  # q.k over 576, p.v over 512
+    return replay(bound), nbytes, flops
+
+
+def _mla_prefill_arm(cp, g, H: int, Lq: int, Lk: int, causal: bool):
+    """(arm, FLOPs): mla_prefill_attention of one request (QK 192, V 128); its last two
+    rows checked against the float64 reference first."""
+    from kgen import numpy_ref as ref
+    from kgen.ir.geometry import MLA_PREFILL_QK, MLA_PREFILL_V
+    from kgen.runtime.mla import mla_prefill_attention
+
+    q = g.standard_normal((Lq, H, MLA_PREFILL_QK), dtype=np.float32)
+    k = g.standard_normal((Lk, H, MLA_PREFILL_QK), dtype=np.float32)
+    v = g.standard_normal((Lk, H, MLA_PREFILL_V), dtype=np.float32)
+    scale = 1.0 / math.sqrt(MLA_PREFILL_QK)
+    cu_q, cu_k = (cp.asarray(np.array([0, x], np.int32)) for x in (Lq, Lk))
+    dq, dk, dv = cp.asarray(q), cp.asarray(k), cp.asarray(v)
+    out = cp.full((Lq, H, MLA_PREFILL_V), np.nan, cp.float32)
+
+    def arm():  # the op's checks cost microseconds; the launch, milliseconds
+        mla_prefill_attention(out, None, dq, dk, dv, cu_q, cu_k, scale, causal, Lq, Lk,
+                              validate_pos=False)
+    arm()
+    cp.cuda.runtime.deviceSynchronize()
+    # The last two rows alone, bottom-right aligned, see what they see in the whole batch.
+    want, _ = ref.mla_prefill(q[-2:], k, v, np.array([0, 2]), np.array([0, Lk]), scale, causal)
+    _check(f"mla prefill H{H} {Lq}x{Lk}", out.get()[-2:], want)
+    seen = (Lq * Lk - Lq * (Lq - 1) / 2) if causal else Lq * Lk  # (query, key) pairs
+    return arm, 2.0 * H * seen * (MLA_PREFILL_QK + MLA_PREFILL_V)
+
+
+def mla_goals_table(cp, g) -> list[dict]:
+    """The MLA ops at the engine's shapes (DeepSeek V2-Lite's 16 q heads, V3's 128):
+    the split decode over the paged latent cache (MLA_DECODES, pages of MLA_BLOCK) in
+    GB/s of latent rows read and against its roofline (max(bytes / copy rate, FLOPs /
+    SGEMM rate)), and the prefill (MLA_PREFILLS) in TFLOP/s against SGEMM; limits timed
+    in this run, every arm checked against float64 first."""
+    sgemm = _sgemm(cp)
+    copy_gbps, sgemm_tf = _limits(cp, sgemm)
+    rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf}]
+    arms, meta = {}, {}
+    for H, B, n in MLA_DECODES:
+        name = f"mla decode H{H} B{B} {n} keys"
+        arms[name], nbytes, flops = _mla_decode_arm(cp, g, H, B, n)
+        meta[name] = ("decode", nbytes, flops)
+    t = bench(cp, arms)
+    slow, slow_meta = {}, {}
+    for H, Lq, Lk, causal in MLA_PREFILLS:
+        name = f"mla prefill H{H} {Lq} rows x {Lk} keys {'causal' if causal else 'full'}"
+        slow[name], flops = _mla_prefill_arm(cp, g, H, Lq, Lk, causal)
+        slow_meta[name] = ("prefill", 0, flops)
+    t.update(bench_slow(cp, slow))
+    meta.update(slow_meta)
+    for name, ms in t.items():
+        what, nbytes, flops = meta[name]
+        tf = flops / (ms * 1e-3) / 1e12
+        row = {"what": what, "arm": name, "us": ms * 1e3, "TFLOPs": tf,
+               "of_sgemm": tf / sgemm_tf}
+        if nbytes:
+            roof = max(nbytes / (copy_gbps * 1e9), flops / (sgemm_tf * 1e12)) * 1e6
+            row.update(GBps=nbytes / (ms * 1e-3) / 1e9, roofline_us=roof,
+                       of_roofline=roof / (ms * 1e3))
+        rows.append(row)
+        share = (f"{row['GBps']:7.0f} GB/s {100 * row['of_roofline']:5.1f}% of the roofline "
+                 f"({row['roofline_us']:.1f} us)" if nbytes else
+                 f"{tf:6.2f} TFLOP/s {100 * row['of_sgemm']:5.1f}% of SGEMM")
+        print(f"mla_goals {name}: {ms * 1e3:10.1f} us {share}", flush=True)
+    return rows
+
+
 # ---- launch overhead ---------------------------------------------------------------
 
 def launch_table(cp, g) -> list[dict]:
@@ -989,6 +1095,13 @@ def _step_arms(cp, cache, q1, k1):
 
 # ---- output ------------------------------------------------------------------------
 
+def _of_limit(rows, label: str) -> list[dict]:
+    """Rows with a measured fraction of their limit, as "pct" (the roofline where the
+    row has one, else SGEMM), labelled by ``label`` over the row's keys."""
+    return [{"arm": label.format(**r), "pct": 100 * r.get("of_roofline", r.get("of_sgemm", 0))}
+            for r in rows if "of_sgemm" in r]
+
+
 def charts(out: Path, record: dict) -> list[str]:
     try:
         import matplotlib
@@ -1046,6 +1159,14 @@ def charts(out: Path, record: dict) -> list[str]:
                          "ms, causal prefill"),
         "launch": ([r for r in record.get("launch", ()) if "host_us" in r], "host_us",
                    "host µs per call"),
+        "paged_goals": (_of_limit(record.get("paged_goals", ()), "{kv} {what} {kernel}"),
+                        "pct", "% of the limit (decode: roofline; prefill: SGEMM)"),
+        "prefill_rows": ([{**r, "arm": f"{r['kv']} {r['rows']} rows {r['what']}"
+                           f"{' [default]' if r['default'] else ''}"}
+                          for r in record.get("prefill_rows", ())], "vs_tiled",
+                         "speed relative to the block_tile prefill of the same chunk"),
+        "mla_goals": (_of_limit(record.get("mla_goals", ()), "{arm}"), "pct",
+                      "% of the limit (decode: roofline; prefill: SGEMM)"),
     }
     for name, (rows, key, label) in bars.items():
         if not rows:
@@ -1078,7 +1199,7 @@ def main() -> int:
     sections = (("heads", heads_table), ("variants", variants_table),
                 ("prefill_long", prefill_long_table), ("decode_long", decode_long_table),
                 ("decode_goals", decode_goals_table), ("paged_goals", paged_goals_table),
-                ("prefill_rows", prefill_rows_table),
+                ("prefill_rows", prefill_rows_table), ("mla_goals", mla_goals_table),
                 ("launch", launch_table))
     only = set(filter(None, os.environ.get("KGEN_BENCH_ONLY", "").split(",")))
     for name, fn in sections:
@@ -1156,6 +1277,16 @@ def main() -> int:
             mark = " [default]" if r["default"] else ""
             print(f"  {r['kv']:<8} {r['rows']:>4} rows {r['what']:<10} {r['us']:10.1f} us  "
                   f"{r['vs_tiled']:5.2f}x the tiled  {r['kernel']}{mark}")
+    if "mla_goals" in record:
+        lim = record["mla_goals"][0]
+        print(f"\nmla_goals: the MLA split decode (default split count, LSE written) over "
+              f"pages of {MLA_BLOCK} vs roofline (copy {lim['copy_GBps']:.0f} GB/s, SGEMM "
+              f"{lim['sgemm_TFLOPs']:.1f} TFLOP/s), the MLA prefill vs SGEMM")
+        for r in record["mla_goals"][1:]:
+            share = (f"{r['GBps']:7.0f} GB/s {100 * r['of_roofline']:5.1f}% of roofline"
+                     if "GBps" in r else
+                     f"{r['TFLOPs']:6.2f} TFLOP/s {100 * r['of_sgemm']:5.1f}% of SGEMM")
+            print(f"  {r['arm']:<48} {r['us']:10.1f} us  {share}")
     if "launch" in record:
         print(f"\nlaunch: one f32 decode step at head_dim 256, 4k context, kps {LAUNCH_KPS} cap "
               f"{LAUNCH_CAP} (host and wall µs per call)")
