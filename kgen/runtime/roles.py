@@ -7,7 +7,7 @@ from __future__ import annotations
 from kgen.formats import FORMATS
 from kgen.ir.axes import Mode, Op, Position
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.select import MIN_QUERY_TILES, Role, find, max_tile_rows
+from kgen.runtime.select import Role, fills, find
 
 # What each role of a cache object needs a kernel for (kv is filled in per cache).
 ROLES = {
@@ -45,7 +45,6 @@ class CacheKernels:
         self._chosen: dict[tuple[str, int, int | None], tuple] = {}
         self._pinned: set[tuple[str, int, int | None]] = set()
         self.version = 0  # bumped when a choice already made changes (prefer)
-        self._rows_cap = MIN_QUERY_TILES * max_tile_rows()  # rows x groups a choice sees
         self.layout = self.get(layout_role)[0]  # fixes ring_rows / sink_rows
         for role, name in self.variants.items():  # each named kernel, refused here, not at use
             find(self._role(role), head_dim, 1, name, self._same_layout)
@@ -109,8 +108,8 @@ class CacheKernels:
         window), from what the call asked for; ``rows``: a prefill's query rows (a paged
         batch's longest request: select.fills)."""
         key = (role, groups, tile, needs) if needs else (role, groups, tile)
-        if rows is not None:  # the choice changes only below the largest tile's bound
-            key += (min(rows * groups, self._rows_cap),)
+        if rows is not None:  # the choice for any batch, unless the rows do not fill it
+            key += (fills(self.get(role, groups, tile, needs)[0], rows, groups),)
         if key not in self._chosen:
             def where(k):
                 return self._same_layout(k) and (tile is None or k.tile_keys == tile)

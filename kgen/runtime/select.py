@@ -63,9 +63,8 @@ def rank(k: Kernel) -> tuple:
     """Preference among kernels that serve a shape (smaller first): exact staging
     before fp16 q or K tiles, then a query_tile prefill with scalar loads (the one
     form the contiguous and paged prefills share; make bench-kernels, prefill_long and
-    paged_goals, time both), then the fewest options
-    nobody asked for, then a
-    hoisted warp_stream decode (one head_dim, its bounds set to the shape: 1.4-4.2x the
+    paged_goals, time both), then the fewest options nobody asked for, then a hoisted
+    warp_stream decode (one head_dim, its bounds set to the shape: 1.4-4.2x the
     tiled decode's speed, each at its best plan, at 4k and 32k keys on the H200; make
     bench-kernels, decode_goals)
     with the tightest group bound, then the query tile with the tightest head_dim
@@ -79,9 +78,9 @@ def rank(k: Kernel) -> tuple:
         return (options(k),)
     lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
     fast = k.mode is Mode.DECODE and stream_hoisted(k)
-    tiled = query_tiles(k) and not qtile_vec4(k)
-    return (lossy, not tiled, options(k), not fast, k.max_groups if fast else 0,
-            k.max_head_dim if tiled else 0, k.schedule is not Schedule.BLOCK_TILE,
+    rows = query_tiles(k) and not qtile_vec4(k)  # a query tile, dense or paged
+    return (lossy, not rows, options(k), not fast, k.max_groups if fast else 0,
+            k.max_head_dim if rows else 0, k.schedule is not Schedule.BLOCK_TILE,
             -tile_threads(k), padded(k))
 
 
@@ -132,8 +131,8 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
         if rows is not None and not fills(best[0], rows, groups):
             # Too few rows for the query tile ranked first: no query tile (one of
             # fewer rows but wider heads is slower than the block_tile form there).
-            tiled = [(k, f) for k, f in ok if not query_tiles(k)]
-            best = min(tiled, key=lambda kf: rank(kf[0])) if tiled else best
+            per_row = [(k, f) for k, f in ok if not query_tiles(k)]
+            best = min(per_row, key=lambda kf: rank(kf[0])) if per_row else best
         return best
     near = fits or [(k, f) for k, f in pool if k.op is role.op]
     reasons = "; ".join(f"{k.name}: {shape_refusal(k, head_dim, groups) or 'layout'}"
@@ -142,12 +141,6 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
                         f"no generated kernel serves {role} at head_dim {head_dim}, kv_groups "
                         f"{groups}" + (f"; closest: {reasons}" if reasons else
                                        " (none has these axes; add a spec)"))
-
-
-def max_tile_rows() -> int:
-    """The most rows of any generated query tile (1 when none is generated)."""
-    return max((k.tile_rows for k, _ in generated() if k.op is Op.FLASH and query_tiles(k)),
-               default=1)
 
 
 def sibling(name: str, position: Position, kernels: list[tuple[Kernel, Callable]]

@@ -96,7 +96,7 @@ def check(k: Kernel, fn, case: Case) -> None:
         # The host's bound on one request's rows, as PagedKVCache passes it.
         fn(dev(q), dev(pages.k), dev(pages.v), out, **extra, **idx,
            query_start_loc=dev(lay["query_start_loc"]),
-           max_query_len=max(q for q, _ in case.requests), **common)
+           max_query_len=max(n for n, _ in case.requests), **common)
         got = out.get()
         for r, (qlen, klen) in enumerate(case.requests):
             lo = int(lay["query_start_loc"][r])
