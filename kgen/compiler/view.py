@@ -39,12 +39,14 @@ from kgen.ir.geometry import (
     flash_regions,
     out_cols,
     p_stride,
+    qtile_swizzle,
     qtile_vec4,
     row_groups,
     row_lanes,
     score_scatter,
     stream_full_steps,
     stream_hoisted,
+    swizzle_stride,
 )
 from kgen.ir.kernel import Kernel
 from kgen.ir.signature import Param, params
@@ -81,6 +83,8 @@ class KernelView:
         if self.stream:
             return "kernels/flash_stream.cu.j2"
         if self.qtile:
+            if qtile_swizzle(self.k):
+                return "kernels/flash_qtile_swizzle.cu.j2"
             return ("kernels/flash_qtile_vec4.cu.j2" if qtile_vec4(self.k)
                     else "kernels/flash_qtile.cu.j2")
         return f"kernels/{self.k.op.value}.cu.j2"
@@ -118,6 +122,10 @@ class KernelView:
     @property
     def p_stride(self) -> int:
         return p_stride(self.k)
+
+    @property
+    def swizzle_stride(self) -> int:
+        return swizzle_stride(self.k)
 
     @property
     def slots(self) -> bool:

@@ -84,6 +84,13 @@ class KvFormat:
     def row_bytes(self, head_dim: int) -> int:
         return self.row_width(head_dim) * self.itemsize
 
+    @property
+    def quad_bytes(self) -> int:
+        """The alignment a cache array needs for the query tile's quad reader
+        (templates/kv/<name>.j2, load_quad): four plain elements are one load of 4 x
+        itemsize bytes; blocked rows are read byte by byte."""
+        return 1 if self.blocked else 4 * self.itemsize
+
     def shadow_buffers(self) -> tuple[Shadow, ...]:
         return SHADOWS if self.shadows else ()
 

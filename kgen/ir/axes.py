@@ -112,6 +112,11 @@ class QtileLoads(StrEnum):
     SCALAR = "scalar"  # query_tile: 32-bit shared loads, keys and columns lane-strided
     VEC4 = "vec4"      # query_tile: 128-bit shared loads along head_dim (q.K) and along
     #                    keys / column quads (P.V); rows padded to whole float4s
+    SWIZZLE = "swizzle"  # query_tile: 128-bit shared loads of q and K rows whose float4s
+    #                      are swizzled (no pad: the q tile and a K/V tile fill the block's
+    #                      shared memory), K/V tiles staged a float4 of dims at a time by
+    #                      the format's quad reader, P handed between a row's lanes by
+    #                      shuffles (no P tile)
 
 
 class StreamSteps(StrEnum):
@@ -171,8 +176,8 @@ class RingFloor(StrEnum):
 @dataclass(frozen=True)
 class Key:
     """One settable key: its type (an Enum, int or str), default and scope; an int
-    key is positive and at most ``hi`` (None: no bound of its own), ``hi_why`` saying
-    what bounds it."""
+    key is at least ``lo`` (positive unless said) and at most ``hi`` (None: no bound
+    of its own), ``hi_why`` saying what bounds it."""
 
     type: type
     default: object
@@ -180,6 +185,7 @@ class Key:
     doc: str = ""
     hi: int | None = None
     hi_why: str = ""
+    lo: int = 1
 
 
 ALL = None
@@ -224,7 +230,7 @@ KEYS: dict[str, Key] = {
     "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),
     "max_groups": Key(int, 8, FLASH, "compile-time bound on kv_groups"),
     "rows_per_block": Key(int, 1, FLASH, "query rows of a prefill block (K/V tiles shared)"),
-    "k_pad": Key(int, 16, FLASH, "floats of padding per shared K row"),
+    "k_pad": Key(int, 16, FLASH, "floats of padding per shared K row (0: none)", lo=0),
     "kreg_max_chunk": Key(int, 16, FLASH, "compile-time bound on head_dim/dot_lanes",
                           hi=TARGET.registers_per_thread,
                           hi_why="a dot lane keeps its K chunk in registers, and a thread has "
@@ -241,7 +247,8 @@ KEYS: dict[str, Key] = {
     "micro_rows": Key(int, 2, FLASH, "query_tile: rows of a thread's score and output patch"),
     "micro_keys": Key(int, 4, FLASH, "query_tile: keys of a thread's score patch"),
     "qtile_loads": Key(QtileLoads, QtileLoads.SCALAR, FLASH, "query_tile: the width of "
-                       "its shared-memory loads (scalar, or vec4: float4 along head_dim)"),
+                       "its shared-memory loads (scalar; vec4: float4 along head_dim; "
+                       "swizzle: float4 over swizzled rows, P by shuffles)"),
     "lse": Key(Lse, Lse.NONE, frozenset({Op.MERGE_ATTN_STATES, Op.MLA_COMBINE,
                                          Op.MLA_PREFILL}), "whether the (merged) "
                "log-sum-exp is written too (output_lse, lse), or not (none)"),

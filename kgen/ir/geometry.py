@@ -72,6 +72,25 @@ def qtile_vec4(k: Kernel) -> bool:
     return query_tiles(k) and k.qtile_loads is QtileLoads.VEC4
 
 
+def qtile_swizzle(k: Kernel) -> bool:
+    """query_tile, qtile_loads = swizzle (templates/kernels/flash_qtile_swizzle.cu.j2):
+    q and K rows of swizzle_stride(k) floats whose float4 c of row r sits at c ^ (r % 8)
+    (a row's lanes and a warp's rows read distinct banks with no pad), V rows plain, P
+    passed between a row's lanes by shuffles."""
+    return query_tiles(k) and k.qtile_loads is QtileLoads.SWIZZLE
+
+
+SWIZZLE_QUADS = 8  # float4s a swizzle permutes: 8 x 16 bytes, the 32 banks once
+
+
+def swizzle_stride(k: Kernel) -> int:
+    """qtile_loads = swizzle: floats per shared q, K and V row, max_head_dim in whole
+    swizzle groups (a float4 index xor 7 stays inside the row) and whole rounds of a
+    row's lanes' column quads (each lane reads out_cols / 4 quads of every V row)."""
+    group = math.lcm(4 * SWIZZLE_QUADS, 4 * row_lanes(k))
+    return -(-k.max_head_dim // group) * group
+
+
 def row_lanes(k: Kernel) -> int:
     """query_tile: the lanes sharing one row (tile_keys / micro_keys)."""
     return k.tile_keys // k.micro_keys
@@ -90,7 +109,7 @@ def qtile_threads(k: Kernel) -> int:
 def out_cols(k: Kernel) -> int:
     """query_tile: output columns a thread holds per row (max_head_dim over its row's
     lanes; vec4: whole quads of columns)."""
-    if qtile_vec4(k):
+    if qtile_vec4(k) or qtile_swizzle(k):
         return 4 * -(-k.max_head_dim // (4 * row_lanes(k)))
     return -(-k.max_head_dim // row_lanes(k))
 
@@ -159,7 +178,7 @@ def head_dim_step(k: Kernel) -> int:
     the format. A query_tile block takes any head_dim up to max_head_dim (its loops
     over dims are guarded): whole blocks of the format only."""
     if query_tiles(k):
-        return math.lcm(k.fmt.block, 4) if qtile_vec4(k) else k.fmt.block
+        return math.lcm(k.fmt.block, 4) if qtile_vec4(k) or qtile_swizzle(k) else k.fmt.block
     base = k.dot_lanes if padded(k) else TARGET.warp
     return math.lcm(base, k.fmt.block)
 
@@ -216,6 +235,10 @@ def flash_regions(k: Kernel) -> tuple[Region, ...]:
     warp_stream, q group | merge; query_tile, q tile | K-then-V tile | probs): the one
     table the launch geometry sums and the flash templates carve."""
     T = k.tile_keys
+    if qtile_swizzle(k):  # rows of swizzle_stride floats at every head_dim; no P tile
+        return (Region("q_s", "float", "(size_t)TILE_ROWS * QSTRIDE",
+                       lambda G, hd: k.tile_rows * swizzle_stride(k)),
+                Region("kv_s", "float", "", lambda G, hd: T * swizzle_stride(k)))
     if query_tiles(k):  # rows of head_dim + k_pad floats; K and V take turns in kv_s
         return (Region("q_s", "float", "(size_t)TILE_ROWS * kstride",
                        lambda G, hd: k.tile_rows * (hd + k.k_pad)),

@@ -46,6 +46,7 @@ from kgen.ir.geometry import (
     dflash_grid,
     dflash_threads,
     flash_shared_bytes,
+    head_dim_step,
     merge_grid,
     merge_threads,
     mla_combine_grid,
@@ -59,6 +60,7 @@ from kgen.ir.geometry import (
     padded,
     paged_prefill_grid,
     prefill_grid,
+    qtile_swizzle,
     query_tiles,
     row_lanes,
     stream_head_dim,
@@ -178,6 +180,9 @@ def _cache_values(k: Kernel, c: Checker, a: dict, values: dict) -> None:
         values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
     for name in k.fmt.scale_scalars():  # per-tensor scales: rows hold x / scale
         values[name] = _param(c, a, name)
+    if qtile_swizzle(k):  # rows read four elements a load (the format's load_quad)
+        for name in ("k_cache", "v_cache"):
+            _aligned(c, name, a[name], k.fmt.quad_bytes)
 
 
 def _block_registers(k: Kernel, c: Checker, threads: int, hd: int | None) -> None:
@@ -306,10 +311,15 @@ def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
                   lambda: f"head_dim = {hd}: each thread holds its rows' outputs for head_dim "
                   f"up to max_head_dim = {k.max_head_dim} (in {out_cols(k)} columns of "
                   f"{row_lanes(k)} lanes a row)")
-        fmt = k.fmt
-        c.require(fmt.accepts_head_dim(hd), "row format",
-                  lambda: f"head_dim = {hd} must be a multiple of {fmt.block} (whole {fmt.name} "
-                  "blocks)")
+        fmt, step = k.fmt, head_dim_step(k)
+        if step == fmt.block:
+            c.require(fmt.accepts_head_dim(hd), "row format",
+                      lambda: f"head_dim = {hd} must be a multiple of {fmt.block} (whole "
+                      f"{fmt.name} blocks)")
+        else:  # float4 reads along head_dim
+            c.require(hd >= step and hd % step == 0, "row format",
+                      lambda: f"head_dim = {hd} must be a multiple of {step} (whole {fmt.name} "
+                      "blocks, read as float4s)")
         return
     threads = block_threads(k, hd)
     c.require(TARGET.fits_block(threads), "block size",
@@ -878,12 +888,13 @@ def _paged_append(k: Kernel, c: Checker, a: dict):
 MLA_ALIGN = 16  # bytes: the gather and the decode move latent rows as float4s
 
 
-def _aligned(c: Checker, name: str, x) -> None:
-    """A device array the kernel reads or writes as float4s starts on 16 bytes (rows of
-    MLA_ROW floats keep every row there); checked where the array tells its address."""
+def _aligned(c: Checker, name: str, x, align: int = MLA_ALIGN) -> None:
+    """A device array the kernel reads or writes ``align`` bytes a load (MLA: float4s)
+    starts on an ``align``-byte boundary (its rows keep every row there); checked where
+    the array tells its address."""
     ptr = getattr(getattr(x, "data", None), "ptr", None)
-    c.require(ptr is None or int(ptr) % MLA_ALIGN == 0, "alignment",
-              lambda: f"{name} must start on a {MLA_ALIGN}-byte boundary (address {ptr:#x})")
+    c.require(ptr is None or int(ptr) % align == 0, "alignment",
+              lambda: f"{name} must start on a {align}-byte boundary (address {ptr:#x})")
 
 
 def _latent_pages(c: Checker, name: str, x) -> tuple[int, int]:

@@ -13,7 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgen.ir.axes import KEYS, KStage, Mode, Op, Position, QStage, Schedule
-from kgen.ir.geometry import padded, qtile_vec4, query_tiles, stream_hoisted, tile_threads
+from kgen.ir.geometry import (
+    padded,
+    qtile_swizzle,
+    qtile_vec4,
+    query_tiles,
+    stream_hoisted,
+    tile_threads,
+)
 from kgen.ir.kernel import Kernel
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
@@ -61,25 +68,26 @@ def generated() -> list[tuple[Kernel, Callable]]:
 
 def rank(k: Kernel) -> tuple:
     """Preference among kernels that serve a shape (smaller first): exact staging
-    before fp16 q or K tiles, then a query_tile prefill with scalar loads (the one
-    form the contiguous and paged prefills share; make bench-kernels, prefill_long and
-    paged_goals, time both), then the fewest options nobody asked for, then a hoisted
-    warp_stream decode (one head_dim, its bounds set to the shape: 1.4-4.2x the
-    tiled decode's speed, each at its best plan, at 4k and 32k keys on the H200; make
-    bench-kernels, decode_goals)
-    with the tightest group bound, then the query tile with the tightest head_dim
-    bound (the most rows a tile: 64-row tiles up to head_dim 128, then 32-row ones),
-    then the tiled schedule (a guarded warp_stream decode or a vec4 query tile is
-    chosen by `kgen tune` or by name), then the widest tile (the most of the block
-    scoring keys: fewer tile steps), then a block with no idle threads. The dense,
-    per-slot and paged forms rank alike, so one shape gets the same arithmetic in each
-    (the paged form bit for bit the dense)."""
+    before fp16 q or K tiles, then a query_tile prefill with scalar or swizzled loads
+    (the forms the contiguous and paged prefills share; make bench-kernels, prefill_long
+    and paged_goals, time them), the swizzled one first (2.3x the scalar one's speed at
+    head_dim 128, 8k causal rows on the H200), then the fewest options nobody asked
+    for, then a hoisted warp_stream decode (one head_dim, its bounds set to the shape:
+    1.4-4.2x the tiled decode's speed, each at its best plan, at 4k and 32k keys on the
+    H200; make bench-kernels, decode_goals) with the tightest group bound, then the
+    query tile with the tightest head_dim bound (the most rows and keys a tile for the
+    head size), then the tiled schedule (a guarded warp_stream decode or a vec4 query
+    tile is chosen by `kgen tune` or by name), then the widest tile (the most of the
+    block scoring keys: fewer tile steps), then a block with no idle threads. The
+    dense, per-slot and paged forms rank alike, so one shape gets the same arithmetic
+    in each (the paged form bit for bit the dense)."""
     if k.op is not Op.FLASH:
         return (options(k),)
     lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
     fast = k.mode is Mode.DECODE and stream_hoisted(k)
     rows = query_tiles(k) and not qtile_vec4(k)  # a query tile, dense or paged
-    return (lossy, not rows, options(k), not fast, k.max_groups if fast else 0,
+    return (lossy, not rows, not qtile_swizzle(k), options(k), not fast,
+            k.max_groups if fast else 0,
             k.max_head_dim if rows else 0, k.schedule is not Schedule.BLOCK_TILE,
             -tile_threads(k), padded(k))
 

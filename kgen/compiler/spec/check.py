@@ -34,10 +34,12 @@ from kgen.ir.geometry import (
     flash_shared_bytes,
     max_head_dim_launched,
     min_head_dim,
+    qtile_swizzle,
     qtile_threads,
     qtile_vec4,
     query_tiles,
     register_k_floats,
+    row_groups,
     row_lanes,
     stream_head_dim,
     stream_hoisted,
@@ -386,8 +388,8 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
                         "its decode forms are not supported yet")
     if k.position is Position.PAGED and qtile_vec4(k):
         raise ctx.error(_blame(k, "qtile_loads", "position"), "schedule = query_tile over "
-                        "pages (position = paged) has scalar loads only (qtile_loads = "
-                        "scalar) yet")
+                        "pages (position = paged) has scalar or swizzled loads only "
+                        "(qtile_loads = scalar or swizzle) yet")
     if k.fmt.shadows:
         raise ctx.error(k.where("kv"), f"schedule = query_tile does not support kv = "
                         f"{k.fmt.name} yet: a key's fp16 shadow (sink rows, window ring) "
@@ -422,6 +424,8 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(k.where("max_head_dim"), f"max_head_dim = {k.max_head_dim} admits no "
                         f"head_dim: a kv = {k.fmt.name} row is whole blocks of "
                         f"{k.fmt.block} values")
+    if qtile_swizzle(k):
+        _check_swizzle(k, ctx)
     if qtile_vec4(k) and (k.k_pad % 4 or k.tile_keys % 4):
         raise ctx.error(k.where("qtile_loads"), f"qtile_loads = vec4 reads float4s: k_pad = "
                         f"{k.k_pad} and tile_keys = {k.tile_keys} must be multiples of 4 (rows "
@@ -437,6 +441,30 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
                         f"{patch} scores and {accumulators(k)} output floats a thread keeps in "
                         f"registers: {accumulators(k) + patch}, and a thread has "
                         f"{TARGET.registers_per_thread}")
+
+
+
+# qtile_loads = swizzle: a thread xors its float4 index with its rows' (and keys') row
+# index mod this, once per dim step for all of them.
+SWIZZLE_ROWS = 8
+
+
+def _check_swizzle(k: Kernel, ctx: _Ctx) -> None:
+    """qtile_loads = swizzle: rows carry no pad (k_pad = 0: the swizzle spreads them
+    over the banks), and a thread's rows (ty + i * row_groups) and keys (tx + j *
+    row_lanes) share one row index mod 8, so one xor serves all of its loads of a dim
+    step: row_groups and row_lanes whole multiples of 8 (or a single key a lane)."""
+    if k.k_pad != 0:
+        raise ctx.error(k.where("k_pad"), f"qtile_loads = swizzle permutes each row's "
+                        f"float4s instead of padding rows: k_pad = {k.k_pad} must be 0")
+    if row_groups(k) % SWIZZLE_ROWS:
+        raise ctx.error(_blame(k, "micro_rows", "tile_rows"), f"qtile_loads = swizzle: "
+                        f"tile_rows / micro_rows = {row_groups(k)} row groups must be a "
+                        f"multiple of {SWIZZLE_ROWS} (a thread's rows share one swizzle)")
+    if row_lanes(k) % SWIZZLE_ROWS and k.micro_keys > 1:
+        raise ctx.error(_blame(k, "micro_keys", "tile_keys"), f"qtile_loads = swizzle: "
+                        f"tile_keys / micro_keys = {row_lanes(k)} lanes a row must be a "
+                        f"multiple of {SWIZZLE_ROWS} (a thread's keys share one swizzle)")
 
 
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:

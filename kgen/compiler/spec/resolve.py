@@ -45,8 +45,10 @@ def _convert(a: Assign, lines: _Lines) -> object:
     if t is int:
         if not isinstance(a.value, int):
             raise lines.error(a.value_pos, f"'{a.key}' takes an integer, not '{a.value}'")
-        if a.value <= 0:
-            raise lines.error(a.value_pos, f"'{a.key}' must be positive, not {a.value}")
+        if a.value < key.lo:
+            raise lines.error(a.value_pos, f"'{a.key}' must be positive, not {a.value}"
+                              if key.lo == 1 else f"'{a.key}' is at least {key.lo}, not "
+                              f"{a.value}")
         if key.hi is not None and a.value > key.hi:
             raise lines.error(a.value_pos, f"'{a.key}' is at most {key.hi}, not {a.value} "
                               f"({key.hi_why})")

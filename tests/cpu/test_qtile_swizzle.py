@@ -1,0 +1,122 @@
+"""The swizzled query tile's host contracts (qtile_loads = swizzle): its cache rows are
+read four elements a load (the format's load_quad), so a K or V cache array must start
+on the format's quad boundary (KvFormat.quad_bytes) and head_dim be whole float4s; the
+geometry sizes its shared rows to the kernel's bound, not the launch's head_dim; and the
+default prefill choice takes it before the scalar query tile. Every kernel is one the
+build made (the manifest's), every bound derived from the format and the kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kgen.ir.axes import Mode, Op, Position
+from kgen.ir.geometry import (
+    flash_shared_bytes,
+    head_dim_step,
+    qtile_swizzle,
+    qtile_vec4,
+    query_tiles,
+    row_lanes,
+    swizzle_stride,
+)
+from kgen.ir.target import TARGET
+from kgen.runtime import ContractError, bind
+from kgen.runtime.bind import shape_refusal
+from kgen.runtime.select import Role, find
+from kgen.testing import Case, host_args
+from kgen.testing.built import BUILT, needs_build
+from kgen.testing.fakecupy import FakeArray, _Ptr
+
+pytestmark = needs_build
+
+
+@pytest.fixture(scope="module")
+def swizzled():
+    import kgen_kernels
+
+    ks = [getattr(kgen_kernels, n).kernel for n in BUILT.kernels]
+    out = [k for k in ks if k.op is Op.FLASH and qtile_swizzle(k)]
+    assert out, "the build has no swizzled query tile"
+    return out
+
+
+def _case(k) -> Case:
+    hd = k.max_head_dim
+    if k.position is Position.PAGED:
+        return Case("paged", head_dim=hd, n_head=4, n_head_kv=2, requests=((5, 9), (3, 3)),
+                    block_size=4)
+    return Case("host", head_dim=hd, n=5, n_head=4, n_head_kv=2, max_seq=16, pos0=2)
+
+
+def _shifted(x: np.ndarray, by: int) -> FakeArray:
+    """``x``'s shape and dtype at a device address ``by`` bytes off a 256-byte boundary."""
+    return FakeArray(x.shape, x.dtype, data=_Ptr(0, 0x10000 + by))
+
+
+def _placed(a: dict, by: int) -> dict:
+    """The argument set with its K and V caches at an address ``by`` bytes off."""
+    return {**a, "k_cache": _shifted(a["k_cache"], by), "v_cache": _shifted(a["v_cache"], by)}
+
+
+def test_a_cache_off_its_quad_boundary_is_refused(swizzled):
+    for k in swizzled:
+        quad = k.fmt.quad_bytes
+        a = host_args(k, _case(k))
+        bind(k, _placed(a, 0))  # on the boundary: accepted
+        bind(k, _placed(a, quad))
+        if quad == 1:
+            continue  # byte reads: any address
+        for by in (quad // 2, quad + quad // 2):
+            with pytest.raises(ContractError) as e:
+                bind(k, _placed(a, by))
+            assert e.value.contract == "alignment", k.name
+            assert f"{quad}-byte boundary" in str(e.value), k.name
+
+
+def test_quad_bytes_are_four_plain_elements_or_bytes(swizzled):
+    for fmt in {k.fmt.name: k.fmt for k in swizzled}.values():
+        want = 1 if fmt.block > 1 else 4 * np.dtype(fmt.dtype).itemsize
+        assert fmt.quad_bytes == want, fmt.name
+
+
+def test_head_dim_is_whole_float4s_up_to_the_bound(swizzled):
+    for k in swizzled:
+        step = head_dim_step(k)
+        assert step % 4 == 0 and step % k.fmt.block == 0, k.name
+        assert shape_refusal(k, k.max_head_dim, 1) is None, k.name
+        assert shape_refusal(k, step, 1) is None, k.name
+        assert "head_dim range" in shape_refusal(k, k.max_head_dim + step, 1), k.name
+        if step > 1:
+            assert "row format" in shape_refusal(k, step + 1, 1), k.name
+
+
+def test_shared_rows_are_sized_to_the_bound_and_fit_the_target(swizzled):
+    for k in swizzled:
+        stride = swizzle_stride(k)
+        assert stride >= k.max_head_dim and stride % 32 == 0, k.name
+        assert (stride // 4) % row_lanes(k) == 0, k.name  # a row's lanes' quads
+        want = 4 * (k.tile_rows + k.tile_keys) * stride
+        for hd in (head_dim_step(k), k.max_head_dim):
+            assert flash_shared_bytes(k, 1, hd) == want, k.name
+        assert want <= TARGET.shared_per_block, k.name
+
+
+def test_the_default_prefill_is_the_swizzled_tile_where_one_serves(swizzled):
+    import kgen_kernels
+
+    pool = [(getattr(kgen_kernels, n).kernel, getattr(kgen_kernels, n))
+            for n in BUILT.kernels]
+    for k in swizzled:
+        if k.mode is not Mode.PREFILL or k.window.value != "sink_recent" or \
+                k.sinks.value != "none" or k.softcap.value != "none":
+            continue
+        role = Role(Op.FLASH, k.position, Mode.PREFILL, k.kv.value,
+                    needs=(("mask", k.mask.value),))
+        # At its bound no swizzled kernel has a tighter one, and no other form ranks first.
+        hd = k.max_head_dim
+        got, _ = find(role, hd, 4, kernels=pool, rows=4096)
+        assert qtile_swizzle(got) and got.max_head_dim == k.max_head_dim, (k.name, got.name)
+        # A batch too small for its tiles takes no query tile at all.
+        few, _ = find(role, hd, 4, kernels=pool, rows=1)
+        assert not query_tiles(few) or qtile_vec4(few), (k.name, few.name)
