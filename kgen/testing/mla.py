@@ -31,8 +31,6 @@ import math
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import IN_DTYPE_OPS as IN_OPS
-from kgen.ir.axes import OUT_DTYPE_OPS as OUT_OPS
 from kgen.ir.axes import Lse, Mask, Op, SeqStarts
 from kgen.ir.geometry import (
     MLA_LATENT,

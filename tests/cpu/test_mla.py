@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import IoDtype, Lse, Mask, Op, SeqStarts
+from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS, IoDtype, Lse, Mask, Op, SeqStarts
 from kgen.ir.geometry import (
     MLA_COMBINE_THREADS,
     MLA_HEADS,
@@ -71,8 +71,8 @@ def of(op: Op) -> list:
 # the bf16 kernel of each op, of its plain form (no LSE, no seq_starts, causal; its
 # element types all bf16 where the op has them)
 BF16 = {k.op: k for k in BUILT
-        if (k.op not in tmla.IN_OPS or k.in_dtype is IoDtype.BF16)
-        and (k.op not in tmla.OUT_OPS or k.out_dtype is IoDtype.BF16)
+        if (k.op not in IN_DTYPE_OPS or k.in_dtype is IoDtype.BF16)
+        and (k.op not in OUT_DTYPE_OPS or k.out_dtype is IoDtype.BF16)
         and k.lse is Lse.NONE and k.seq_starts is SeqStarts.NONE and k.mask is Mask.CAUSAL}
 
 
@@ -606,8 +606,8 @@ def test_mla_cache_with_plain_fake(monkeypatch):
 
 def _named(op: Op, fi: IoDtype, fo: IoDtype = F32, **axes) -> str:
     """The name of the kernel of ``op`` with these element types and option axes."""
-    ks = [k for k in of(op) if (op not in tmla.IN_OPS or k.in_dtype is fi) and
-          (op not in tmla.OUT_OPS or k.out_dtype is fo) and
+    ks = [k for k in of(op) if (op not in IN_DTYPE_OPS or k.in_dtype is fi) and
+          (op not in OUT_DTYPE_OPS or k.out_dtype is fo) and
           all(getattr(k, a) is v for a, v in axes.items())]
     assert len(ks) == 1, (op, fi, fo, axes, [k.name for k in ks])
     return ks[0].name
