@@ -285,6 +285,7 @@ def _resources(settings: Settings, args) -> dict[str, dict]:
 
 def cmd_list(args, settings: Settings, say: Reporter) -> int:
     from kgen.compiler import coverage
+    from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS
     from kgen.runtime.record import axes_of
 
     kernels = _kernels(settings, args)
@@ -311,8 +312,11 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
         elif k.op.value == "dflash_attention":
             axes += f" key_source={k.key_source.value}"
         elif k.op.value == "dense_attention":
-            axes += (f" kv_reads={k.kv_reads.value} in_dtype={k.in_dtype.value}"
-                     f" out_dtype={k.out_dtype.value}")
+            axes += f" kv_reads={k.kv_reads.value}"
+        if k.op in IN_DTYPE_OPS:
+            axes += f" in_dtype={k.in_dtype.value}"
+        if k.op in OUT_DTYPE_OPS:
+            axes += f" out_dtype={k.out_dtype.value}"
         dims = coverage.runs(coverage.head_dims(k))
         print(f"{k.name:<{w}}  {k.module:<14}  {axes}  head_dim {dims}")
     return 0

@@ -27,6 +27,7 @@ from kgen.formats.base import SHADOW_SCALARS
 from kgen.ir import geometry as geo
 from kgen.ir.axes import (
     MLA_OPS,
+    IoDtype,
     KeySource,
     KStage,
     Lse,
@@ -380,6 +381,7 @@ def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
         merge_threads=geo.merge_threads(),
         merge_grid_x=expr(geo.merge_grid(Sym("T"), Sym("H"))[0]),
         mla=_mla_geometry(), entry=_entry_params(),
+        io_dtypes=[d.value for d in IoDtype],
         mla_ops=sorted(o.name for o in MLA_OPS),
         dflash_rows=geo.DFLASH_ROWS, dflash_threads=geo.dflash_threads(),
         dflash_grid_x=expr(geo.dflash_grid(Sym("T"), Sym("H"))[0]),

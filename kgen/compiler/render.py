@@ -15,7 +15,7 @@ import jinja2
 
 from kgen import __version__
 from kgen.compiler.view import KernelView
-from kgen.ir.axes import Op, Position
+from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS, Op, Position
 from kgen.ir.kernel import Kernel
 from kgen.ir.spellings import NEG_INF, convert
 
@@ -108,20 +108,26 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
     for k in cache_ops:
         formats.setdefault(k.fmt.name, set()).update(_uses(k))
     by_name = {k.fmt.name: k.fmt for k in cache_ops}
-    for k in kernels:  # dense_attention: its element types' readers and rounding
-        if k.op is Op.DENSE_ATTENTION:
-            for fmt, use in ((k.in_dtype.fmt, "elem"), (k.out_dtype.fmt, "quant")):
-                formats.setdefault(fmt.name, set()).add(use)
-                by_name[fmt.name] = fmt
+    io = []  # the element types of ops with in_dtype / out_dtype: readers and rounding
+    for k in kernels:
+        io += [(k.in_dtype.fmt, "elem")] if k.op in IN_DTYPE_OPS else []
+        io += [(k.out_dtype.fmt, "quant")] if k.op in OUT_DTYPE_OPS else []
+    for fmt, use in io:
+        formats.setdefault(fmt.name, set()).add(use)
+        by_name[fmt.name] = fmt
     return {
         "fp16": any(k.fmt.fp16 for k in cache_ops)
-        or any(k.byte_layout for k in kernels if k.op is Op.FLASH),
+        or any(k.byte_layout for k in kernels if k.op is Op.FLASH)
+        or any(fmt.fp16 for fmt, _ in io),
         # Device helpers per format in use (templates/lib/<kv>.cuh.j2, if it has one).
         "format_libs": [(by_name[n], uses) for n, uses in sorted(formats.items())
                         if (templates / by_name[n].lib).is_file()],
         "window": any(k.op is Op.FLASH for k in kernels),
         "combine": any(k.op is Op.DECODE_COMBINE for k in kernels),
         "merge": any(k.op is Op.MERGE_ATTN_STATES for k in kernels),
+        # the merge's row helpers, once per element types of its merge kernels
+        "merge_io": list(dict.fromkeys((k.in_dtype.fmt, k.out_dtype.fmt) for k in kernels
+                                       if k.op is Op.MERGE_ATTN_STATES)),
         "mla": any(k.op in (Op.MLA_DECODE, Op.MLA_COMBINE) for k in kernels),  # split bounds
         "dflash": any(k.op in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION) for k in kernels),
         "paged": any(k.paged and k.op is Op.FLASH for k in kernels),

@@ -218,6 +218,11 @@ class KernelView:
                 "prefill_tile": g.MLA_PREFILL_TILE}
 
     @property
+    def mla_row_quads(self) -> int:
+        """gather_mla_cache: 16-byte quads of a latent row of in_dtype (what a lane copies)."""
+        return geometry.mla_row_quads(self.k)
+
+    @property
     def writes_mla_lse(self) -> bool:
         """mla_combine ([B][Hq]), mla_prefill ([H][total_q]): the LSE is written too."""
         return self.k.op in (Op.MLA_COMBINE, Op.MLA_PREFILL) and self.k.lse is Lse.WRITE

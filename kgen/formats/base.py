@@ -87,7 +87,7 @@ class KvFormat:
     @property
     def quad_bytes(self) -> int:
         """The alignment a cache array needs for the query tile's quad reader
-        (templates/kv/<name>.j2, load_quad): four plain elements are one load of 4 x
+        (templates/kv/<name>.j2, load_key_quad): four plain elements are one load of 4 x
         itemsize bytes; blocked rows are read byte by byte."""
         return 1 if self.blocked else 4 * self.itemsize
 

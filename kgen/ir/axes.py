@@ -157,11 +157,14 @@ class KvReads(StrEnum):
 
 
 class IoDtype(StrEnum):
-    """An element type of dense attention's query / key / value or output: a registered
-    format whose rows are plain elements (its NumPy model and device helpers convert)."""
+    """An element type of an op's input or output tensors (dense attention's query / key /
+    value or output; the MLA ops' latent rows, queries and outputs; merge_attn_states'
+    outputs): a registered format whose rows are plain elements (its NumPy model and
+    device helpers convert; math is f32)."""
 
     F32 = "f32"
     BF16 = "bf16"
+    F16 = "f16"
 
     @property
     def fmt(self) -> KvFormat:
@@ -194,6 +197,13 @@ CACHE_OPS = frozenset({Op.FLASH, Op.KV_APPEND})
 PLAN_OPS = frozenset({Op.FLASH, Op.DECODE_COMBINE})
 DFLASH = frozenset({Op.DFLASH_ATTENTION})
 DENSE = frozenset({Op.DENSE_ATTENTION})
+# The ops whose input tensors (in_dtype) or output tensors (out_dtype) have an element type
+# of their own: the MLA store, gather and split stage take rows (queries, latent rows) of
+# in_dtype and write f32 partials; the merge stage writes out_dtype; the prefill and
+# merge_attn_states read in_dtype and write out_dtype. An LSE is always f32.
+IN_DTYPE_OPS = DENSE | frozenset({Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE,
+                                  Op.MLA_PREFILL, Op.MERGE_ATTN_STATES})
+OUT_DTYPE_OPS = DENSE | frozenset({Op.MLA_COMBINE, Op.MLA_PREFILL, Op.MERGE_ATTN_STATES})
 
 KEYS: dict[str, Key] = {
     "module": Key(str, None, ALL, "generated file the kernel lands in"),
@@ -258,10 +268,12 @@ KEYS: dict[str, Key] = {
                       "(dense), or the request's paged context then its block (paged)"),
     "kv_reads": Key(KvReads, KvReads.GLOBAL, DENSE, "dense_attention: each warp reads K/V "
                     "from global (Fast), or a block stages K/V tiles in shared (Flash)"),
-    "in_dtype": Key(IoDtype, IoDtype.F32, DENSE, "dense_attention: element type of query, "
-                    "key and value (f32 or bf16; math is f32)"),
-    "out_dtype": Key(IoDtype, IoDtype.F32, DENSE, "dense_attention: element type of the "
-                     "output (f32, or bf16 rounded to nearest even)"),
+    "in_dtype": Key(IoDtype, IoDtype.F32, IN_DTYPE_OPS, "element type of the input tensors "
+                    "(dense_attention: query, key, value; MLA: kv_c / k_pe rows, the latent "
+                    "cache, queries, prefill K and V; merge_attn_states: the two outputs "
+                    "merged); math is f32"),
+    "out_dtype": Key(IoDtype, IoDtype.F32, OUT_DTYPE_OPS, "element type of the output "
+                     "(f32, or a 16-bit type rounded to nearest even); an LSE is f32"),
 }
 
 

@@ -386,6 +386,12 @@ def mla_threads(k: Kernel) -> int:
             Op.MLA_PREFILL: MLA_PREFILL_ROWS * TARGET.warp}[k.op]
 
 
+def mla_row_quads(k: Kernel) -> int:
+    """gather_mla_cache: 16-byte quads of one latent row of the kernel's in_dtype (MLA_ROW
+    elements: 144 quads of f32, 72 of a 16-bit type); a warp copies a row quad by quad."""
+    return MLA_ROW * k.in_dtype.fmt.itemsize // 16
+
+
 def mla_store_grid(n_slots: int) -> tuple[int, int, int]:
     """concat_and_cache_mla: a block per slot_mapping entry."""
     return (n_slots, 1, 1)

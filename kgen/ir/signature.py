@@ -57,6 +57,13 @@ def _cache(k: Kernel, const: str) -> list[Param]:
     return [Param(n, f"{const}{fmt.ctype} *", fmt.dtype) for n in ("k_cache", "v_cache")]
 
 
+def _elems(dtype, const: str, *names: str) -> list[Param]:
+    """Arrays of an op's element type (``in_dtype`` / ``out_dtype``: a plain-element
+    format's C and NumPy types)."""
+    fmt = dtype.fmt
+    return [Param(n, f"{const}{fmt.ctype} *", fmt.dtype) for n in names]
+
+
 def _position(k: Kernel, host: list[Param]) -> list[Param]:
     if k.position is Position.HOST:
         return host
@@ -140,34 +147,37 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         if k.position is not Position.HOST:
             out += _p("int", "kps", "splits_cap")
     elif k.op is Op.MERGE_ATTN_STATES:  # the engine's argument order and names
-        out += _p("float *", "output", *(["output_lse"] if k.lse is Lse.WRITE else []))
-        out += _p("const float *", "prefix_output", "prefix_lse", "suffix_output",
-                  "suffix_lse")
+        out += _elems(k.out_dtype, "", "output") + _p("float *", *(["output_lse"]
+                                                                 if k.lse is Lse.WRITE else []))
+        out += _elems(k.in_dtype, "const ", "prefix_output") + _p("const float *", "prefix_lse")
+        out += _elems(k.in_dtype, "const ", "suffix_output") + _p("const float *", "suffix_lse")
         out += _p("int", "n_tokens", "n_head", "head_dim", "prefill_tokens_with_context")
     elif k.op is Op.MLA_STORE:  # the engine's ConcatAndCacheMla; row strides in elements
-        out += _p("const float *", "kv_c", "k_pe") + _p("float *", "kv_cache")
+        out += _elems(k.in_dtype, "const ", "kv_c", "k_pe") + _elems(k.in_dtype, "", "kv_cache")
         out += _p("const long long *", "slot_mapping")
         out += _p("int", "n_slots", "kv_c_stride", "k_pe_stride", "num_blocks", "block_size")
     elif k.op is Op.MLA_GATHER:  # the engine's GatherMlaCache
-        out += _p("float *", "dst") + _p("const float *", "src_cache")
+        out += _elems(k.in_dtype, "", "dst") + _elems(k.in_dtype, "const ", "src_cache")
         out += _p("const int *", "block_table", "cu_seq_lens", "token_to_seq")
         if k.seq_starts is SeqStarts.GIVEN:
             out += _p("const int *", "seq_starts")
         out += _p("int", "num_tokens", "num_reqs", "num_blocks", "block_size", "max_blocks")
     elif k.op is Op.MLA_DECODE:  # split stage: partials [B][Hq][kv_splits] (acc x V width)
-        out += _p("const float *", "query", "kv_cache")
+        out += _elems(k.in_dtype, "const ", "query", "kv_cache")
         out += _p("const int *", "block_table", "seq_lens")
         out += _p("float *", "m_out", "l_out", "acc_out")
         out += _p("int", "n_head", "kv_splits", "num_blocks", "block_size", "max_blocks")
         out += _p("float", "scale")
     elif k.op is Op.MLA_COMBINE:  # merge stage, the splits in ascending order
         out += _p("const float *", "m_in", "l_in", "acc_in") + _p("const int *", "seq_lens")
-        out += _p("float *", "out", *(["lse"] if k.lse is Lse.WRITE else []))
+        out += _elems(k.out_dtype, "", "out") + _p("float *", *(["lse"] if k.lse is Lse.WRITE
+                                                                else []))
         out += _p("int", "n_head", "kv_splits")
     elif k.op is Op.MLA_PREFILL:  # the engine's MlaPrefillAttention; lse [n_head][total_q]
-        out += _p("const float *", "query", "key", "value")
+        out += _elems(k.in_dtype, "const ", "query", "key", "value")
         out += _p("const int *", "cu_seqlens_q", "cu_seqlens_k")
-        out += _p("float *", "out", *(["lse"] if k.lse is Lse.WRITE else []))
+        out += _elems(k.out_dtype, "", "out") + _p("float *", *(["lse"] if k.lse is Lse.WRITE
+                                                                else []))
         out += _p("int", "n_head", "num_reqs", "total_q") + _p("float", "scale")
     elif k.op is Op.DFLASH_ATTENTION:  # the engine's argument order and names
         paged = k.key_source is KeySource.PAGED
@@ -180,9 +190,8 @@ def _params(k: Kernel) -> tuple[Param, ...]:
             out += _p("int", "block_size", "max_blocks", "num_pages")
         out += _p("int", "block_causal", "sliding_window") + _p("float", "scale")
     elif k.op is Op.DENSE_ATTENTION:  # the engine's Attention(out, query, key, value)
-        fi, fo = k.in_dtype.fmt, k.out_dtype.fmt
-        out.append(Param("out", f"{fo.ctype} *", fo.dtype))
-        out += [Param(n, f"const {fi.ctype} *", fi.dtype) for n in ("query", "key", "value")]
+        out += _elems(k.out_dtype, "", "out") + _elems(k.in_dtype, "const ", "query", "key",
+                                                       "value")
         out += _p("int", "n_rows", "n_head", "n_head_kv", "head_dim", "block_causal")
         out += _p("float", "scale")
     return tuple(out)

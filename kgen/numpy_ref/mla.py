@@ -13,6 +13,11 @@ one KV head; V is the first kv_lora_rank columns of a row.
   lse = max + log sum exp(qk - max).
 * MlaPrefillAttention: varlen attention, H q heads = H kv heads, QK and V head sizes
   apart; causal is bottom-right aligned (query i of Lq sees keys j <= i + Lk - Lq).
+
+The store and the gather move elements of any dtype (bf16 bit patterns, halves) exactly;
+the attention references take the values a kernel computes with: for 16-bit rows, the
+elements widened by the format's NumPy model (``KvFormat.dequantize_rows``, exact), so
+the rounding of the inputs is modelled bit for bit and only the output's is a tolerance.
 """
 
 from __future__ import annotations

@@ -14,11 +14,9 @@ shapes, GQA, head_dim, scale > 0 and finite) is checked before any launch.
 
 from __future__ import annotations
 
-import numpy as np
-
 from kgen.ir.axes import IoDtype, KvReads, Op
 from kgen.ir.params import PARAMS
-from kgen.runtime.contracts import ContractError
+from kgen.runtime import options
 from kgen.runtime.options import flag
 from kgen.runtime.select import Role, find
 
@@ -35,14 +33,7 @@ def role(reads: KvReads, in_dtype: IoDtype, out_dtype: IoDtype) -> Role:
 
 def io_dtype(name: str, a) -> IoDtype:
     """The element type an array holds (float32: f32; uint16: bf16 bit patterns)."""
-    dt = getattr(a, "dtype", None)
-    if dt is None or not hasattr(a, "shape"):
-        raise ContractError(WHO, "array", f"{name} must be an array, not {type(a).__name__}")
-    for d in IoDtype:
-        if np.dtype(dt) == np.dtype(d.fmt.dtype):
-            return d
-    names = ", ".join(f"{np.dtype(d.fmt.dtype).name} ({d.value})" for d in IoDtype)
-    raise ContractError(WHO, "dtype", f"{name} must be one of {names}, not {dt}")
+    return options.io_dtype(name, a, WHO)
 
 
 def launcher(reads: KvReads, in_dtype: IoDtype, out_dtype: IoDtype, head_dim: int,

@@ -180,7 +180,7 @@ def _cache_values(k: Kernel, c: Checker, a: dict, values: dict) -> None:
         values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
     for name in k.fmt.scale_scalars():  # per-tensor scales: rows hold x / scale
         values[name] = _param(c, a, name)
-    if qtile_swizzle(k):  # rows read four elements a load (the format's load_quad)
+    if qtile_swizzle(k):  # rows read four elements a load (the format's load_key_quad)
         for name in ("k_cache", "v_cache"):
             _aligned(c, name, a[name], k.fmt.quad_bytes)
 
@@ -584,14 +584,19 @@ def _combine(k: Kernel, c: Checker, a: dict):
 MERGE_LSES = ("prefix_lse", "suffix_lse")
 
 
+def _elem(dtype) -> np.dtype:
+    """The NumPy dtype of an op's in_dtype / out_dtype arrays (the format's elements)."""
+    return np.dtype(dtype.fmt.dtype)
+
+
 def _merge(k: Kernel, c: Checker, a: dict):
     out = a["output"]
-    c.array("output", out, np.float32, 3)
+    c.array("output", out, _elem(k.out_dtype), 3)
     T, H, D = (int(x) for x in out.shape)
     c.require(T >= 1 and H >= 1 and D >= 1, "shape",
               lambda: f"output has shape {(T, H, D)}: nothing to merge")
     for name in ("prefix_output", "suffix_output"):
-        c.array(name, a[name], np.float32, 3)
+        c.array(name, a[name], _elem(k.in_dtype), 3)
         c.shape(name, a[name], (T, H, D))
     lses = (*MERGE_LSES, "output_lse") if k.lse is Lse.WRITE else MERGE_LSES
     for name in lses:
@@ -878,14 +883,17 @@ def _paged_append(k: Kernel, c: Checker, a: dict):
 
 
 # ---- multi-head latent attention --------------------------------------------------------
-# The latent cache is pages [num_blocks][block_size][MLA_ROW] f32, one KV head, V the
+# The latent cache is pages [num_blocks][block_size][MLA_ROW] of the kernel's in_dtype
+# (its kv_c / k_pe rows, queries and prefill q, K, V alike; outputs of out_dtype; the
+# partials and every LSE f32), one KV head, V the
 # first MLA_LATENT columns of each row. The index tensors are device tensors the kernels
 # read in place; with validate_pos (the default) the host reads them back and checks
 # them, a graph-captured launch passes validate_pos=False and owns their values (the
 # kernels skip a slot, table entry or token that points outside the arrays).
 
 
-MLA_ALIGN = 16  # bytes: the gather and the decode move latent rows as float4s
+MLA_ALIGN = 16  # bytes: the gather and the decode move latent rows as 16-byte quads (f32),
+#                 the 16-bit kernels as 8-byte quads of elements (16 bytes asked alike)
 
 
 def _aligned(c: Checker, name: str, x, align: int = MLA_ALIGN) -> None:
@@ -897,9 +905,10 @@ def _aligned(c: Checker, name: str, x, align: int = MLA_ALIGN) -> None:
               lambda: f"{name} must start on a {align}-byte boundary (address {ptr:#x})")
 
 
-def _latent_pages(c: Checker, name: str, x) -> tuple[int, int]:
-    """The paged latent cache [num_blocks][block_size][MLA_ROW] f32; (num_blocks, block_size)."""
-    c.array(name, x, np.float32, 3)
+def _latent_pages(k: Kernel, c: Checker, name: str, x) -> tuple[int, int]:
+    """The paged latent cache [num_blocks][block_size][MLA_ROW] of in_dtype; (num_blocks,
+    block_size)."""
+    c.array(name, x, _elem(k.in_dtype), 3)
     nb, bs = (int(n) for n in x.shape[:2])
     c.shape(name, x, (nb, bs, MLA_ROW))
     c.require(nb >= 1 and bs >= 1, "shape", "empty paged cache")
@@ -908,12 +917,12 @@ def _latent_pages(c: Checker, name: str, x) -> tuple[int, int]:
     return nb, bs
 
 
-def _source_rows(c: Checker, name: str, x, width: int) -> tuple[int, int]:
-    """A [rows][width] f32 source whose rows may be strided (elements of a row adjacent);
-    (rows, row stride in elements)."""
+def _source_rows(c: Checker, name: str, x, width: int, dtype: np.dtype) -> tuple[int, int]:
+    """A [rows][width] source of ``dtype`` whose rows may be strided (elements of a row
+    adjacent); (rows, row stride in elements)."""
     c.require(hasattr(x, "shape") and hasattr(x, "dtype"), "array",
               lambda: f"{name} must be an array, not {type(x).__name__}")
-    c.require(x.dtype == np.float32, "dtype", lambda: f"{name} must be float32, not {x.dtype}")
+    c.require(x.dtype == dtype, "dtype", lambda: f"{name} must be {dtype.name}, not {x.dtype}")
     c.require(x.ndim == 2, "shape", lambda: f"{name} must have 2 dimensions, not shape "
               f"{tuple(x.shape)}")
     rows = int(x.shape[0])
@@ -933,10 +942,10 @@ def _source_rows(c: Checker, name: str, x, width: int) -> tuple[int, int]:
 
 
 def _mla_store(k: Kernel, c: Checker, a: dict):
-    T, kv_stride = _source_rows(c, "kv_c", a["kv_c"], MLA_LATENT)
-    T_pe, pe_stride = _source_rows(c, "k_pe", a["k_pe"], MLA_ROPE)
+    T, kv_stride = _source_rows(c, "kv_c", a["kv_c"], MLA_LATENT, _elem(k.in_dtype))
+    T_pe, pe_stride = _source_rows(c, "k_pe", a["k_pe"], MLA_ROPE, _elem(k.in_dtype))
     c.require(T_pe == T, "shape", lambda: f"k_pe has {T_pe} rows, kv_c {T}")
-    nb, bs = _latent_pages(c, "kv_cache", a["kv_cache"])
+    nb, bs = _latent_pages(k, c, "kv_cache", a["kv_cache"])
     sm = a["slot_mapping"]
     c.array("slot_mapping", sm, np.int64, 1)
     S = int(sm.shape[0])
@@ -976,11 +985,11 @@ def _mla_used_blocks(c: Checker, table: np.ndarray, r: int, first: int, last: in
 
 def _mla_gather(k: Kernel, c: Checker, a: dict):
     dst = a["dst"]
-    c.array("dst", dst, np.float32, 2)
+    c.array("dst", dst, _elem(k.in_dtype), 2)
     rows = int(dst.shape[0])
     c.shape("dst", dst, (rows, MLA_ROW))
     _aligned(c, "dst", dst)
-    nb, bs = _latent_pages(c, "src_cache", a["src_cache"])
+    nb, bs = _latent_pages(k, c, "src_cache", a["src_cache"])
     _aligned(c, "src_cache", a["src_cache"])
     reqs, mb = _mla_tables(c, a, None)
     _index(c, a, "cu_seq_lens", (reqs + 1,))
@@ -1044,11 +1053,11 @@ def _mla_lens(c: Checker, a: dict, B: int) -> None:
 
 def _mla_decode(k: Kernel, c: Checker, a: dict):
     q = a["query"]
-    c.array("query", q, np.float32, 3)
+    c.array("query", q, _elem(k.in_dtype), 3)
     B, H = (int(n) for n in q.shape[:2])
     c.shape("query", q, (B, H, MLA_ROW))
     c.require(B >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
-    nb, bs = _latent_pages(c, "kv_cache", a["kv_cache"])
+    nb, bs = _latent_pages(k, c, "kv_cache", a["kv_cache"])
     _aligned(c, "kv_cache", a["kv_cache"])
     _, mb = _mla_tables(c, a, B)
     _mla_lens(c, a, B)
@@ -1067,7 +1076,7 @@ def _mla_decode(k: Kernel, c: Checker, a: dict):
 
 def _mla_combine(k: Kernel, c: Checker, a: dict):
     out = a["out"]
-    c.array("out", out, np.float32, 3)
+    c.array("out", out, _elem(k.out_dtype), 3)
     B, H = (int(n) for n in out.shape[:2])
     c.shape("out", out, (B, H, MLA_LATENT))
     c.require(B >= 1 and H >= 1, "shape", lambda: f"out has shape {tuple(out.shape)}")
@@ -1086,14 +1095,15 @@ def _mla_combine(k: Kernel, c: Checker, a: dict):
 
 def _mla_prefill(k: Kernel, c: Checker, a: dict):
     q = a["query"]
-    c.array("query", q, np.float32, 3)
+    fi = _elem(k.in_dtype)
+    c.array("query", q, fi, 3)
     Tq, H = (int(n) for n in q.shape[:2])
     c.shape("query", q, (Tq, H, MLA_PREFILL_QK))
     key, value = a["key"], a["value"]
-    c.array("key", key, np.float32, 3)
+    c.array("key", key, fi, 3)
     Tk = int(key.shape[0])
     c.shape("key", key, (Tk, H, MLA_PREFILL_QK))
-    c.array("value", value, np.float32, 3)
+    c.array("value", value, fi, 3)
     c.shape("value", value, (Tk, H, MLA_PREFILL_V))
     c.require(Tq >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
     for name, x in (("query", q), ("key", key), ("value", value)):
@@ -1103,7 +1113,7 @@ def _mla_prefill(k: Kernel, c: Checker, a: dict):
     reqs = int(cu_q.shape[0]) - 1
     c.require(reqs >= 1, "shape", "cu_seqlens_q needs num_reqs + 1 entries")
     _index(c, a, "cu_seqlens_k", (reqs + 1,))
-    c.array("out", a["out"], np.float32, 3)
+    c.array("out", a["out"], _elem(k.out_dtype), 3)
     c.shape("out", a["out"], (Tq, H, MLA_PREFILL_V))
     values = dict(query=q, key=key, value=value, cu_seqlens_q=cu_q,
                   cu_seqlens_k=a["cu_seqlens_k"], out=a["out"], n_head=H, num_reqs=reqs,

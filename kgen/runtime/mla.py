@@ -1,8 +1,11 @@
 """The engine's multi-head latent attention ops as calls, and :class:`MLACache`.
 
-The latent cache is pages ``[num_blocks][block_size][MLA_ROW]`` float32 (kgen.ir.geometry:
+The latent cache is pages ``[num_blocks][block_size][MLA_ROW]`` (kgen.ir.geometry:
 kv_lora_rank MLA_LATENT latent columns, then MLA_ROPE rotary ones), one KV head, V the
-first MLA_LATENT columns of a row (../shared/docs/engine-ops.md):
+first MLA_LATENT columns of a row (../shared/docs/engine-ops.md). Its elements, and those
+of the rows stored, the queries and the prefill's q, K and V, are float32, bf16 (uint16
+bit patterns, kgen.formats.bf16) or float16 (kgen.ir.axes.IoDtype: in_dtype); outputs are
+float32 or one of those (out_dtype); the math, the split partials and every LSE are f32:
 
 * ``concat_and_cache_mla`` -- kv_c ``[T, 512]`` and k_pe ``[T, 64]`` (rows may be
   strided) into the slots of slot_mapping ``[S]`` int64 (S <= T; a negative slot skips).
@@ -15,8 +18,9 @@ first MLA_LATENT columns of a row (../shared/docs/engine-ops.md):
   the merge stage (mla_combine) merges the splits in ascending order (empty splits
   skipped by both), writing out ``[B, Hq, 512]`` and, if given, lse ``[B, Hq]``.
 
-Each call picks its kernel by its axes and checks every contract before the GPU is
-touched (kgen.runtime.bind); the decode checks both stages' arguments before it launches
+Each call picks its kernel by its axes (the element types from its arrays' dtypes: the
+latent rows' or q's for in_dtype, out's for out_dtype) and checks every contract before
+the GPU is touched (kgen.runtime.bind); the decode checks both stages' arguments before it launches
 the first. The index tensors are device tensors read in place (a graph can capture the
 launches); with ``validate_pos`` the host also reads them back and checks them.
 """
@@ -25,22 +29,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.ir.axes import Lse, Mask, Op, SeqStarts
+from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS, IoDtype, Lse, Mask, Op, SeqStarts
 from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, MLA_ROW, mla_default_splits, mla_width
 from kgen.ir.params import ENTRY_PARAMS, INT_MAX
 from kgen.runtime import device
 from kgen.runtime.blocks import PagedBlocks
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.options import count, is_int, positive
+from kgen.runtime.options import count, dtype_name, io_dtype, is_int, positive
 from kgen.runtime.pending import empty, upload
 from kgen.runtime.select import Role, find
 
 _CHOSEN: dict[tuple, object] = {}  # (role, variant) -> launcher
 
 
-def role(op: Op, **needs: str) -> Role:
-    """What an MLA call needs a kernel for: its op and the option axes it asks."""
+def role(op: Op, in_dtype: IoDtype = IoDtype.F32, out_dtype: IoDtype = IoDtype.F32,
+         **needs: str) -> Role:
+    """What an MLA call needs a kernel for: its op, the option axes it asks and the
+    element types of its inputs and outputs (where the op has them: IN_DTYPE_OPS,
+    OUT_DTYPE_OPS)."""
+    if op in IN_DTYPE_OPS:
+        needs["in_dtype"] = in_dtype.value
+    if op in OUT_DTYPE_OPS:
+        needs["out_dtype"] = out_dtype.value
     return Role(op, needs=tuple(sorted(needs.items())))
 
 
@@ -57,8 +68,9 @@ def launcher(r: Role, variant: str | None = None):
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, *, validate_pos: bool = True,
                          stream=None, variant: str | None = None):
     """Store token t's kv_c[t] and k_pe[t] as the latent row of slot slot_mapping[t]
-    (t < S = len(slot_mapping); a negative slot skips it). Returns the bound Launch."""
-    fn = launcher(role(Op.MLA_STORE), variant)
+    (t < S = len(slot_mapping); a negative slot skips it; kv_c, k_pe and the cache of one
+    element type, copied bit for bit). Returns the bound Launch."""
+    fn = launcher(role(Op.MLA_STORE, io_dtype("kv_c", kv_c, "concat_and_cache_mla")), variant)
     return fn(kv_c, k_pe, kv_cache, slot_mapping, validate_pos=validate_pos, stream=stream)
 
 
@@ -66,10 +78,12 @@ def gather_mla_cache(dst, src_cache, block_table, cu_seq_lens, token_to_seq, seq
                      num_tokens: int, *, validate_pos: bool = True, stream=None,
                      variant: str | None = None):
     """Copy workspace rows i < num_tokens: request r = token_to_seq[i], its context row
-    (seq_starts[r] if given, else 0) + i - cu_seq_lens[r]. Returns the bound Launch."""
+    (seq_starts[r] if given, else 0) + i - cu_seq_lens[r] (dst and the cache of one element
+    type, copied bit for bit). Returns the bound Launch."""
     given = seq_starts is not None
-    fn = launcher(role(Op.MLA_GATHER, seq_starts=(SeqStarts.GIVEN if given else
-                                                   SeqStarts.NONE).value), variant)
+    fn = launcher(role(Op.MLA_GATHER, io_dtype("src_cache", src_cache, "gather_mla_cache"),
+                       seq_starts=(SeqStarts.GIVEN if given else SeqStarts.NONE).value),
+                  variant)
     arrays = (dst, src_cache, block_table, cu_seq_lens, token_to_seq) + \
         ((seq_starts,) if given else ())
     return fn(*arrays, num_tokens=num_tokens, validate_pos=validate_pos, stream=stream)
@@ -92,7 +106,8 @@ def mla_decode_attention(out, lse, query, kv_cache, block_table, seq_lens, scale
                          stream=None, variants: tuple[str | None, str | None] = (None, None)):
     """out[b, h] = sum_j softmax_j(scale * query[b, h] . row_j) row_j[:512] over request
     b's keys j < seq_lens[b] (rows through block_table), and lse[b, h] (unless None) =
-    max + log sum exp. num_kv_splits: 0 for the default split count (from
+    max + log sum exp (f32). query and kv_cache of one element type (in_dtype), out of
+    its own (out_dtype). num_kv_splits: 0 for the default split count (from
     ``max_seq_len``, the host's bound on seq_lens; without it, the block table's
     capacity), 1 for one split (batch-invariant). Both stages are checked (every
     contract; the device tensors read back once with ``validate_pos``) before the split
@@ -122,9 +137,9 @@ def _decode_calls(calls: Calls, out, lse, query, kv_cache, block_table, seq_lens
                             f"{INT_MAX}], not {max_seq_len!r}")
     splits = kv_splits(num_kv_splits, max_seq_len, who)
     B, H = int(query.shape[0]), int(query.shape[1])
-    decode = launcher(role(Op.MLA_DECODE), variants[0])
-    combine = launcher(role(Op.MLA_COMBINE, lse=(Lse.NONE if lse is None else
-                                                 Lse.WRITE).value), variants[1])
+    decode = launcher(role(Op.MLA_DECODE, io_dtype("kv_cache", kv_cache, who)), variants[0])
+    combine = launcher(role(Op.MLA_COMBINE, out_dtype=io_dtype("out", out, who),
+                            lse=(Lse.NONE if lse is None else Lse.WRITE).value), variants[1])
     m, l_ = empty((B, H, splits)), empty((B, H, splits))
     acc = empty((B, H, splits, MLA_LATENT))
     calls.add(decode, query, kv_cache, block_table, seq_lens, m, l_, acc, scale=scale,
@@ -139,7 +154,8 @@ def mla_prefill_attention(out, lse, query, key, value, cu_seqlens_q, cu_seqlens_
     """Varlen attention with QK head size 192 and V head size 128 (H q heads = H kv heads):
     request r owns query rows [cu_seqlens_q[r], cu_seqlens_q[r+1]) and key rows likewise;
     ``causal``: query i of Lq sees keys j <= i + Lk - Lq (bottom-right aligned), else
-    every key of its request. out [total_q, H, 128]; lse [H, total_q] or None.
+    every key of its request. out [total_q, H, 128] (out_dtype); lse [H, total_q] f32 or
+    None; query, key, value of one element type (in_dtype).
     ``max_seqlen_q`` (the host's bound on query rows) sizes the grid; ``max_seqlen_k`` is
     the engine's argument, checked (an int >= 1) and not needed by the kernel, which reads
     each request's key count on the device. Returns the bound Launch."""
@@ -148,7 +164,8 @@ def mla_prefill_attention(out, lse, query, key, value, cu_seqlens_q, cu_seqlens_
         raise ContractError(who, "type", f"causal must be True or False, not {causal!r}")
     if max_seqlen_k is not None:
         count("max_seqlen_k", max_seqlen_k, 1, who)
-    fn = launcher(role(Op.MLA_PREFILL, mask=(Mask.CAUSAL if causal else Mask.FULL).value,
+    fn = launcher(role(Op.MLA_PREFILL, io_dtype("query", query, who), io_dtype("out", out, who),
+                       mask=(Mask.CAUSAL if causal else Mask.FULL).value,
                        lse=(Lse.NONE if lse is None else Lse.WRITE).value), variant)
     outs = (out,) if lse is None else (out, lse)
     return fn(query, key, value, cu_seqlens_q, cu_seqlens_k, *outs, max_seqlen_q=max_seqlen_q,
@@ -156,32 +173,38 @@ def mla_prefill_attention(out, lse, query, key, value, cu_seqlens_q, cu_seqlens_
 
 
 class MLACache(PagedBlocks):
-    """A paged latent cache (pages ``[num_blocks][block_size][576]`` float32, blocks from
-    a host free list, a block table per sequence) that chains the MLA ops:
-    ``store`` appends tokens' kv_c and k_pe rows (concat_and_cache_mla), ``decode``
-    stores one token per sequence and attends every sequence at its new length (the
-    two-stage split decode), ``gather`` copies sequences' rows into a workspace
-    (gather_mla_cache). Every call checks all of its arguments and every launch against
-    its kernel's contracts before it takes a block, advances a length or launches."""
+    """A paged latent cache (pages ``[num_blocks][block_size][576]`` of ``dtype``: f32,
+    bf16 or f16, kgen.ir.axes.IoDtype; blocks from a host free list, a block table per
+    sequence) that chains the MLA ops: ``store`` appends tokens' kv_c and k_pe rows
+    (concat_and_cache_mla; rows of the cache's element type), ``decode`` stores one token
+    per sequence and attends every sequence at its new length (the two-stage split
+    decode; queries of the cache's element type, the output of ``out_dtype``: the cache's
+    unless named), ``gather`` copies sequences' rows into a workspace (gather_mla_cache,
+    the cache's element type: what ``mla_prefill_attention`` reads once the model has
+    expanded it). Every call checks all of its arguments and every launch against its
+    kernel's contracts before it takes a block, advances a length or launches."""
 
     WHO = "MLACache"
 
     def __init__(self, num_blocks: int, block_size: int, max_blocks_per_seq: int | None = None,
-                 variants: dict[str, str] | None = None):
+                 variants: dict[str, str] | None = None, dtype: str | IoDtype = IoDtype.F32):
+        self.dtype = dtype_name(dtype, self.WHO)
         self._init_blocks(num_blocks, block_size, max_blocks_per_seq)
         self.variants = dict(variants or {})
         unknown = set(self.variants) - {"store", "gather", "decode", "combine"}
         if unknown:
             raise ContractError(self.WHO, "variant", f"variants name the roles store, "
                                 f"gather, decode and combine, not {sorted(unknown)}")
-        self.cache = device.cupy().zeros((num_blocks, block_size, MLA_ROW), np.float32)
+        self.elem = np.dtype(self.dtype.fmt.dtype)
+        self.cache = device.cupy().zeros((num_blocks, block_size, MLA_ROW), self.elem)
         self._reset_blocks()
 
     def _rows(self, name: str, x, rows: int, width: int) -> None:
         shape = tuple(getattr(x, "shape", ()))
-        if getattr(x, "dtype", None) != np.float32 or shape != (rows, width):
-            raise ContractError(self.WHO, "shape", f"{name} must be float32 {(rows, width)}, "
-                                f"not {getattr(x, 'dtype', type(x))} {shape}")
+        if getattr(x, "dtype", None) != self.elem or shape != (rows, width):
+            raise ContractError(self.WHO, "shape", f"{name} must be {self.elem.name} "
+                                f"({self.dtype.value}) {(rows, width)}, not "
+                                f"{getattr(x, 'dtype', type(x))} {shape}")
 
     def _store_calls(self, calls: Calls, sids, kv_c, k_pe, rows):
         """The store launch (none for no rows); (row counts, the tables to commit)."""
@@ -193,13 +216,14 @@ class MLACache(PagedBlocks):
                                                                self.lengths[sid] + n))
                                 for sid, n in zip(sids, rows, strict=True)])
         if slots.size:
-            calls.add(launcher(role(Op.MLA_STORE), self.variants.get("store")), kv_c, k_pe,
-                      self.cache, upload(slots.astype(np.int64)), validate_pos=False)
+            calls.add(launcher(role(Op.MLA_STORE, self.dtype), self.variants.get("store")),
+                      kv_c, k_pe, self.cache, upload(slots.astype(np.int64)),
+                      validate_pos=False)
         return rows, tables
 
     def store(self, sids: list[int], kv_c, k_pe, rows: list[int], stream=None) -> None:
         """Append ``rows[i]`` tokens to sequence ``sids[i]`` (kv_c [sum(rows)][512] and
-        k_pe [sum(rows)][64] hold them in that order)."""
+        k_pe [sum(rows)][64], of the cache's element type, hold them in that order)."""
         calls = Calls()
         rows, tables = self._store_calls(calls, sids, kv_c, k_pe, rows)
         calls.run(stream)
@@ -207,24 +231,26 @@ class MLACache(PagedBlocks):
 
     def decode(self, sids: list[int], query, kv_c, k_pe, scale=None,
                num_kv_splits: int = ENTRY_PARAMS["num_kv_splits"].default, lse: bool = False,
-               stream=None):
+               stream=None, out_dtype: str | IoDtype | None = None):
         """Store one token per sequence (kv_c [len(sids)][512], k_pe [len(sids)][64]),
-        then attend query [len(sids)][Hq][576] over each sequence at its new length.
-        Returns out [len(sids)][Hq][512] (and lse [len(sids)][Hq] with ``lse=True``)."""
+        then attend query [len(sids)][Hq][576] over each sequence at its new length (all
+        of the cache's element type). Returns out [len(sids)][Hq][512] of ``out_dtype``
+        (None: the cache's element type; and lse [len(sids)][Hq] f32 with ``lse=True``)."""
         self._batch(sids)
         R = len(sids)
         shape = tuple(getattr(query, "shape", ()))
-        if getattr(query, "dtype", None) != np.float32 or len(shape) != 3 or \
+        if getattr(query, "dtype", None) != self.elem or len(shape) != 3 or \
                 shape[0] != R or shape[2] != MLA_ROW or shape[1] < 1:
-            raise ContractError(self.WHO, "shape", f"query must be float32 [{R}][n_head]"
-                                f"[{MLA_ROW}], not {getattr(query, 'dtype', type(query))} "
-                                f"{shape}")
+            raise ContractError(self.WHO, "shape", f"query must be {self.elem.name} "
+                                f"({self.dtype.value}) [{R}][n_head][{MLA_ROW}], not "
+                                f"{getattr(query, 'dtype', type(query))} {shape}")
         if type(lse) is not bool:
             raise ContractError(self.WHO, "type", f"lse must be True or False, not {lse!r}")
+        fo = self.dtype if out_dtype is None else dtype_name(out_dtype, self.WHO)
         calls = Calls()
         rows, tables = self._store_calls(calls, sids, kv_c, k_pe, [1] * R)
         lens = np.array([self.lengths[s] + 1 for s in sids], np.int32)
-        out = empty((R, shape[1], MLA_LATENT))
+        out = empty((R, shape[1], MLA_LATENT), np.dtype(fo.fmt.dtype))
         lse_out = empty((R, shape[1])) if lse else None
         _decode_calls(calls, out, lse_out, query, self.cache,
                       upload(self._block_table([tables[s] for s in sids])), upload(lens),
@@ -236,7 +262,8 @@ class MLACache(PagedBlocks):
 
     def gather(self, sids: list[int], starts: list[int] | None = None, stream=None):
         """Rows [starts[i], length) of each sequence ``sids[i]`` (starts: multiples of
-        block_size; None: from 0), concatenated in order: float32 [N][576]."""
+        block_size; None: from 0), concatenated in order: [N][576] of the cache's element
+        type, bit for bit."""
         self._batch(sids)
         starts = [0] * len(sids) if starts is None else self._batch(sids, starts)
         for sid, s in zip(sids, starts, strict=True):
@@ -251,10 +278,10 @@ class MLACache(PagedBlocks):
                                 "starts: nothing to gather")
         cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
         t2s = np.repeat(np.arange(len(sids), dtype=np.int32), lens)
-        dst = empty((n, MLA_ROW))
+        dst = empty((n, MLA_ROW), self.elem)
         given = any(starts)
-        fn = launcher(role(Op.MLA_GATHER, seq_starts=(SeqStarts.GIVEN if given else
-                                                       SeqStarts.NONE).value),
+        fn = launcher(role(Op.MLA_GATHER, self.dtype,
+                           seq_starts=(SeqStarts.GIVEN if given else SeqStarts.NONE).value),
                       self.variants.get("gather"))
         arrays = (dst, self.cache, upload(self.block_table(sids)), upload(cu), upload(t2s))
         if given:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kgen.ir.axes import Op
+from kgen.ir.axes import IoDtype, Op
 from kgen.ir.params import INT_MAX, NO_WINDOW, PARAMS
 from kgen.runtime import device
 from kgen.runtime.contracts import ContractError
@@ -35,6 +35,28 @@ def flag(name: str, v, who: str) -> int:
     if isinstance(v, int | np.integer) and int(v) in (0, 1):
         return int(v)
     raise ContractError(who, "type", f"{name} must be True or False, not {v!r}")
+
+
+def io_dtype(name: str, a, who: str) -> IoDtype:
+    """The element type an array holds (kgen.ir.axes.IoDtype: float32 f32, uint16 bf16
+    bit patterns, float16 f16), by the format's NumPy dtype; a ContractError otherwise."""
+    dt = getattr(a, "dtype", None)
+    if dt is None or not hasattr(a, "shape"):
+        raise ContractError(who, "array", f"{name} must be an array, not {type(a).__name__}")
+    for d in IoDtype:
+        if np.dtype(dt) == np.dtype(d.fmt.dtype):
+            return d
+    names = ", ".join(f"{np.dtype(d.fmt.dtype).name} ({d.value})" for d in IoDtype)
+    raise ContractError(who, "dtype", f"{name} must be one of {names}, not {dt}")
+
+
+def dtype_name(v, who: str) -> IoDtype:
+    """An element type named by the caller (an IoDtype or its spelling: f32, bf16, f16)."""
+    try:
+        return IoDtype(v)
+    except ValueError:
+        raise ContractError(who, "dtype", f"dtype must be one of "
+                            f"{', '.join(d.value for d in IoDtype)}, not {v!r}") from None
 
 
 def positive(name: str, v, who: str = "KVCache") -> int:

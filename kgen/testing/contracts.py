@@ -11,6 +11,7 @@ import numpy as np
 from kgen import numpy_ref as ref
 from kgen.ir.axes import (
     MLA_OPS,
+    IoDtype,
     KStage,
     Lse,
     Mode,
@@ -487,6 +488,10 @@ MUTATIONS.update({
         "prefix_lse", lambda a, c: np.zeros(a.size, a.dtype))),
     "merge_lse_tokens_mismatch": Mutation("lse layout", _merging, _merge_set(
         "suffix_lse", lambda a, c: np.zeros((a.shape[0], a.shape[1] + 1), a.dtype))),
+    "merge_suffix_elem": Mutation("dtype", _merging, _merge_set(
+        "suffix_output", lambda a, c: _other_elem(a, c))),
+    "merge_output_elem": Mutation("dtype", _merging, _merge_set(
+        "output", lambda a, c: _other_elem(a, c))),
     "merge_lse_dtype": Mutation("dtype", _merging, _merge_set(
         "suffix_lse", lambda a, c: a.astype(np.float64))),
     "merge_lse_non_contiguous": Mutation("contiguous", _merging, _merge_set(
@@ -537,6 +542,12 @@ def _mla_shape_only(**case_kw):
     return lambda k, case: host_args(k, case.with_(**case_kw), alloc=ShapeOnly)
 
 
+def _other_elem(x, a):
+    """The same shape in another element type (kgen.ir.axes.IoDtype) than ``x``'s."""
+    other = next(d for d in IoDtype if np.dtype(d.fmt.dtype) != x.dtype)
+    return np.zeros(x.shape, np.dtype(other.fmt.dtype))
+
+
 def _huge_pages(x, a):
     return ShapeOnly((2**20, 2**12, x.shape[2]), x.dtype)
 
@@ -554,7 +565,14 @@ MUTATIONS.update({
     "mla_store_kv_c_column_strided": Mutation("contiguous", _STORE, _mla_set(
         "kv_c", lambda x, a: np.zeros((x.shape[0], 2 * x.shape[1]), x.dtype)[:, ::2])),
     "mla_store_k_pe_dtype": Mutation("dtype", _STORE, _mla_set(
-        "k_pe", lambda x, a: x.astype(np.float16))),
+        "k_pe", lambda x, a: x.astype(np.float64))),
+    # one element type per role (in_dtype: rows, cache, queries, q/K/V; out_dtype: out)
+    "mla_store_cache_elem": Mutation("dtype", _STORE, _mla_set("kv_cache", _other_elem)),
+    "mla_gather_dst_elem": Mutation("dtype", _GATHER, _mla_set("dst", _other_elem)),
+    "mla_decode_query_elem": Mutation("dtype", _DECODE, _mla_set("query", _other_elem)),
+    "mla_combine_out_elem": Mutation("dtype", _COMBINE, _mla_set("out", _other_elem)),
+    "mla_prefill_value_elem": Mutation("dtype", _PREFILL, _mla_set("value", _other_elem)),
+    "mla_prefill_out_elem": Mutation("dtype", _PREFILL, _mla_set("out", _other_elem)),
     "mla_store_slots_over_tokens": Mutation("shape", _STORE, _mla_set(
         "slot_mapping", lambda x, a: np.arange(x.size + 1, dtype=np.int64))),
     "mla_store_slots_int32": Mutation("dtype", _STORE, _mla_set(

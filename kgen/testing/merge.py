@@ -7,7 +7,11 @@ Outputs are ``[T][H][Dv]`` (``Case.n`` tokens, ``n_head``, ``head_dim``), LSEs
 within the kernel tests' tolerance and checks bit for bit what the definition passes
 through verbatim: the suffix (output and LSE) of tokens at or past
 ``prefill_tokens_with_context``, and the prefix (with an LSE of -inf) of rows whose
-two LSEs are both empty (-inf, or +inf, which counts as -inf).
+two LSEs are both empty (-inf, or +inf, which counts as -inf). The outputs' element
+types are the kernel's (in_dtype for the two merged: random float32 values rounded by
+the format's NumPy model, the reference reading the values the kernel holds; out_dtype
+for the merged one, allowed its rounding, the format's error model, on top of the f32
+tolerance; what passes through verbatim is the value converted, bit for bit); LSEs f32.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from kgen import numpy_ref as ref
 from kgen.ir.axes import Lse
 from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, bits_equal, rng
-from kgen.testing.device import assert_close, dev, poisoned
+from kgen.testing.device import assert_close, assert_close_as, dev, poisoned, poisoned_as
 
 INF = np.inf
 
@@ -65,11 +69,13 @@ def lses(g: np.random.Generator, case: Case) -> tuple[np.ndarray, np.ndarray]:
     return p.astype(np.float32), s.astype(np.float32)
 
 
-def inputs(g: np.random.Generator, case: Case) -> tuple[np.ndarray, ...]:
-    """(prefix_output, prefix_lse, suffix_output, suffix_lse) on the host, float32."""
+def inputs(g: np.random.Generator, case: Case, k: Kernel) -> tuple[np.ndarray, ...]:
+    """(prefix_output, prefix_lse, suffix_output, suffix_lse) on the host: the outputs
+    elements of the kernel's in_dtype, the LSEs float32."""
     T, H, D = case.n, case.n_head, case.head_dim
-    p = g.standard_normal((T, H, D)).astype(np.float32)
-    s = g.standard_normal((T, H, D)).astype(np.float32)
+    fi = k.in_dtype.fmt
+    p = fi.quantize_rows(g.standard_normal((T, H, D)).astype(np.float32))
+    s = fi.quantize_rows(g.standard_normal((T, H, D)).astype(np.float32))
     p_lse, s_lse = lses(g, case)
     return p, p_lse, s, s_lse
 
@@ -77,9 +83,9 @@ def inputs(g: np.random.Generator, case: Case) -> tuple[np.ndarray, ...]:
 def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
     """A valid argument set for ``bind`` (contents irrelevant)."""
     T, H, D = case.n, case.n_head, case.head_dim
-    f32 = np.float32
-    a = dict(output=alloc((T, H, D), f32), prefix_output=alloc((T, H, D), f32),
-             suffix_output=alloc((T, H, D), f32), prefix_lse=alloc((H, T), f32),
+    f32, ei, eo = np.float32, np.dtype(k.in_dtype.fmt.dtype), np.dtype(k.out_dtype.fmt.dtype)
+    a = dict(output=alloc((T, H, D), eo), prefix_output=alloc((T, H, D), ei),
+             suffix_output=alloc((T, H, D), ei), prefix_lse=alloc((H, T), f32),
              suffix_lse=alloc((H, T), f32),
              prefill_tokens_with_context=case.prefill_tokens_with_context)
     if k.lse is Lse.WRITE:
@@ -100,7 +106,7 @@ def verbatim(case: Case, p_lse: np.ndarray, s_lse: np.ndarray):
 
 def run(k: Kernel, fn, case: Case, p, p_lse, s, s_lse) -> tuple[np.ndarray, np.ndarray | None]:
     """Launch ``fn`` on NaN-poisoned outputs; returns (output, output_lse or None)."""
-    out = poisoned(p.shape)
+    out = poisoned_as(p.shape, k.out_dtype.fmt)
     outs = [out]
     lse = None
     if k.lse is Lse.WRITE:
@@ -113,14 +119,18 @@ def run(k: Kernel, fn, case: Case, p, p_lse, s, s_lse) -> tuple[np.ndarray, np.n
 
 def check(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
-    p, p_lse, s, s_lse = inputs(g, case)
+    fi, fo = k.in_dtype.fmt, k.out_dtype.fmt
+    p, p_lse, s, s_lse = inputs(g, case, k)
     got, got_lse = run(k, fn, case, p, p_lse, s, s_lse)
-    want, want_lse = ref.merge_attn_states(p, p_lse, s, s_lse, case.prefill_tokens_with_context)
-    assert_close(f"{k.name} output", got, want, seed)
+    pw, sw = fi.dequantize_rows(p), fi.dequantize_rows(s)  # the values the kernel holds
+    want, want_lse = ref.merge_attn_states(pw, p_lse, sw, s_lse,
+                                           case.prefill_tokens_with_context)
+    assert_close_as(f"{k.name} output", fo, got, want, seed)
     suffix, prefix = verbatim(case, p_lse, s_lse)
-    assert bits_equal(got[suffix], s[suffix]), \
+    p_out, s_out = fo.quantize_rows(pw), fo.quantize_rows(sw)  # verbatim, as out_dtype
+    assert bits_equal(got[suffix], s_out[suffix]), \
         f"{k.name}: tokens >= prefill_tokens_with_context are not the suffix verbatim, seed={seed}"
-    assert bits_equal(got[prefix], p[prefix]), \
+    assert bits_equal(got[prefix], p_out[prefix]), \
         f"{k.name}: rows with both LSEs empty are not the prefix verbatim, seed={seed}"
     if got_lse is not None:
         assert_close(f"{k.name} output_lse", got_lse, want_lse, seed)

@@ -15,6 +15,13 @@ host (contracts) and their GPU checks against the NumPy definitions (kgen.numpy_
 * mla_prefill: requests ``Case.requests`` = (query rows, keys), q/k/v random; out and
   lse against the float64 varlen attention (causal bottom-right or full, by the mask);
   rows that see no key must be zeros with an LSE of -inf.
+
+Element types (in_dtype, out_dtype; kgen.ir.axes.IoDtype): inputs are random float32
+values rounded to the kernel's in_dtype by its format's NumPy model, and the references
+read the values the kernel holds (the format's widening, exact); the store and the
+gather compare the elements bit for bit; an output of a 16-bit out_dtype is allowed its
+rounding (the format's error model) on top of the f32 tolerance; partials and LSEs are
+f32. Outputs are poisoned with the element type's NaN before each launch.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from kgen.ir.geometry import (
 )
 from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, bits_equal, rng
-from kgen.testing.device import assert_close, dev, poisoned
+from kgen.testing.device import assert_close, assert_close_as, dev, poisoned, poisoned_as
 
 f32 = np.float32
 
@@ -172,28 +179,34 @@ def prefill_layout(case: Case) -> dict:
             "max_seqlen_q": max(max(qlens), 1)}
 
 
+def elems(k: Kernel) -> tuple[np.dtype, np.dtype]:
+    """The NumPy dtypes of the kernel's in_dtype and out_dtype arrays."""
+    return np.dtype(k.in_dtype.fmt.dtype), np.dtype(k.out_dtype.fmt.dtype)
+
+
 def host_args(k: Kernel, case: Case, z) -> dict:
     """A valid argument set for ``bind`` (index tensors with real values)."""
+    ei, eo = elems(k)
     if k.op is Op.MLA_PREFILL:
         lay = prefill_layout(case)
         Tq, Tk = int(lay["cu_seqlens_q"][-1]), int(lay["cu_seqlens_k"][-1])
         H = case.n_head
-        a = dict(query=z((Tq, H, MLA_PREFILL_QK), f32), key=z((Tk, H, MLA_PREFILL_QK), f32),
-                 value=z((Tk, H, MLA_PREFILL_V), f32), cu_seqlens_q=lay["cu_seqlens_q"],
-                 cu_seqlens_k=lay["cu_seqlens_k"], out=z((Tq, H, MLA_PREFILL_V), f32),
+        a = dict(query=z((Tq, H, MLA_PREFILL_QK), ei), key=z((Tk, H, MLA_PREFILL_QK), ei),
+                 value=z((Tk, H, MLA_PREFILL_V), ei), cu_seqlens_q=lay["cu_seqlens_q"],
+                 cu_seqlens_k=lay["cu_seqlens_k"], out=z((Tq, H, MLA_PREFILL_V), eo),
                  max_seqlen_q=lay["max_seqlen_q"], scale=1.0 / math.sqrt(MLA_PREFILL_QK))
         if k.lse is Lse.WRITE:
             a["lse"] = z((H, Tq), f32)
         return a
     if k.op is Op.MLA_STORE:
         slots, nb = store_slots(case)
-        return dict(kv_c=z((case.n, MLA_LATENT), f32), k_pe=z((case.n, MLA_ROPE), f32),
-                    kv_cache=z((nb, case.block_size, MLA_ROW), f32), slot_mapping=slots)
+        return dict(kv_c=z((case.n, MLA_LATENT), ei), k_pe=z((case.n, MLA_ROPE), ei),
+                    kv_cache=z((nb, case.block_size, MLA_ROW), ei), slot_mapping=slots)
     lay = layout(case)
-    pages = z((lay["num_blocks"], case.block_size, MLA_ROW), f32)
+    pages = z((lay["num_blocks"], case.block_size, MLA_ROW), ei)
     if k.op is Op.MLA_GATHER:
         gl = gather_layout(case)
-        a = dict(dst=z((gl["num_tokens"], MLA_ROW), f32), src_cache=pages,
+        a = dict(dst=z((gl["num_tokens"], MLA_ROW), ei), src_cache=pages,
                  block_table=lay["block_table"], cu_seq_lens=gl["cu_seq_lens"],
                  token_to_seq=gl["token_to_seq"], num_tokens=gl["num_tokens"])
         if k.seq_starts is SeqStarts.GIVEN:
@@ -203,12 +216,12 @@ def host_args(k: Kernel, case: Case, z) -> dict:
     parts = dict(zip(("m", "l", "acc"), (z((B, H, S), f32), z((B, H, S), f32),
                                          z((B, H, S, MLA_LATENT), f32)), strict=True))
     if k.op is Op.MLA_DECODE:
-        return dict(query=z((B, H, MLA_ROW), f32), kv_cache=pages,
+        return dict(query=z((B, H, MLA_ROW), ei), kv_cache=pages,
                     block_table=lay["block_table"], seq_lens=lay["seq_lens"],
                     m_out=parts["m"], l_out=parts["l"], acc_out=parts["acc"],
                     scale=1.0 / math.sqrt(MLA_ROW))
     a = dict(m_in=parts["m"], l_in=parts["l"], acc_in=parts["acc"], seq_lens=lay["seq_lens"],
-             out=z((B, H, MLA_LATENT), f32))
+             out=z((B, H, MLA_LATENT), eo))
     if k.lse is Lse.WRITE:
         a["lse"] = z((B, H), f32)
     return a
@@ -221,18 +234,29 @@ def check(k: Kernel, fn, case: Case) -> None:
      Op.MLA_COMBINE: _check_combine, Op.MLA_PREFILL: _check_prefill}[k.op](k, fn, case)
 
 
-def _strided_rows(g, rows: int, width: int, pad: int):
-    """(host values [rows][width], the device view: rows ``width + pad`` apart)."""
-    wide = g.standard_normal((rows, width + pad)).astype(f32)
+def rand_elems(g, fmt, *shape) -> np.ndarray:
+    """Random normal float32 values rounded to ``fmt``'s elements (its NumPy model)."""
+    return fmt.quantize_rows(g.standard_normal(shape).astype(f32))
+
+
+def widened(fmt, x) -> np.ndarray:
+    """The float32 values a kernel computes with from ``fmt``'s elements (exact)."""
+    return fmt.dequantize_rows(np.asarray(x))
+
+
+def _strided_rows(g, fmt, rows: int, width: int, pad: int):
+    """(host elements [rows][width], the device view: rows ``width + pad`` apart)."""
+    wide = rand_elems(g, fmt, rows, width + pad)
     return wide[:, :width].copy(), dev(wide)[:, :width]
 
 
 def _check_store(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
+    fi = k.in_dtype.fmt
     slots, nb = store_slots(case, g)
-    old = g.standard_normal((nb, case.block_size, MLA_ROW)).astype(f32)
-    kv_c, kv_dev = _strided_rows(g, case.n, MLA_LATENT, case.row_pad)
-    k_pe, pe_dev = _strided_rows(g, case.n, MLA_ROPE, case.row_pad)
+    old = rand_elems(g, fi, nb, case.block_size, MLA_ROW)
+    kv_c, kv_dev = _strided_rows(g, fi, case.n, MLA_LATENT, case.row_pad)
+    k_pe, pe_dev = _strided_rows(g, fi, case.n, MLA_ROPE, case.row_pad)
     cache = dev(old)
     fn(kv_dev, pe_dev, cache, dev(slots))
     want = ref.concat_and_cache_mla(old, kv_c, k_pe, slots)
@@ -242,10 +266,11 @@ def _check_store(k: Kernel, fn, case: Case) -> None:
 
 def _check_gather(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
+    fi = k.in_dtype.fmt
     lay, gl = layout(case, g), gather_layout(case)
-    pages = g.standard_normal((lay["num_blocks"], case.block_size, MLA_ROW)).astype(f32)
+    pages = rand_elems(g, fi, lay["num_blocks"], case.block_size, MLA_ROW)
     n = gl["num_tokens"]
-    dst = poisoned((n + 3, MLA_ROW))  # rows past num_tokens must stay as they were
+    dst = poisoned_as((n + 3, MLA_ROW), fi)  # rows past num_tokens must stay as they were
     given = k.seq_starts is SeqStarts.GIVEN
     arrays = [dst, dev(pages), dev(lay["block_table"]), dev(gl["cu_seq_lens"]),
               dev(gl["token_to_seq"])] + ([dev(gl["seq_starts"])] if given else [])
@@ -255,26 +280,30 @@ def _check_gather(k: Kernel, fn, case: Case) -> None:
                                 gl["token_to_seq"], gl["seq_starts"] if given else None, n)
     assert bits_equal(got[:n], want), \
         f"{k.name}: workspace rows differ from the cache rows, seed={seed}"
-    assert bool(np.isnan(got[n:]).all()), f"{k.name}: wrote rows past num_tokens, seed={seed}"
+    assert bool(np.isnan(widened(fi, got[n:])).all()), \
+        f"{k.name}: wrote rows past num_tokens, seed={seed}"
 
 
-def _decode_inputs(g, case: Case):
+def _decode_inputs(g, case: Case, fmt):
+    """(layout, pages, queries): elements of ``fmt``."""
     lay = layout(case, g)
-    pages = g.standard_normal((lay["num_blocks"], case.block_size, MLA_ROW)).astype(f32)
-    q = g.standard_normal((len(case.requests), case.n_head, MLA_ROW)).astype(f32)
+    pages = rand_elems(g, fmt, lay["num_blocks"], case.block_size, MLA_ROW)
+    q = rand_elems(g, fmt, len(case.requests), case.n_head, MLA_ROW)
     return lay, pages, q
 
 
 def _check_decode(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
-    lay, pages, q = _decode_inputs(g, case)
+    fi = k.in_dtype.fmt
+    lay, pages, q = _decode_inputs(g, case, fi)
     B, H, S = len(case.requests), case.n_head, case.n_splits
     scale = 1.0 / math.sqrt(MLA_ROW)
     m, l_, acc = poisoned((B, H, S)), poisoned((B, H, S)), poisoned((B, H, S, MLA_LATENT))
     fn(dev(q), dev(pages), dev(lay["block_table"]), dev(lay["seq_lens"]), m, l_, acc,
        scale=scale)
     m_ref, l_ref, acc_ref, live = ref.mla_decode_partials(
-        q, pages, lay["block_table"], lay["seq_lens"], scale, MLA_LATENT, S, mla_split_keys)
+        widened(fi, q), widened(fi, pages), lay["block_table"], lay["seq_lens"], scale,
+        MLA_LATENT, S, mla_split_keys)
     m_got, l_got, acc_got = m.get(), l_.get(), acc.get()
     on = np.broadcast_to(live[:, None, :], (B, H, S))
     assert_close(f"{k.name} m", m_got[on], m_ref[on], seed)
@@ -302,11 +331,12 @@ def _check_combine(k: Kernel, fn, case: Case) -> None:
     acc[masked] = 0.0
     dead = ~np.broadcast_to(live[:, None, :], (B, H, S))
     m[dead], l_[dead], acc[dead] = np.nan, np.nan, np.nan  # must never be read
-    out = poisoned((B, H, MLA_LATENT))
+    fo = k.out_dtype.fmt
+    out = poisoned_as((B, H, MLA_LATENT), fo)
     outs = [out] + ([poisoned((B, H))] if k.lse is Lse.WRITE else [])
     fn(dev(m), dev(l_), dev(acc), dev(lens), *outs)
     want, want_lse = ref.mla_merge(m, l_, acc, live)
-    assert_close(f"{k.name} out", out.get(), want, seed)
+    assert_close_as(f"{k.name} out", fo, out.get(), want, seed)
     if k.lse is Lse.WRITE:
         got_lse = outs[1].get()
         assert_close(f"{k.name} lse", got_lse[np.isfinite(want_lse)],
@@ -320,18 +350,20 @@ def _check_prefill(k: Kernel, fn, case: Case) -> None:
     lay = prefill_layout(case)
     Tq, Tk = int(lay["cu_seqlens_q"][-1]), int(lay["cu_seqlens_k"][-1])
     H = case.n_head
-    q = g.standard_normal((Tq, H, MLA_PREFILL_QK)).astype(f32)
-    key = g.standard_normal((max(Tk, 1), H, MLA_PREFILL_QK)).astype(f32)[:Tk]
-    value = g.standard_normal((max(Tk, 1), H, MLA_PREFILL_V)).astype(f32)[:Tk]
+    fi, fo = k.in_dtype.fmt, k.out_dtype.fmt
+    q = rand_elems(g, fi, Tq, H, MLA_PREFILL_QK)
+    key = rand_elems(g, fi, max(Tk, 1), H, MLA_PREFILL_QK)[:Tk]
+    value = rand_elems(g, fi, max(Tk, 1), H, MLA_PREFILL_V)[:Tk]
     scale = 1.0 / math.sqrt(MLA_PREFILL_QK)
-    out = poisoned((Tq, H, MLA_PREFILL_V))
+    out = poisoned_as((Tq, H, MLA_PREFILL_V), fo)
     outs = [out] + ([poisoned((H, Tq))] if k.lse is Lse.WRITE else [])
     fn(dev(q), dev(np.ascontiguousarray(key)), dev(np.ascontiguousarray(value)),
        dev(lay["cu_seqlens_q"]), dev(lay["cu_seqlens_k"]), *outs,
        max_seqlen_q=lay["max_seqlen_q"], scale=scale)
-    want, want_lse = ref.mla_prefill(q, key, value, lay["cu_seqlens_q"], lay["cu_seqlens_k"],
-                                     scale, k.mask is Mask.CAUSAL)
-    assert_close(f"{k.name} out", out.get(), want, seed)
+    want, want_lse = ref.mla_prefill(widened(fi, q), widened(fi, key), widened(fi, value),
+                                     lay["cu_seqlens_q"], lay["cu_seqlens_k"], scale,
+                                     k.mask is Mask.CAUSAL)
+    assert_close_as(f"{k.name} out", fo, out.get(), want, seed)
     if k.lse is Lse.WRITE:
         got = outs[1].get()
         seen = np.isfinite(want_lse)

@@ -289,6 +289,8 @@ std::string call(const Request &r, int run, CUstream stream, int *code) {
         a.suffix_lse = r.t("suffix_lse");
         if (r.has("prefill_tokens_with_context"))
             a.prefill_tokens_with_context = r.i("prefill_tokens_with_context");
+        if (r.s("in_dtype")) a.in_dtype = r.s("in_dtype");
+        if (r.s("out_dtype")) a.out_dtype = r.s("out_dtype");
         a.variant = r.s("variant");
         res = run ? kgen::ops::merge_attn_states(a, stream)
                   : kgen::ops::plan_merge_attn_states(a, &plan);
@@ -298,6 +300,7 @@ std::string call(const Request &r, int run, CUstream stream, int *code) {
         a.k_pe = r.t("k_pe");
         a.kv_cache = r.t("kv_cache");
         a.slot_mapping = r.t("slot_mapping");
+        if (r.s("in_dtype")) a.in_dtype = r.s("in_dtype");
         a.variant = r.s("variant");
         res = run ? kgen::ops::concat_and_cache_mla(a, stream)
                   : kgen::ops::plan_concat_and_cache_mla(a, &plan);
@@ -310,6 +313,7 @@ std::string call(const Request &r, int run, CUstream stream, int *code) {
         a.token_to_seq = r.t("token_to_seq");
         a.seq_starts = r.t("seq_starts");
         a.num_tokens = r.i("num_tokens");
+        if (r.s("in_dtype")) a.in_dtype = r.s("in_dtype");
         a.variant = r.s("variant");
         res = run ? kgen::ops::gather_mla_cache(a, stream)
                   : kgen::ops::plan_gather_mla_cache(a, &plan);
@@ -328,6 +332,8 @@ std::string call(const Request &r, int run, CUstream stream, int *code) {
         a.l = r.t("l");
         a.acc = r.t("acc");
         a.sm_count = r.i("sm_count");
+        if (r.s("in_dtype")) a.in_dtype = r.s("in_dtype");
+        if (r.s("out_dtype")) a.out_dtype = r.s("out_dtype");
         a.variants[0] = r.s("variant_decode");
         a.variants[1] = r.s("variant_combine");
         res = run ? kgen::ops::mla_decode_attention(a, stream)
@@ -345,6 +351,8 @@ std::string call(const Request &r, int run, CUstream stream, int *code) {
         a.causal = r.i("causal", 1) != 0;
         a.max_seqlen_q = r.i("max_seqlen_q");
         a.max_seqlen_k = r.oi("max_seqlen_k");
+        if (r.s("in_dtype")) a.in_dtype = r.s("in_dtype");
+        if (r.s("out_dtype")) a.out_dtype = r.s("out_dtype");
         a.variant = r.s("variant");
         res = run ? kgen::ops::mla_prefill_attention(a, stream)
                   : kgen::ops::plan_mla_prefill_attention(a, &plan);

@@ -277,7 +277,9 @@ def test_entry_points_refuse_before_launching(cp):
     f32, u16 = np.float32, np.uint16
     calls = [
         ("type", lambda e: e(*_args(cp), scale=0.1, causal=2)),
-        ("dtype", lambda e: e(*_args(cp, dt=np.float16), scale=0.1)),
+        ("dtype", lambda e: e(*_args(cp, dt=np.float64), scale=0.1)),
+        # float16 is an element type (IoDtype f16, the MLA ops'), no dense kernel's
+        ("no kernel", lambda e: e(*_args(cp, dt=np.float16), scale=0.1)),
         ("dtype", lambda e: e(*_args(cp, dt=f32, out_dt=np.float64), scale=0.1)),
         ("dtype", lambda e: e(*_args(cp)[:3], cp.empty((9, 2, 72), u16), scale=0.1)),
         ("array", lambda e: e(*_args(cp)[:1], [[0.0]], *_args(cp)[2:], scale=0.1)),

@@ -15,7 +15,7 @@ import kgen_kernels
 import numpy as np
 import pytest
 
-from kgen.ir.axes import Lse, Op
+from kgen.ir.axes import IoDtype, Lse, Op
 from kgen.ir.geometry import MERGE_ROWS, merge_threads
 from kgen.ir.params import PARAMS
 from kgen.numpy_ref import merge_attn_states as ref_merge
@@ -27,8 +27,10 @@ from kgen.testing.fakecupy import FakeCupy
 from kgen.testing.testgen import plan_cases
 
 INF = math.inf
-KERNELS = {k.lse: k for mod in kgen_kernels.MODULES.values() for k in mod.KERNELS.values()
-           if k.op is Op.MERGE_ATTN_STATES}
+ALL = {(k.lse, k.in_dtype, k.out_dtype): k for mod in kgen_kernels.MODULES.values()
+       for k in mod.KERNELS.values() if k.op is Op.MERGE_ATTN_STATES}
+KERNELS = {lse: k for (lse, fi, fo), k in ALL.items() if fi is fo is IoDtype.F32}
+HALF = (IoDtype.BF16, IoDtype.F16)
 
 
 # ---- the reference ---------------------------------------------------------------------
@@ -56,7 +58,7 @@ def test_reference_by_hand():
 def test_reference_row_by_row_on_every_edge(rng):
     g, seed = rng
     case = Case("edges", n=9, n_head=len(tmerge.EDGES), head_dim=3, lse_pattern="edges")
-    p, p_lse, s, s_lse = tmerge.inputs(g, case)
+    p, p_lse, s, s_lse = tmerge.inputs(g, case, KERNELS[Lse.NONE])
     out, lse = ref_merge(p, p_lse, s, s_lse)
     assert out.shape == p.shape and lse.shape == p_lse.shape
     assert not np.isnan(out).any() and not np.isnan(lse).any(), seed
@@ -129,12 +131,17 @@ class HostArray(np.ndarray):
 
 def _emulated(k, fault: str | None = None):
     """A launcher doing what templates/kernels/merge_attn_states.cu.j2 does, in f32
-    NumPy (the kernel's fmaf contraction aside); ``fault`` breaks one rule on purpose."""
+    NumPy (the kernel's fmaf contraction aside; elements widened from in_dtype, results
+    rounded to out_dtype by the formats' NumPy models); ``fault`` breaks one rule on
+    purpose."""
+    fi, fo = k.in_dtype.fmt, k.out_dtype.fmt
+
     def fn(*arrays, prefill_tokens_with_context=-1, stream=None):
         if k.lse is Lse.WRITE:
             out, out_lse, p, p_lse, s, s_lse = arrays
         else:
             (out, p, p_lse, s, s_lse), out_lse = arrays, None
+        p, s = fi.dequantize_rows(np.asarray(p)), fi.dequantize_rows(np.asarray(s))
         T = out.shape[0]
         pl, sl = np.asarray(p_lse).T, np.asarray(s_lse).T  # [T][H]
         if fault == "lse_transposed":
@@ -155,7 +162,8 @@ def _emulated(k, fault: str | None = None):
         tail = np.zeros(m.shape, bool)
         if ctx >= 0:
             tail[ctx:] = True
-        out[...] = np.where(tail[..., None], s, np.where(empty[..., None], p, merged))
+        out[...] = fo.quantize_rows(np.where(tail[..., None], s,
+                                             np.where(empty[..., None], p, merged)))
         if out_lse is not None:
             out_lse[...] = np.where(tail, np.asarray(s_lse).T, np.where(empty, m, lse)).T
     return fn
@@ -167,26 +175,30 @@ def host_device(monkeypatch):
     monkeypatch.setattr(tmerge, "dev", lambda x: np.array(x).view(HostArray))
     monkeypatch.setattr(tmerge, "poisoned", lambda shape: np.full(shape, np.nan, np.float32)
                         .view(HostArray))
+    monkeypatch.setattr(tmerge, "poisoned_as", lambda shape, fmt: np.full(
+        shape, fmt.poison(), np.dtype(fmt.dtype)).view(HostArray))
 
 
 def _cases():
-    return [pytest.param(lse, c, id=f"{lse.value}-{c}")
-            for lse, k in sorted(KERNELS.items()) for c in plan_cases(k)[0]]
+    return [pytest.param(key, c, id=f"{k.name}-{c}")
+            for key, k in sorted(ALL.items()) for c in plan_cases(k)[0]]
 
 
-def test_both_kernels_are_built():
+def test_every_kernel_is_built():
     assert set(KERNELS) == {Lse.NONE, Lse.WRITE}
+    assert set(ALL) == {(lse, d, d) for lse in Lse for d in (IoDtype.F32, *HALF)}
 
 
-@pytest.mark.parametrize("lse, case", _cases())
-def test_the_gpu_check_passes_the_kernels_arithmetic(host_device, lse, case):
-    tmerge.check(KERNELS[lse], _emulated(KERNELS[lse]), case)
+@pytest.mark.parametrize("key, case", _cases())
+def test_the_gpu_check_passes_the_kernels_arithmetic(host_device, key, case):
+    tmerge.check(ALL[key], _emulated(ALL[key]), case)
 
 
+@pytest.mark.parametrize("dtype", [IoDtype.F32, *HALF])
 @pytest.mark.parametrize("fault", ["lse_transposed", "plus_inf_kept", "no_empty_rule",
                                    "ctx_ignored"])
-def test_the_gpu_check_fails_a_kernel_that_breaks_the_definition(host_device, fault):
-    k = KERNELS[Lse.WRITE]
+def test_the_gpu_check_fails_a_kernel_that_breaks_the_definition(host_device, fault, dtype):
+    k = ALL[(Lse.WRITE, dtype, dtype)]
     case = Case("faulty", n=7, n_head=len(tmerge.EDGES), head_dim=40, lse_pattern="edges",
                 prefill_tokens_with_context=4)
     with pytest.raises(AssertionError):
@@ -285,3 +297,27 @@ def test_entry_point_variant_must_serve_the_call(cp):
     assert e.value.contract == "variant"
     b = merge_attn_states(out, None, p, p_lse, s, s_lse, variant=KERNELS[Lse.NONE].name)
     assert b.kernel == KERNELS[Lse.NONE].name
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_entry_point_chooses_by_element_type(cp, dtype):
+    """16-bit outputs (bf16 as uint16 bits, f16 as float16) take their kernel; the LSEs
+    stay float32; a merged output of another type than the two merged is refused before
+    any launch (no kernel serves it)."""
+    e = np.dtype(dtype.fmt.dtype)
+    out, out_lse, p, p_lse, s, s_lse = _arrays(cp)
+    out, p, s = (cp.empty(x.shape, e) for x in (out, p, s))
+    for with_lse in (False, True):
+        b = merge_attn_states(out, out_lse if with_lse else None, p, p_lse, s, s_lse)
+        assert b.kernel == ALL[(Lse.WRITE if with_lse else Lse.NONE, dtype, dtype)].name
+    n = len(cp.launched)
+    with pytest.raises(ContractError) as err:
+        merge_attn_states(cp.empty(out.shape, np.float32), None, p, p_lse, s, s_lse)
+    assert err.value.contract == "no kernel"
+    with pytest.raises(ContractError) as err:
+        merge_attn_states(out, None, p, p_lse, cp.empty(s.shape, np.float32), s_lse)
+    assert err.value.contract == "dtype"
+    with pytest.raises(ContractError) as err:
+        merge_attn_states(out, None, cp.empty(p.shape, np.float64), p_lse, s, s_lse)
+    assert err.value.contract == "dtype"
+    assert len(cp.launched) == n

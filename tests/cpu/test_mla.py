@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import Lse, Mask, Op, SeqStarts
+from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS, IoDtype, Lse, Mask, Op, SeqStarts
 from kgen.ir.geometry import (
     MLA_COMBINE_THREADS,
     MLA_HEADS,
@@ -45,24 +45,51 @@ from kgen.testing.case import Case
 from kgen.testing.fakecupy import FakeArray, FakeCupy, Guarded
 from kgen.testing.testgen import plan_cases
 
-KERNELS = {(k.op, k.lse if k.op is Op.MLA_COMBINE else k.seq_starts): k
-           for mod in kgen_kernels.MODULES.values() for k in mod.KERNELS.values()
-           if k.op in (Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE, Op.MLA_COMBINE)}
+F32 = IoDtype.F32
+HALF = (IoDtype.BF16, IoDtype.F16)
+BUILT = [k for mod in kgen_kernels.MODULES.values() for k in mod.KERNELS.values()
+         if k.op in (Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE, Op.MLA_COMBINE,
+                     Op.MLA_PREFILL)]
+# The f32 kernels by their option axes; every kernel by (op, in_dtype, out_dtype) too.
+KERNELS = {(k.op, k.lse if k.op is Op.MLA_COMBINE else k.seq_starts): k for k in BUILT
+           if k.op is not Op.MLA_PREFILL and k.in_dtype is k.out_dtype is F32}
 STORE = KERNELS[(Op.MLA_STORE, SeqStarts.NONE)]
 GATHER = KERNELS[(Op.MLA_GATHER, SeqStarts.NONE)]
 GATHER_STARTS = KERNELS[(Op.MLA_GATHER, SeqStarts.GIVEN)]
 DECODE = KERNELS[(Op.MLA_DECODE, SeqStarts.NONE)]
 COMBINE = KERNELS[(Op.MLA_COMBINE, Lse.NONE)]
 COMBINE_LSE = KERNELS[(Op.MLA_COMBINE, Lse.WRITE)]
-PREFILLS = {(k.mask, k.lse): k for k in (m for mod in kgen_kernels.MODULES.values()
-                                         for m in mod.KERNELS.values())
-            if k.op is Op.MLA_PREFILL}
+PREFILLS = {(k.mask, k.lse): k for k in BUILT
+            if k.op is Op.MLA_PREFILL and k.in_dtype is k.out_dtype is F32}
+
+
+def of(op: Op) -> list:
+    """Every built kernel of ``op`` (each element type)."""
+    return [k for k in BUILT if k.op is op]
+
+
+# the bf16 kernel of each op, of its plain form (no LSE, no seq_starts, causal; its
+# element types all bf16 where the op has them)
+BF16 = {k.op: k for k in BUILT
+        if (k.op not in IN_DTYPE_OPS or k.in_dtype is IoDtype.BF16)
+        and (k.op not in OUT_DTYPE_OPS or k.out_dtype is IoDtype.BF16)
+        and k.lse is Lse.NONE and k.seq_starts is SeqStarts.NONE and k.mask is Mask.CAUSAL}
 
 
 def test_every_mla_kernel_is_built():
     assert len(KERNELS) == 6
     assert set(PREFILLS) == {(m, lse) for m in (Mask.CAUSAL, Mask.FULL)
                              for lse in (Lse.NONE, Lse.WRITE)}
+    # 16-bit rows: the store, gather, split stage of each; the merge stage into each;
+    # the prefill into the same type and into f32
+    for d in HALF:
+        assert sum(k.in_dtype is d for k in of(Op.MLA_STORE)) == 1
+        assert sum(k.in_dtype is d for k in of(Op.MLA_GATHER)) == 2
+        assert sum(k.in_dtype is d for k in of(Op.MLA_DECODE)) == 1
+        assert sum(k.out_dtype is d for k in of(Op.MLA_COMBINE)) == 2
+        for fo in (d, F32):
+            assert {(k.mask, k.lse) for k in of(Op.MLA_PREFILL)
+                    if (k.in_dtype, k.out_dtype) == (d, fo)} == set(PREFILLS)
 
 
 # ---- the definitions -----------------------------------------------------------------
@@ -150,6 +177,13 @@ def host_device(monkeypatch):
     monkeypatch.setattr(tmla, "dev", lambda x: np.array(x).view(HostArray))
     monkeypatch.setattr(tmla, "poisoned", lambda shape: np.full(shape, np.nan, np.float32)
                         .view(HostArray))
+    monkeypatch.setattr(tmla, "poisoned_as", lambda shape, fmt: np.full(
+        shape, fmt.poison(), np.dtype(fmt.dtype)).view(HostArray))
+
+
+def _widen(k, x):
+    """The f32 values a kernel computes with from its in_dtype elements."""
+    return k.in_dtype.fmt.dequantize_rows(np.asarray(x))
 
 
 def _store(fault=None):
@@ -160,7 +194,8 @@ def _store(fault=None):
                 continue
             src = np.concatenate([kv_c[t], k_pe[t]])
             if fault == "contiguous_rows":  # ignores the row stride: reads rows 512 apart
-                dense = np.lib.stride_tricks.as_strided(kv_c, strides=(MLA_LATENT * 4, 4))
+                item = kv_c.itemsize
+                dense = np.lib.stride_tricks.as_strided(kv_c, strides=(MLA_LATENT * item, item))
                 src[:MLA_LATENT] = dense[t]
             cache[s // bs, s % bs] = src
     return fn
@@ -176,14 +211,15 @@ def _gather(k, fault=None):
     return fn
 
 
-def _decode(fault=None):
+def _decode(k, fault=None):
     def fn(q, pages, table, lens, m, l_, acc, scale, stream=None):
         B, H, S = m.shape
-        q32 = np.asarray(q, np.float32)
+        q32 = _widen(k, q) if fault != "raw_elements" else np.asarray(q, np.float32)
+        pages = _widen(k, pages) if fault != "raw_elements" else np.asarray(pages, np.float32)
         for b in range(B):
             n = int(lens[b])
             kps = mla_split_keys(n, S)
-            rows = ref.mla.request_rows(np.asarray(pages), np.asarray(table)[b], 0, n)
+            rows = ref.mla.request_rows(pages, np.asarray(table)[b], 0, n)
             for s in range(S):
                 lo, hi = s * kps, min(n, (s + 1) * kps)
                 if lo >= hi and fault != "empty_written":
@@ -200,6 +236,8 @@ def _decode(fault=None):
 
 
 def _combine(k, fault=None):
+    fo = k.out_dtype.fmt
+
     def fn(m, l_, acc, lens, out, *lse, stream=None):
         B, H, S = m.shape
         for b in range(B):
@@ -214,7 +252,7 @@ def _combine(k, fault=None):
             L = (l_[b, :, :live] * w).sum(axis=1)
             o = (acc[b, :, :live] * w[:, :, None]).sum(axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
-                out[b] = np.where(ok[:, None], o / L[:, None], 0.0)
+                out[b] = fo.quantize_rows(np.where(ok[:, None], o / L[:, None], 0.0))
                 if lse:
                     lse[0][b] = np.where(ok, M + np.log(L), -np.inf)
     return fn
@@ -222,8 +260,10 @@ def _combine(k, fault=None):
 
 def _prefill(k, fault=None):
     causal = k.mask is Mask.CAUSAL
+    fo = k.out_dtype.fmt
 
     def fn(q, key, value, cu_q, cu_k, out, *lse, max_seqlen_q, scale, stream=None):
+        q, key, value = _widen(k, q), _widen(k, key), _widen(k, value)
         for r in range(len(cu_q) - 1):
             q0, q1, k0, k1 = int(cu_q[r]), int(cu_q[r + 1]), int(cu_k[r]), int(cu_k[r + 1])
             Lq, Lk = q1 - q0, k1 - k0
@@ -240,7 +280,8 @@ def _prefill(k, fault=None):
                 m = s_.max(axis=1, keepdims=True)
                 e = np.exp(s_ - m)
                 tot = e.sum(axis=1, keepdims=True)
-                out[q0 + i] = np.einsum("hj,jhd->hd", e / tot, value[k0:k0 + n])
+                out[q0 + i] = fo.quantize_rows(np.einsum("hj,jhd->hd", e / tot,
+                                                         value[k0:k0 + n]))
                 if lse:
                     lse[0][:, q0 + i] = (m + np.log(tot))[:, 0]
     return fn
@@ -250,23 +291,25 @@ def _cases(k):
     return [pytest.param(c, id=str(c)) for c in plan_cases(k)[0]]
 
 
+@pytest.mark.parametrize("k", of(Op.MLA_STORE), ids=lambda k: k.name)
 @pytest.mark.parametrize("case", _cases(STORE))
-def test_store_check_passes_the_kernels_arithmetic(host_device, case):
-    tmla.check(STORE, _store(), case)
+def test_store_check_passes_the_kernels_arithmetic(host_device, k, case):
+    tmla.check(k, _store(), case)
 
 
-@pytest.mark.parametrize("k", [GATHER, GATHER_STARTS], ids=lambda k: k.name)
+@pytest.mark.parametrize("k", of(Op.MLA_GATHER), ids=lambda k: k.name)
 def test_gather_check_passes_the_kernels_arithmetic(host_device, k):
     for case in plan_cases(k)[0]:
         tmla.check(k, _gather(k), case)
 
 
+@pytest.mark.parametrize("k", of(Op.MLA_DECODE), ids=lambda k: k.name)
 @pytest.mark.parametrize("case", _cases(DECODE))
-def test_decode_check_passes_the_kernels_arithmetic(host_device, case):
-    tmla.check(DECODE, _decode(), case)
+def test_decode_check_passes_the_kernels_arithmetic(host_device, k, case):
+    tmla.check(k, _decode(k), case)
 
 
-@pytest.mark.parametrize("k", [COMBINE, COMBINE_LSE], ids=lambda k: k.name)
+@pytest.mark.parametrize("k", of(Op.MLA_COMBINE), ids=lambda k: k.name)
 def test_combine_check_passes_the_kernels_arithmetic(host_device, k):
     for case in plan_cases(k)[0]:
         tmla.check(k, _combine(k), case)
@@ -277,19 +320,22 @@ def test_combine_check_passes_the_kernels_arithmetic(host_device, k):
     (STORE, _store("contiguous_rows"), tmla.STORE[1]),
     (GATHER, _gather(GATHER, "past_n"), tmla.GATHER[2]),
     (GATHER_STARTS, _gather(GATHER_STARTS, "starts_ignored"), tmla.GATHER_STARTS[0]),
-    (DECODE, _decode("empty_written"), tmla.DECODE[7]),
-    (DECODE, _decode("last_key_dropped"), tmla.DECODE[1]),
+    (DECODE, _decode(DECODE, "empty_written"), tmla.DECODE[7]),
+    (DECODE, _decode(DECODE, "last_key_dropped"), tmla.DECODE[1]),
     (COMBINE, _combine(COMBINE, "dead_read"), tmla.DECODE[7]),
+    (BF16[Op.MLA_DECODE], _decode(BF16[Op.MLA_DECODE], "raw_elements"), tmla.DECODE[1]),
+    (BF16[Op.MLA_STORE], _store("contiguous_rows"), tmla.STORE[1]),
+    (BF16[Op.MLA_COMBINE], _combine(BF16[Op.MLA_COMBINE], "dead_read"), tmla.DECODE[7]),
 ], ids=["store_negative", "store_stride", "gather_past_n", "gather_starts", "decode_empty",
-        "decode_key_dropped", "combine_dead_split"])
+        "decode_key_dropped", "combine_dead_split", "bf16_decode_not_widened",
+        "bf16_store_stride", "bf16_combine_dead_split"])
 def test_the_gpu_checks_fail_a_kernel_that_breaks_the_definition(host_device, k, fn, case):
     with pytest.raises(AssertionError):
         tmla.check(k, fn, case)
 
 
-@pytest.mark.parametrize("key", sorted(PREFILLS), ids=lambda x: f"{x[0].value}-{x[1].value}")
-def test_prefill_check_passes_the_kernels_arithmetic(host_device, key):
-    k = PREFILLS[key]
+@pytest.mark.parametrize("k", of(Op.MLA_PREFILL), ids=lambda k: k.name)
+def test_prefill_check_passes_the_kernels_arithmetic(host_device, k):
     for case in plan_cases(k)[0]:
         if case.n_head * sum(q for q, _ in case.requests) > 2000:
             continue  # the emulation is slow; the GPU runs the large ones
@@ -554,3 +600,91 @@ def test_mla_cache_with_plain_fake(monkeypatch):
                    cp.empty((1, MLA_ROPE)))
     assert out.shape == (1, 128, MLA_LATENT)
     assert cp.launched[-2][1] == (128 // MLA_HEADS, 1, 1)  # 21 keys: the default, one split
+
+
+# ---- 16-bit element types through the entry points and MLACache --------------------------
+
+def _named(op: Op, fi: IoDtype, fo: IoDtype = F32, **axes) -> str:
+    """The name of the kernel of ``op`` with these element types and option axes."""
+    ks = [k for k in of(op) if (op not in IN_DTYPE_OPS or k.in_dtype is fi) and
+          (op not in OUT_DTYPE_OPS or k.out_dtype is fo) and
+          all(getattr(k, a) is v for a, v in axes.items())]
+    assert len(ks) == 1, (op, fi, fo, axes, [k.name for k in ks])
+    return ks[0].name
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_entry_points_choose_by_element_type(cp, dtype):
+    e = np.dtype(dtype.fmt.dtype)
+    kv_c = FakeArray((5, MLA_LATENT), e, strides=((MLA_LATENT + 8) * e.itemsize, e.itemsize))
+    k_pe, cache = cp.empty((5, MLA_ROPE), e), cp.empty((3, 4, MLA_ROW), e)
+    b = rmla.concat_and_cache_mla(kv_c, k_pe, cache, _upload(cp, np.array([0, -1, 7], np.int64)))
+    assert b.kernel == _named(Op.MLA_STORE, dtype) and int(b.arg("kv_c_stride")) == MLA_LATENT + 8
+    dst = cp.empty((4, MLA_ROW), e)
+    cu, t2s = _upload(cp, np.array([0, 4], np.int32)), _upload(cp, np.zeros(4, np.int32))
+    b = rmla.gather_mla_cache(dst, cache, _upload(cp, np.zeros((1, 4), np.int32)), cu, t2s,
+                              None, 4)
+    assert b.kernel == _named(Op.MLA_GATHER, dtype, seq_starts=SeqStarts.NONE)
+    out, lse, q, pages, table, lens = _decode_args(cp)
+    q, pages = cp.empty(q.shape, e), cp.empty(pages.shape, e)
+    for fo in (dtype, F32):
+        n = len(cp.launched)
+        rmla.mla_decode_attention(cp.empty(out.shape, np.dtype(fo.fmt.dtype)), lse, q, pages,
+                                  table, lens, 0.1, num_kv_splits=2)
+        assert [x[0] for x in cp.launched[n:]] == [
+            _named(Op.MLA_DECODE, dtype), _named(Op.MLA_COMBINE, dtype, fo, lse=Lse.WRITE)]
+    Tq, Tk, H = 9, 20, 4
+    pargs = (cp.empty((Tq, H, MLA_PREFILL_QK), e), cp.empty((Tk, H, MLA_PREFILL_QK), e),
+             cp.empty((Tk, H, MLA_PREFILL_V), e), _upload(cp, np.array([0, 4, 9], np.int32)),
+             _upload(cp, np.array([0, 10, 20], np.int32)))
+    for fo in (dtype, F32):
+        b = rmla.mla_prefill_attention(cp.empty((Tq, H, MLA_PREFILL_V), np.dtype(fo.fmt.dtype)),
+                                       cp.empty((H, Tq)), *pargs, 0.07, False, 5)
+        assert b.kernel == _named(Op.MLA_PREFILL, dtype, fo, mask=Mask.FULL, lse=Lse.WRITE)
+    n = lambda: len(cp.launched)  # noqa: E731
+    # one element type for the rows and the cache, for query and the cache, for q, K, V
+    cp.refuses(n, "kv_cache must be", rmla.concat_and_cache_mla, kv_c, k_pe,
+               cp.empty((3, 4, MLA_ROW)), _upload(cp, np.array([0], np.int64)))
+    cp.refuses(n, "query must be", rmla.mla_decode_attention, cp.empty(out.shape, e), lse,
+               cp.empty(q.shape), pages, table, lens, 0.1)
+    cp.refuses(n, "value must be", rmla.mla_prefill_attention, cp.empty((Tq, H, MLA_PREFILL_V)),
+               None, pargs[0], pargs[1], cp.empty((Tk, H, MLA_PREFILL_V)), *pargs[3:], 0.07,
+               True, 5)
+    cp.refuses(n, "must be one of", rmla.mla_decode_attention, out, lse, q,
+               cp.empty(pages.shape, np.float64), table, lens, 0.1)
+    # the lse stays float32
+    cp.refuses(n, "lse must be float32", rmla.mla_decode_attention, cp.empty(out.shape, e),
+               cp.empty((2, 16), e), q, pages, table, lens, 0.1)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_mla_cache_of_16_bit_rows(cp, dtype):
+    e = np.dtype(dtype.fmt.dtype)
+    c = rmla.MLACache(num_blocks=8, block_size=4, dtype=dtype.value)
+    assert c.cache.dtype == e
+    a, b = c.add(), c.add()
+    c.store([a, b], cp.empty((7, MLA_LATENT), e), cp.empty((7, MLA_ROPE), e), [5, 2])
+    assert cp.launched[-1][0] == _named(Op.MLA_STORE, dtype)
+    out = c.decode([a, b], cp.empty((2, 16, MLA_ROW), e), cp.empty((2, MLA_LATENT), e),
+                   cp.empty((2, MLA_ROPE), e), scale=0.1, num_kv_splits=2)
+    assert out.dtype == e and out.shape == (2, 16, MLA_LATENT)
+    assert [x[0] for x in cp.launched[-3:]] == [
+        _named(Op.MLA_STORE, dtype), _named(Op.MLA_DECODE, dtype),
+        _named(Op.MLA_COMBINE, dtype, dtype, lse=Lse.NONE)]
+    out, lse = c.decode([a, b], cp.empty((2, 16, MLA_ROW), e), cp.empty((2, MLA_LATENT), e),
+                        cp.empty((2, MLA_ROPE), e), lse=True, out_dtype="f32")
+    assert out.dtype == np.float32 and lse.dtype == np.float32
+    assert cp.launched[-1][0] == _named(Op.MLA_COMBINE, dtype, F32, lse=Lse.WRITE)
+    assert c.lengths == {a: 7, b: 4}
+    rows = c.gather([a, b], [4, 0])
+    assert rows.dtype == e and rows.shape == (3 + 4, MLA_ROW)
+    assert cp.launched[-1][0] == _named(Op.MLA_GATHER, dtype, seq_starts=SeqStarts.GIVEN)
+    st = lambda: _state(c)  # noqa: E731
+    cp.refuses(st, "kv_c must be", c.store, [a], cp.empty((1, MLA_LATENT)),
+               cp.empty((1, MLA_ROPE), e), [1])
+    cp.refuses(st, "query must be", c.decode, [a], cp.empty((1, 16, MLA_ROW)),
+               cp.empty((1, MLA_LATENT), e), cp.empty((1, MLA_ROPE), e))
+    cp.refuses(st, "dtype must be", c.decode, [a], cp.empty((1, 16, MLA_ROW), e),
+               cp.empty((1, MLA_LATENT), e), cp.empty((1, MLA_ROPE), e), out_dtype="f64")
+    with pytest.raises(ContractError, match="dtype must be"):
+        rmla.MLACache(2, 4, dtype="float64")

@@ -1,5 +1,5 @@
 """The swizzled query tile's host contracts (qtile_loads = swizzle): its cache rows are
-read four elements a load (the format's load_quad), so a K or V cache array must start
+read four elements a load (the format's load_key_quad), so a K or V cache array must start
 on the format's quad boundary (KvFormat.quad_bytes) and head_dim be whole float4s; the
 geometry sizes its shared rows to the kernel's bound, not the launch's head_dim; and the
 default prefill choice takes it before the scalar query tile. Every kernel is one the

@@ -230,3 +230,157 @@ def test_prefill_context_chunks_merge_to_the_whole():
     np.testing.assert_allclose(acc.get(), want, rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
     np.testing.assert_allclose(acc_lse.get(), want_lse, rtol=RTOL, atol=ATOL,
                                err_msg=f"seed={seed}")
+
+
+# ---- 16-bit latent rows (bf16: uint16 bit patterns, f16: float16) ------------------------
+# Inputs are random float32 values rounded by the format's NumPy model; the references
+# read the values the kernels hold (exact widening) in float64; a 16-bit output is allowed
+# its rounding (the format's error model) on top of the f32 tolerance, and a result
+# computed from rounded intermediates the rounding of each of them too.
+
+HALF = ["bf16", "f16"]
+
+
+def _fmt(name):
+    from kgen.ir.axes import IoDtype
+
+    return IoDtype(name).fmt
+
+
+def _elems(g, fmt, *shape):
+    return fmt.quantize_rows(_rand(g, *shape))
+
+
+def _close_as(fmt, got, want, seed, also=(), what="out"):
+    """``got`` (elements of ``fmt``) within the f32 tolerance of float64 ``want`` plus
+    the format's rounding of ``want`` and of each intermediate in ``also``."""
+    got = fmt.dequantize_rows(np.asarray(got)).astype(np.float64)
+    bound = ATOL + RTOL * np.abs(want)
+    for x in (want, *also):
+        bound = bound + 1.01 * fmt.round_trip_bound(np.asarray(x, np.float64), None)[1]
+    err = np.abs(got - want)
+    assert not np.isnan(got).any(), f"{what}: NaN left, seed={seed}"
+    bad = int(np.count_nonzero(~(err <= bound)))
+    assert bad == 0, (f"{what}: {bad} of {got.size} elements past the bound (worst "
+                      f"{float(np.max(err - bound)):.3g}), seed={seed}")
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("n_head, bs", [(16, 16), (128, 64), (16, 64), (128, 16)])
+@pytest.mark.parametrize("out_f32", [False, True])
+def test_decode_16bit_against_the_definition(dtype, n_head, bs, out_f32):
+    import cupy as cp
+
+    from kgen.runtime import mla_decode_attention
+
+    g, seed = rng()
+    fmt = _fmt(dtype)
+    lens = [1, 700, 2049, 37]
+    mb = max(-(-n // bs) for n in lens)
+    nb = len(lens) * mb + 2
+    table = g.permutation(nb).astype(np.int32)[: len(lens) * mb].reshape(len(lens), mb)
+    pages, q = _elems(g, fmt, nb, bs, MLA_ROW), _elems(g, fmt, len(lens), n_head, MLA_ROW)
+    sl = np.array(lens, np.int32)
+    e_out = np.dtype(np.float32) if out_f32 else np.dtype(fmt.dtype)
+    out = cp.empty((len(lens), n_head, MLA_LATENT), e_out)
+    out.fill(np.nan if out_f32 else fmt.poison())
+    lse = cp.full((len(lens), n_head), np.nan, np.float32)
+    mla_decode_attention(out, lse, cp.asarray(q), cp.asarray(pages), cp.asarray(table),
+                         cp.asarray(sl), SCALE, max_seq_len=max(lens))
+    want, want_lse = ref.mla_decode(fmt.dequantize_rows(q), fmt.dequantize_rows(pages), table,
+                                    sl, SCALE, MLA_LATENT)
+    _close_as(_fmt("f32") if out_f32 else fmt, out.get(), want, seed)
+    np.testing.assert_allclose(lse.get(), want_lse, rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("n_head, bs", [(16, 16), (128, 64)])
+def test_mla_cache_16bit_store_decode_gather_prefill_merge(dtype, n_head, bs):
+    """MLACache of 16-bit rows end to end: prompts stored, decode steps (each stores its
+    token and attends), the context gathered back bit for bit; then the engine's chunked
+    prefill over it, in the same element type: K and V cut from the gathered rows (a
+    stand-in for the model's up-projection, bits kept), the context in two non-causal
+    chunks and the new tokens causal, each with its LSE, merged by MergeAttnStates."""
+    import cupy as cp
+
+    from kgen.runtime import MLACache, merge_attn_states
+
+    g, seed = rng()
+    fmt = _fmt(dtype)
+    e = np.dtype(fmt.dtype)
+    w = fmt.dequantize_rows
+    c = MLACache(num_blocks=64, block_size=bs, max_blocks_per_seq=64 // bs * 16, dtype=dtype)
+    sids = [c.add() for _ in range(2)]
+    prompt = [150, 33]
+    kv_c, k_pe = _elems(g, fmt, sum(prompt), MLA_LATENT), _elems(g, fmt, sum(prompt), MLA_ROPE)
+    c.store(sids, cp.asarray(kv_c), cp.asarray(k_pe), prompt)
+    rows, at = {}, 0
+    for s, n in zip(sids, prompt, strict=True):
+        rows[s] = [np.concatenate([kv_c[at:at + n], k_pe[at:at + n]], axis=1)]
+        at += n
+    for step in range(2):
+        q = _elems(g, fmt, 2, n_head, MLA_ROW)
+        nc, npe = _elems(g, fmt, 2, MLA_LATENT), _elems(g, fmt, 2, MLA_ROPE)
+        out, lse = c.decode(sids, cp.asarray(q), cp.asarray(nc), cp.asarray(npe), SCALE,
+                            num_kv_splits=step + 1, lse=True)
+        assert out.dtype == e and lse.dtype == np.float32
+        for i, s in enumerate(sids):
+            rows[s].append(np.concatenate([nc[i:i + 1], npe[i:i + 1]], axis=1))
+            kv = w(np.concatenate(rows[s])).astype(np.float64)
+            qk = SCALE * (w(q[i]).astype(np.float64) @ kv.T)
+            m = qk.max(axis=1, keepdims=True)
+            ex = np.exp(qk - m)
+            want = (ex / ex.sum(axis=1, keepdims=True)) @ kv[:, :MLA_LATENT]
+            _close_as(fmt, out.get()[i], want, seed, what=f"decode step {step} seq {s}")
+            np.testing.assert_allclose(lse.get()[i], (m + np.log(ex.sum(axis=1,
+                                                                        keepdims=True)))[:, 0],
+                                       rtol=RTOL, atol=ATOL, err_msg=f"seed={seed}")
+    ctx = c.gather([sids[0]])
+    assert ctx.dtype == e
+    assert bits_equal(ctx.get(), np.concatenate(rows[sids[0]])), f"seed={seed}"
+    # the prefill: K [C][H][192] and V [C][H][128] cut from the gathered rows, head h from
+    # column 3 h on (bits kept); T new tokens after the C context rows
+    C, T, H = int(ctx.shape[0]), 24, n_head
+    ws = ctx.get()
+    cols = (3 * np.arange(H))[:, None] + np.arange(MLA_PREFILL_QK)[None, :]
+    k_ctx = ws[:, cols % MLA_ROW]
+    v_ctx = ws[:, cols[:, :MLA_PREFILL_V] % MLA_LATENT]
+    k_new, v_new = _elems(g, fmt, T, H, MLA_PREFILL_QK), _elems(g, fmt, T, H, MLA_PREFILL_V)
+    q = _elems(g, fmt, T, H, MLA_PREFILL_QK)
+    cu_q = np.array([0, T], np.int32)
+
+    def prefill(k, v, causal):
+        from kgen.runtime import mla_prefill_attention
+
+        o = cp.empty((T, H, MLA_PREFILL_V), e)
+        o.fill(fmt.poison())
+        ls = cp.full((H, T), np.nan, np.float32)
+        n = int(k.shape[0])
+        mla_prefill_attention(o, ls, cp.asarray(q), cp.asarray(np.ascontiguousarray(k)),
+                              cp.asarray(np.ascontiguousarray(v)), cp.asarray(cu_q),
+                              cp.asarray(np.array([0, n], np.int32)), SCALE, causal, T, n)
+        want = ref.mla_prefill(w(q), w(k), w(v), cu_q, np.array([0, n]), SCALE, causal)
+        return o, ls, want
+
+    acc, acc_lse, (acc_want, _) = prefill(k_new, v_new, True)
+    parts = [acc_want]
+    cut = C // 2
+    for lo, hi in ((0, cut), (cut, C)):
+        part, part_lse, (part_want, _) = prefill(k_ctx[lo:hi], v_ctx[lo:hi], False)
+        parts.append(part_want)
+        out = cp.empty_like(acc)
+        out_lse = cp.empty_like(acc_lse)
+        merge_attn_states(out, out_lse, part, part_lse, acc, acc_lse)
+        acc, acc_lse = out, out_lse
+    def over(hi):  # attention over context rows [0, hi) then the new tokens, causal
+        key, val = np.concatenate([k_ctx[:hi], k_new]), np.concatenate([v_ctx[:hi], v_new])
+        return ref.mla_prefill(w(q), w(key), w(val), cu_q, np.array([0, hi + T]), SCALE,
+                               True)
+
+    want, want_lse = over(C)
+    # each merge mixes its rounded inputs convexly and rounds: the bound sums the rounding
+    # of every part, of the first merge's result (context rows [0, cut) and the new
+    # tokens) and of the last (want's)
+    _close_as(fmt, acc.get(), want, seed, also=(*parts, over(cut)[0]), what="merged prefill")
+    np.testing.assert_allclose(acc_lse.get(), want_lse, rtol=RTOL, atol=ATOL,
+                               err_msg=f"seed={seed}")

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kgen.ir.axes import Lse, Mask, Op
+from kgen.ir.axes import IoDtype, Lse, Mask, Op
 from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, mla_default_splits
 from kgen.ir.params import ENTRY_PARAMS
 from kgen.runtime import device, dflash, merge, mla
@@ -147,6 +147,13 @@ def scratch_for(a: dict, splits: int) -> dict:
             "acc": FakeArray((B * H * splits * MLA_LATENT,))}
 
 
+def io(x) -> str | None:
+    """The element type (kgen.ir.axes.IoDtype) an argument holds, as the C++ caller names
+    it (a Tensor carries none); None where it is none of them (Python refuses it)."""
+    dt = getattr(x, "dtype", None)
+    return next((d.value for d in IoDtype if dt == np.dtype(d.fmt.dtype)), None)
+
+
 def entry(k, a: dict, variant: str | None, extra: dict | None = None):
     """The entry point serving kernel ``k``'s op over ``k``'s arguments ``a``: (Python
     callable, its positional and keyword arguments, the shim's fields, the arrays by
@@ -159,6 +166,7 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
         pos = [a.get(n) for n in names] + [a["prefill_tokens_with_context"]]
         c = {"op": "merge_attn_states", **{n: a.get(n) for n in names},
              "prefill_tokens_with_context": a["prefill_tokens_with_context"],
+             "in_dtype": io(a["prefix_output"]), "out_dtype": io(a["output"]),
              "variant": variant}
         return merge.merge_attn_states, pos, {"variant": variant}, c, a
     if k.op is Op.MLA_STORE:
@@ -166,16 +174,17 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
         for n, width in (("kv_c", MLA_LATENT), ("k_pe", MLA_ROPE)):
             pad = x.pop(f"{n}_pad", 0)
             if pad:  # rows `pad` elements apart beyond their width
-                rows = a[n].shape[0]
-                a[n] = FakeArray((rows, width), np.float32, ((width + pad) * 4, 4))
-        c = {"op": "concat_and_cache_mla", **{n: a[n] for n in names}, "variant": variant}
+                rows, e = a[n].shape[0], a[n].dtype
+                a[n] = FakeArray((rows, width), e, ((width + pad) * e.itemsize, e.itemsize))
+        c = {"op": "concat_and_cache_mla", **{n: a[n] for n in names},
+             "in_dtype": io(a["kv_c"]), "variant": variant}
         return mla.concat_and_cache_mla, [a[n] for n in names], \
             {"validate_pos": False, "variant": variant}, c, a
     if k.op is Op.MLA_GATHER:
         names = ("dst", "src_cache", "block_table", "cu_seq_lens", "token_to_seq",
                  "seq_starts")
         c = {"op": "gather_mla_cache", **{n: a.get(n) for n in names},
-             "num_tokens": a["num_tokens"], "variant": variant}
+             "num_tokens": a["num_tokens"], "in_dtype": io(a["src_cache"]), "variant": variant}
         return mla.gather_mla_cache, [a.get(n) for n in names] + [a["num_tokens"]], \
             {"validate_pos": False, "variant": variant}, c, a
     if k.op in (Op.MLA_DECODE, Op.MLA_COMBINE):
@@ -185,7 +194,7 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
         if q is None:
             return None
         B, H = q.shape[:2]
-        a["out"] = a.get("out", FakeArray((B, H, MLA_LATENT)))
+        a["out"] = a.get("out", FakeArray((B, H, MLA_LATENT), x.pop("out_dtype", np.float32)))
         if x.pop("lse", False):
             a["lse"] = FakeArray((B, H))
         splits = x.pop("num_kv_splits", ENTRY_PARAMS["num_kv_splits"].default)
@@ -196,7 +205,8 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
         room = scratch_for(a, max(splits, 2 * SMS))
         c = {"op": "mla_decode_attention", **{n: a.get(n) for n in names},
              "scale": kw["scale"], "num_kv_splits": splits, "max_seq_len": kw["max_seq_len"],
-             "sm_count": SMS, "variant_decode": variant, **room}
+             "sm_count": SMS, "variant_decode": variant, **room,
+             "in_dtype": io(a["kv_cache"]), "out_dtype": io(a["out"])}
         return mla.mla_decode_attention, [a.get(n) for n in names], kw, c, a
     if k.op is Op.MLA_PREFILL:
         names = ("out", "lse", "query", "key", "value", "cu_seqlens_q", "cu_seqlens_k")
@@ -206,7 +216,8 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
               "variant": variant}
         c = {"op": "mla_prefill_attention", **{n: a.get(n) for n in names},
              "scale": a["scale"], "causal": causal, "max_seqlen_q": a["max_seqlen_q"],
-             "max_seqlen_k": kw["max_seqlen_k"], "variant": variant}
+             "max_seqlen_k": kw["max_seqlen_k"], "in_dtype": io(a["query"]),
+             "out_dtype": io(a["out"]), "variant": variant}
         return mla.mla_prefill_attention, pos, kw, c, a
     assert k.op is Op.DFLASH_ATTENTION
     paged = "ctx_key" in a
@@ -324,7 +335,7 @@ def test_engine_ops_launch_as_python(shim, cp):
 
 def compare_combine(cp, lib, d, k, a, extra, label):
     """The decode with the combine ``k`` named (its lse axis asked for)."""
-    extra = {**extra, "lse": k.lse is Lse.WRITE}
+    extra = {**extra, "lse": k.lse is Lse.WRITE, "out_dtype": np.dtype(k.out_dtype.fmt.dtype)}
     e = entry(d, a, None, extra)
     fn, pos, kw, fields, arrays = e
     kw["variants"] = (None, k.name)
