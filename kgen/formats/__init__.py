@@ -37,4 +37,12 @@ def pair(kv: str, v_kv: str | None = None) -> KvPair:
     return KvPair(FORMATS[kv], FORMATS[v_kv if v_kv is not None else kv])
 
 
-__all__ = ["FORMATS", "KvFormat", "KvFormatName", "KvPair", "Shadow", "pair"]
+def as_pair(fmt: KvFormat | KvPair | str) -> KvPair:
+    """A format (by object or name) as the pair of one format, or a pair as it is."""
+    if isinstance(fmt, KvPair):
+        return fmt
+    fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
+    return KvPair(fmt, fmt)
+
+
+__all__ = ["FORMATS", "KvFormat", "KvFormatName", "KvPair", "Shadow", "as_pair", "pair"]
