@@ -39,10 +39,10 @@ class Role:
                 and all(getattr(k, key).value == value for key, value in self.needs))
 
     def __str__(self) -> str:
-        v_kv = [f"v_kv={self.v_kv}"] if self.v_kv and self.v_kv != self.kv else []
+        kv = self.kv if self.v_kv in (None, self.kv) else f"{self.kv}/{self.v_kv}"  # KvPair.name
         parts = [self.op.value, *([self.mode.value] if self.mode else []),
-                 f"position={self.position.value}", *([f"kv={self.kv}"] if self.kv else []),
-                 *v_kv, *(f"{key}={value}" for key, value in self.needs)]
+                 f"position={self.position.value}", *([f"kv={kv}"] if self.kv else []),
+                 *(f"{key}={value}" for key, value in self.needs)]
         return " ".join(parts)
 
     @classmethod
