@@ -147,11 +147,16 @@ def test_a_mixed_cache_runs_its_pair_kernels(cp, kv, v_kv):
         assert names and c.last_prefill in names
         by = {k.name: k for k, _ in generated()}
         assert all((by[x].kv.value, by[x].v_kv.value) == (kv, v_kv) for x in names), names
+        tiles = n == 200 and not p.shadows  # 800 (row, q head) pairs fill 8 query tiles
+        assert by[c.last_prefill].schedule.value == ("query_tile" if tiles else
+                                                     "block_tile"), c.last_prefill
     cp.launched.clear()
     c.decode(cp.empty((H, HD)), cp.empty((1, HK, HD)), cp.empty((1, HK, HD)), pos=c.length)
     by = {k.name: k for k, _ in generated()}
     cache_ops = [x for x in _launched(cp) if by[x].op in (Op.FLASH, Op.KV_APPEND)]
     assert cache_ops and all(by[x].mixed for x in cache_ops), _launched(cp)
+    flash = [by[x] for x in cache_ops if by[x].op is Op.FLASH]
+    assert flash and all(k.stream_loads.value == "hoisted" for k in flash), cache_ops
 
 
 @needs_build

@@ -20,7 +20,7 @@ from kgen.testing import rng
 
 pytestmark = pytest.mark.gpu
 RTOL, ATOL = 2e-4, 2e-5
-HD, HK, H = 128, 2, 8  # the head size every mixed kernel serves; 4 q heads per kv head
+HD, HK, H = 128, 2, 8  # a head size every mixed kernel serves; 4 q heads per kv head
 
 
 def _pairs(position: str) -> list[tuple[str, str]]:
@@ -32,9 +32,10 @@ def _rand(g, *shape):
     return g.standard_normal(shape).astype(np.float32)
 
 
+@pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("n", [24, 300], ids=["per_row", "query_tiles"])
 @pytest.mark.parametrize("kv, v_kv", _pairs("host"))
-def test_mixed_cache_prefill_then_decode(kv, v_kv, n):
+def test_mixed_cache_prefill_then_decode(kv, v_kv, n, hd):
     """Chunked prefill (a window ring of V shadows is never lapped), then decode steps at
     a given plan and the default one, every element against float64."""
     import cupy as cp
@@ -43,14 +44,16 @@ def test_mixed_cache_prefill_then_decode(kv, v_kv, n):
 
     g, seed = rng()
     sink, win = (4, 96) if pair(kv, v_kv).shadows else (0, 0)
-    cache = KVCache(HK, HD, 512, kv=kv, v_kv=v_kv, sink=sink, win=win)
-    host = ref.HostCache.empty(cache.pair, HK, cache.max_seq, HD, cache.RING_ROWS,
+    cache = KVCache(HK, hd, 512, kv=kv, v_kv=v_kv, sink=sink, win=win)
+    host = ref.HostCache.empty(cache.pair, HK, cache.max_seq, hd, cache.RING_ROWS,
                                cache.SINK_ROWS)
-    scale, G = 1 / math.sqrt(HD), H // HK
-    q, kn, vn = _rand(g, n, H, HD), _rand(g, n, HK, HD), _rand(g, n, HK, HD)
+    scale, G = 1 / math.sqrt(hd), H // HK
+    q, kn, vn = _rand(g, n, H, hd), _rand(g, n, HK, hd), _rand(g, n, HK, hd)
     got = cache.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
     kp = next(k for k, _ in generated() if k.name == cache.last_prefill)
     assert kp.mixed and (kp.kv.value, kp.v_kv.value) == (kv, v_kv), kp.name
+    tiles = n == 300 and not pair(kv, v_kv).shadows  # rows that fill the query tiles
+    assert kp.schedule.value == ("query_tile" if tiles else "block_tile"), kp.name
     step = cache.max_prefill_chunk()
     for lo in range(0, n, step):
         hi = min(lo + step, n)
@@ -63,9 +66,9 @@ def test_mixed_cache_prefill_then_decode(kv, v_kv, n):
                                    err_msg=f"{kv}/{v_kv} prefill {kp.name} rows {lo}..{hi} "
                                    f"seed={seed}")
     kd = cache.kernels.get("decode", G)[0]
-    assert kd.mixed, kd.name
+    assert kd.mixed and kd.stream_loads.value == "hoisted", kd.name  # the default decode
     for pos, plan in ((n, {"kps": 64, "splits_cap": 4}), (n + 1, {}), (n + 2, {})):
-        qd, k1, v1 = _rand(g, H, HD), _rand(g, 1, HK, HD), _rand(g, 1, HK, HD)
+        qd, k1, v1 = _rand(g, H, hd), _rand(g, 1, HK, hd), _rand(g, 1, HK, hd)
         got = cache.decode(cp.asarray(qd), cp.asarray(k1), cp.asarray(v1), pos=pos,
                            **plan).get()
         assert np.isfinite(got).all()
