@@ -3,7 +3,9 @@
 every sequence, a block table per sequence, varlen prefill of several sequences
 in one launch (each sequence's new query rows aligned to its end) and decode of
 every sequence at its own length (split kernel + combine). Kernels are chosen by
-their axes (position = paged) and the options a call asks for.
+their axes (position = paged) and the options a call asks for. K pages hold rows of
+``kv``, V pages rows of ``v_kv`` (None: ``kv``'s; another format where a mixed pair
+is generated, e.g. q8_0 K / f16 V).
 
 Every launch reads lengths and tables from device tensors; the host passes only
 shapes and an upper bound on lengths (no device-to-host read). ``prefill`` and
