@@ -88,7 +88,7 @@ def limits(k: Kernel, resources: dict | None = None) -> dict:
         out["groups_by_head_dim"] = groups_by_head_dim(k, dims)
         out["tile_keys"] = k.tile_keys
         out["dot_lanes"] = k.dot_lanes
-    if k.fmt.shadows and k.op in (Op.FLASH, Op.KV_APPEND):
+    if k.op in (Op.FLASH, Op.KV_APPEND) and k.pair.shadows:
         out["sink_rows"], out["ring_rows"] = k.sink_rows, k.ring_rows
     if resources is not None:
         sm = {"registers": resources["registers"], "stack_frame": resources["stack_frame"],
@@ -113,7 +113,7 @@ def sized_head_dim(k: Kernel) -> int | None:
             return tile_threads(k)
         if k.k_stage is KStage.REGISTERS:
             return k.kreg_max_chunk * k.dot_lanes
-    if k.op is Op.KV_APPEND and k.fmt.append_staging:
+    if k.op is Op.KV_APPEND and k.pair.append_staging:
         return k.max_head_dim
     if k.op in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION):  # a warp's q and output rows,
         return k.max_head_dim                                 # in registers

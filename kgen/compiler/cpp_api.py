@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from kgen import __version__
-from kgen.formats.base import SHADOW_SCALARS
+from kgen.formats.base import SHADOW_SCALARS, SHADOWS, TENSOR_SCALES
 from kgen.ir import geometry as geo
 from kgen.ir.axes import (
     MLA_OPS,
@@ -179,7 +179,7 @@ def _cpp_default(name: str, ann: str, default: str | None) -> str | None:
 
 
 def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
-    fmt = k.fmt
+    fmt = k.pair  # the cache's formats: each role's rows, shadows and scales
     flash = k.op is Op.FLASH
     cache = k.op in (Op.FLASH, Op.KV_APPEND)
     arrays, scalars = py_args(k)
@@ -203,6 +203,10 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "fmt_name": fmt.name, "fmt_block": fmt.block,
         "fmt_shadows": fmt.shadows, "fmt_append_staging": fmt.append_staging,
         "fmt_append_wraps": fmt.append_wraps, "fmt_tensor_scales": fmt.tensor_scales,
+        "shadow_mask": sum(1 << i for i, s in enumerate(SHADOWS)
+                           if s in fmt.shadow_buffers()),
+        "scale_mask": sum(1 << i for i, n in enumerate(TENSOR_SCALES)
+                          if n in fmt.scale_scalars()),
         "sink_rows": k.sink_rows, "ring_rows": k.ring_rows, "max_head_dim": k.max_head_dim,
         "max_groups": k.max_groups, "rows_per_block": k.rows_per_block,
         "tile_keys": k.tile_keys, "tile_rows": k.tile_rows, "dot_lanes": k.dot_lanes,
@@ -222,12 +226,15 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "out_cols": geo.out_cols(k) if flash and geo.query_tiles(k) else 0,
         "row_lanes": geo.row_lanes(k) if flash and geo.query_tiles(k) else 0,
         "head_dim_step": geo.head_dim_step(k) if flash and geo.query_tiles(k) else 0,
-        # bytes a cache array aligns to for the swizzled query tile's quad reads (0: none)
-        "quad_align": fmt.quad_bytes if flash and geo.qtile_swizzle(k) else 0,
+        # bytes the K and V cache arrays align to for the swizzled query tile's quad
+        # reads (0: none)
+        "k_quad_align": k.fmt.quad_bytes if flash and geo.qtile_swizzle(k) else 0,
+        "v_quad_align": k.v_fmt.quad_bytes if flash and geo.qtile_swizzle(k) else 0,
         # The geometry, as the Python functions compute it (symbolic arguments).
         "block_threads": expr(geo.block_threads(k, HD)) if flash else None,
         "shared_bytes": expr(geo.flash_shared_bytes(k, G, HD)) if flash else None,
         "row_width": expr(geo.row_width(k, HD)) if cache else None,
+        "v_row_width": expr(geo.row_width(k, HD, "v")) if cache else None,
         # x of a prefill's grid in n query rows (a paged form: n is the batch's rows, or
         # for a query tile the bound on one request's rows, max_query_len).
         "prefill_grid_x": (None if not (flash and k.mode is Mode.PREFILL) else
@@ -282,7 +289,9 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
     for r in op_roles.values():
         need_axes += [a for a, _ in r.needs if a not in need_axes]
     views = [{
-        "index": i, "rank": rank_order[i], "kv": k.kv.value, "op": k.op.value,
+        # a mixed kernel's kv is its pair (q8_0/q4): no cache of one format matches it,
+        # as kgen.runtime.select.Role.matches (C++ caches are of one format)
+        "index": i, "rank": rank_order[i], "kv": k.pair.name, "op": k.op.value,
         "mode": k.mode.value, "position": k.position.value,
         "options": [getattr(k, a).value for a in need_axes],
         "mla_width": geo.mla_width(k.op) if k.op in MLA_OPS else 0,

@@ -79,26 +79,31 @@ def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Enviro
     return env
 
 
-def pos_off(k, pos: str, row: str) -> str:
+def pos_off(k, pos: str, row: str, side=None) -> str:
     """The element offset of key position ``pos``'s row from a kv head's base: ``pos``
     rows of ``row`` elements in a contiguous cache; through the request's page-table
-    row in a paged one (a position's rows of every kv head are adjacent there)."""
+    row in a paged one (a position's rows of every kv head are adjacent there, a stride
+    of ``side``'s rows: view.Side, by default the kernel's one stride ``pstride``)."""
     if k.position is Position.PAGED:
-        return f"(size_t)kgen_page_pos(page_row, {pos}, block_size) * pstride"
+        stride = side.pstride if side is not None else "pstride"
+        return f"(size_t)kgen_page_pos(page_row, {pos}, block_size) * {stride}"
     return f"(size_t){pos} * {row}"
 
 
-def _uses(k: KernelView) -> set[str]:
-    """Which of its format's device helpers a kernel calls: the append quantizer,
-    the one-element reader (K tile staging, global V reads) and the lane-chunk
-    reader (register K). A format's lib file emits only the helpers in use."""
+def _uses(k: KernelView) -> dict[str, set[str]]:
+    """Which of its formats' device helpers a kernel calls, per format: the append
+    quantizer, the one-element reader (K tile staging, global V reads) and the
+    lane-chunk reader (register K). A format's lib file emits only the helpers in use."""
+    kf, vf = k.fmt.name, k.v_fmt.name
     if k.op is Op.KV_APPEND:
-        return {"quant"}
+        return {kf: {"quant"}, vf: {"quant"}}
     if k.op is not Op.FLASH:
-        return set()
-    out = {"lane_chunk"} if k.k_registers else set()
-    if not (k.k_registers and k.v_tile):
-        out.add("elem")
+        return {}
+    out: dict[str, set[str]] = {kf: {"lane_chunk"} if k.k_registers else {"elem"}}
+    if not k.v_tile:  # V read element by element (a raw V tile decodes in place)
+        out.setdefault(vf, set()).add("elem")
+    else:
+        out.setdefault(vf, set())
     return out
 
 
@@ -106,8 +111,9 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
     cache_ops = [k for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND)]
     formats: dict[str, set[str]] = {}
     for k in cache_ops:
-        formats.setdefault(k.fmt.name, set()).update(_uses(k))
-    by_name = {k.fmt.name: k.fmt for k in cache_ops}
+        for name, uses in _uses(k).items():
+            formats.setdefault(name, set()).update(uses)
+    by_name = {f.name: f for k in cache_ops for f in (k.fmt, k.v_fmt)}
     io = []  # the element types of ops with in_dtype / out_dtype: readers and rounding
     for k in kernels:
         io += [(k.in_dtype.fmt, "elem")] if k.op in IN_DTYPE_OPS else []
@@ -116,7 +122,7 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
         formats.setdefault(fmt.name, set()).add(use)
         by_name[fmt.name] = fmt
     return {
-        "fp16": any(k.fmt.fp16 for k in cache_ops)
+        "fp16": any(k.pair.fp16 for k in cache_ops)
         or any(k.byte_layout for k in kernels if k.op is Op.FLASH)
         or any(fmt.fp16 for fmt, _ in io),
         # Device helpers per format in use (templates/lib/<kv>.cuh.j2, if it has one).
@@ -145,7 +151,8 @@ def render_module(env: jinja2.Environment, name: str, kernels: list[Kernel],
     if any(k.op in (Op.MLA_DECODE, Op.MLA_PREFILL) for k in kernels):
         parts.append("kernels/mla_parts.j2")
     used = sorted({"module.cu.j2", "lib/*.cuh.j2", *(v.template for v in views), *parts,
-                   *(k.fmt.template for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND))})
+                   *(f.template for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND)
+                     for f in (k.fmt, k.v_fmt))})
     spec_paths = sorted({spec_rel(k.spec_path, root) for k in kernels})
     needs = _needs(views, Path(env.loader.searchpath[0]))
     text = env.get_template(MODULE_TEMPLATE).render(

@@ -54,11 +54,64 @@ from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM, SHARED_SYMBOL
 
 
 @dataclass(frozen=True)
+class Side:
+    """The names one role's rows go by in a flash or append kernel: its cache array
+    (``k_cache``), head pointer (``k_head``), new rows (``k_new``), per-tensor scale,
+    and the per-kernel values its format's reads declare: the row's bytes and a paged
+    position's stride. A kernel of one format shares those two between the roles
+    (``row_bytes``, ``pstride``); a mixed kernel has one of each per role."""
+
+    role: str        # "k" or "v"
+    row_bytes: str
+    pstride: str
+
+    @property
+    def cache(self) -> str:
+        return f"{self.role}_cache"
+
+    @property
+    def head(self) -> str:
+        return f"{self.role}_head"
+
+    @property
+    def new(self) -> str:
+        return f"{self.role}_new"
+
+    @property
+    def scale(self) -> str:
+        return f"{self.role}_scale"
+
+
+@dataclass(frozen=True)
 class KernelView:
     k: Kernel
 
     def __getattr__(self, name):  # the IR's fields read through
         return getattr(self.k, name)
+
+    @cached_property
+    def k_side(self) -> Side:
+        return self._side("k")
+
+    @cached_property
+    def v_side(self) -> Side:
+        return self._side("v")
+
+    def _side(self, role: str) -> Side:
+        if self.k.mixed:
+            return Side(role, f"{role}_row_bytes", f"{role}_pstride")
+        return Side(role, "row_bytes", "pstride")
+
+    @property
+    def k_sides(self) -> tuple[Side, ...]:
+        """The roles the K format's file serves (its setup, head pointers, append body):
+        both, unless V rows are another format's (``v_sides``)."""
+        return (self.k_side,) if self.k.mixed else (self.k_side, self.v_side)
+
+    @property
+    def v_sides(self) -> tuple[Side, ...]:
+        """The roles the V format's file serves: V in a mixed kernel, else none."""
+        return (self.v_side,) if self.k.mixed else ()
 
     @cached_property
     def shared_regions(self) -> tuple[Region, ...]:

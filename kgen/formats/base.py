@@ -20,10 +20,15 @@ FP16_SHADOW_DTYPE = np.float16  # sink rows and the recent-window ring
 
 @dataclass(frozen=True)
 class Shadow:
-    """One fp16 shadow buffer: its argument name and the spec key sizing its rows."""
+    """One fp16 shadow buffer: its argument name, the spec key sizing its rows and the
+    role (``k`` or ``v``) whose rows it mirrors."""
 
     name: str
     rows_key: str  # "sink_rows" or "ring_rows" (a compile-time constant of the kernel)
+
+    @property
+    def role(self) -> str:
+        return self.name[0]
 
 
 # The fp16 mirrors a shadowed format keeps: the first `sink` positions and a ring of
@@ -32,6 +37,7 @@ SHADOWS = (Shadow("k_sink", "sink_rows"), Shadow("v_sink", "sink_rows"),
            Shadow("k_win", "ring_rows"), Shadow("v_win", "ring_rows"))
 SHADOW_SCALARS = ("sink", "win")
 TENSOR_SCALES = ("k_scale", "v_scale")
+ROLES = ("k", "v")  # a cache's two row roles: keys and values (each rows of one format)
 
 
 @dataclass(frozen=True)

@@ -213,7 +213,10 @@ KEYS: dict[str, Key] = {
     "position": Key(Position, Position.HOST, frozenset({Op.FLASH, Op.KV_APPEND,
                                                         Op.DECODE_COMBINE}),
                     "where the current position comes from"),
-    "kv": Key(KvFormatName, KvFormatName("f32"), CACHE_OPS, "KV-cache row format"),
+    "kv": Key(KvFormatName, KvFormatName("f32"), CACHE_OPS, "KV-cache row format (of the "
+              "K rows, and of the V rows unless v_kv says otherwise)"),
+    "v_kv": Key(KvFormatName, None, CACHE_OPS, "the V rows' format (default: kv's; "
+                "another format makes a mixed cache: K rows kv, V rows v_kv)"),
     "q_stage": Key(QStage, QStage.F32, FLASH, "element type of the staged q group"),
     "k_stage": Key(KStage, KStage.SHARED_F32, FLASH, "where a K tile lives"),
     "v_stage": Key(VStage, VStage.GLOBAL, FLASH, "where V rows are read from"),

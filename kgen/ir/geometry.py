@@ -26,9 +26,9 @@ from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM
 from kgen.ir.target import TARGET
 
 
-def row_width(k: Kernel, head_dim: int) -> int:
-    """Array elements of one cache row of ``k``'s KV format."""
-    return k.fmt.row_width(head_dim)
+def row_width(k: Kernel, head_dim: int, role: str = "k") -> int:
+    """Array elements of one cache row of ``k``'s ``role`` (its K rows, or V rows)."""
+    return k.pair.of(role).row_width(head_dim)
 
 
 def streams(k: Kernel) -> bool:
@@ -178,9 +178,9 @@ def head_dim_step(k: Kernel) -> int:
     the format. A query_tile block takes any head_dim up to max_head_dim (its loops
     over dims are guarded): whole blocks of the format only."""
     if query_tiles(k):
-        return math.lcm(k.fmt.block, 4) if qtile_vec4(k) or qtile_swizzle(k) else k.fmt.block
+        return math.lcm(k.pair.block, 4) if qtile_vec4(k) or qtile_swizzle(k) else k.pair.block
     base = k.dot_lanes if padded(k) else TARGET.warp
-    return math.lcm(base, k.fmt.block)
+    return math.lcm(base, k.pair.block)
 
 
 def min_head_dim(k: Kernel) -> int:
@@ -261,7 +261,7 @@ def flash_regions(k: Kernel) -> tuple[Region, ...]:
             Region("corr_s", "float", "G", lambda G, hd: G)]
     if k.v_stage is VStage.SHARED_Q4:  # raw rows as 32-bit words
         out.append(Region("v_sh", "unsigned int", "",
-                          lambda G, hd: T * k.fmt.row_bytes(hd) // 4))
+                          lambda G, hd: T * k.v_fmt.row_bytes(hd) // 4))
     return tuple(out)
 
 

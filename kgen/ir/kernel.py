@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from kgen.compiler.spec.ast import ExpectRelation, ExpectResource
 from kgen.errors import SourcePos
-from kgen.formats import KvFormat, KvFormatName
+from kgen.formats import KvFormat, KvFormatName, KvPair
 from kgen.ir.axes import (
     IoDtype,
     KeySource,
@@ -45,6 +45,7 @@ class Kernel:
     mode: Mode
     position: Position
     kv: KvFormatName
+    v_kv: KvFormatName  # resolved: kv's value where the spec does not set it
     q_stage: QStage
     k_stage: KStage
     v_stage: VStage
@@ -91,8 +92,24 @@ class Kernel:
 
     @property
     def fmt(self) -> KvFormat:
-        """The KV format object the ``kv`` axis names (its layout and rules)."""
+        """The KV format object the ``kv`` axis names: the K rows' (their layout and
+        rules; the V rows' too unless the kernel is mixed)."""
         return self.kv.fmt
+
+    @property
+    def v_fmt(self) -> KvFormat:
+        """The format object of the V rows (``v_kv``)."""
+        return self.v_kv.fmt
+
+    @property
+    def pair(self) -> KvPair:
+        """The cache's formats as a pair: what a cache asks of K and V together."""
+        return KvPair(self.kv.fmt, self.v_kv.fmt)
+
+    @property
+    def mixed(self) -> bool:
+        """K and V rows of different formats."""
+        return self.v_kv != self.kv
 
     @property
     def explicit_keys(self) -> frozenset[str]:

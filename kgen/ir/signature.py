@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kgen.formats.base import ROLES
 from kgen.ir.axes import (
     KeySource,
     Lse,
@@ -52,9 +53,9 @@ def _p(ctype: str, *names: str) -> list[Param]:
 
 
 def _cache(k: Kernel, const: str) -> list[Param]:
-    """The K and V cache arrays: rows of the kernel's format."""
-    fmt = k.fmt
-    return [Param(n, f"{const}{fmt.ctype} *", fmt.dtype) for n in ("k_cache", "v_cache")]
+    """The K and V cache arrays: rows of each role's format."""
+    return [Param(f"{r}_cache", f"{const}{k.pair.of(r).ctype} *", k.pair.of(r).dtype)
+            for r in ROLES]
 
 
 def _elems(dtype, const: str, *names: str) -> list[Param]:
@@ -85,7 +86,7 @@ def params(k: Kernel) -> tuple[Param, ...]:
 
 def _params(k: Kernel) -> tuple[Param, ...]:
     out: list[Param] = []
-    fmt = k.fmt
+    fmt = k.pair  # the cache's formats: shadows and scales of the roles that keep them
     shadows = [s.name for s in fmt.shadow_buffers()]
     shadow_scalars = list(fmt.shadow_scalars())
     scales = list(fmt.scale_scalars())

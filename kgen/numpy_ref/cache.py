@@ -1,6 +1,7 @@
 """KV-cache appends and the rows a flash kernel reads back, on NumPy arrays, for
-any KV format (``kgen.formats``): the format's model quantizes and dequantizes
-rows; this module places them.
+any KV format (``kgen.formats``), or a pair of them (K rows in one format, V rows in
+another: ``kgen.formats.KvPair``): each role's format model quantizes and dequantizes
+its rows; this module places them.
 
 Layouts (the kernels'; a leading slot axis is added for the slot kernels):
 
@@ -19,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kgen.formats import FORMATS, KvFormat
+from kgen.formats import KvFormat, KvPair, as_pair
+from kgen.formats.base import ROLES
 
 SRC_SINK = 0
 SRC_WINDOW = 1
@@ -28,8 +30,9 @@ SRC_BODY = 2
 
 @dataclass
 class HostCache:
-    """The KV cache of one user (or of all slots, with a leading slot axis) in
-    ``fmt``'s layout. Arrays are used in place, so :meth:`slot` views write through."""
+    """The KV cache of one user (or of all slots, with a leading slot axis): K rows in
+    ``fmt``'s layout, V rows in ``v_fmt``'s (None: ``fmt``'s too). Arrays are used in
+    place, so :meth:`slot` views write through."""
 
     fmt: KvFormat
     k: np.ndarray
@@ -37,24 +40,30 @@ class HostCache:
     shadows: dict[str, np.ndarray] = field(default_factory=dict)  # in argument order
     k_scale: float = 1.0  # per-tensor scales of a format with tensor_scales
     v_scale: float = 1.0
+    v_fmt: KvFormat | None = None
+
+    @property
+    def pair(self) -> KvPair:
+        return KvPair(self.fmt, self.v_fmt or self.fmt)
 
     @classmethod
-    def empty(cls, fmt: KvFormat | str, n_head_kv: int, max_seq: int, head_dim: int,
+    def empty(cls, fmt: KvFormat | KvPair | str, n_head_kv: int, max_seq: int, head_dim: int,
               ring_rows: int = 0, sink_rows: int = 0, nslots: int | None = None,
               k_scale: float = 1.0, v_scale: float = 1.0) -> HostCache:
         """A cache whose every unwritten row decodes to NaN, so reading a row nobody
-        appended poisons the result instead of silently contributing a value."""
-        fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
-        if fmt.shadows and (ring_rows < 1 or sink_rows < 1):
-            raise ValueError(f"{fmt.name} keeps fp16 shadows: give the kernels' ring_rows "
+        appended poisons the result instead of silently contributing a value. ``fmt``:
+        a format (both roles), or a pair (a mixed cache)."""
+        pair = as_pair(fmt)
+        if pair.shadows and (ring_rows < 1 or sink_rows < 1):
+            raise ValueError(f"{pair.name} keeps fp16 shadows: give the kernels' ring_rows "
                              f"and sink_rows (got {ring_rows}, {sink_rows})")
         lead = () if nslots is None else (nslots,)
-        body = lead + (n_head_kv, max_seq, fmt.row_width(head_dim))
         rows = {"sink_rows": sink_rows, "ring_rows": ring_rows}
         shadows = {s.name: np.full(lead + (n_head_kv, rows[s.rows_key], head_dim), np.nan,
-                                   dtype=np.float16) for s in fmt.shadow_buffers()}
-        return cls(fmt, np.full(body, fmt.poison(), dtype=fmt.dtype),
-                   np.full(body, fmt.poison(), dtype=fmt.dtype), shadows, k_scale, v_scale)
+                                   dtype=np.float16) for s in pair.shadow_buffers()}
+        k, v = (np.full(lead + (n_head_kv, max_seq, f.row_width(head_dim)), f.poison(),
+                        dtype=f.dtype) for f in (pair.k, pair.v))
+        return cls(pair.k, k, v, shadows, k_scale, v_scale, pair.v if pair.mixed else None)
 
     @property
     def arrays(self) -> list[np.ndarray]:
@@ -75,18 +84,21 @@ class HostCache:
 
     @property
     def ring_rows(self) -> int:
-        return self.shadows["k_win"].shape[-2] if "k_win" in self.shadows else 0
+        wins = [a for n, a in self.shadows.items() if n.endswith("_win")]
+        return wins[0].shape[-2] if wins else 0
 
     @property
     def sink_rows(self) -> int:
-        return self.shadows["k_sink"].shape[-2] if "k_sink" in self.shadows else 0
+        sinks = [a for n, a in self.shadows.items() if n.endswith("_sink")]
+        return sinks[0].shape[-2] if sinks else 0
 
     def slot(self, u: int) -> HostCache:
         """Views of slot ``u`` of a per-slot cache."""
         if self.k.ndim != 4:
             raise ValueError("slot() needs a cache with a leading slot axis")
         return HostCache(self.fmt, self.k[u], self.v[u],
-                         {n: a[u] for n, a in self.shadows.items()}, self.k_scale, self.v_scale)
+                         {n: a[u] for n, a in self.shadows.items()}, self.k_scale, self.v_scale,
+                         self.v_fmt)
 
 
 # ---------------------------------------------------------------- appends
@@ -101,11 +113,12 @@ def _check_rows(k_new: np.ndarray, v_new: np.ndarray, ndim: int) -> None:
 def append_rows(k_new: np.ndarray, v_new: np.ndarray, cache: HostCache, positions: np.ndarray,
                 sink: int = 0, win: int = 0) -> None:
     """Write rows ``[n][n_head_kv][hd]`` at absolute ``positions`` of one user's cache:
-    the body at ``pos % max_seq`` (or ``pos`` for a format whose body does not wrap)
-    and, for a shadowed format, fp16 mirrors in the window ring and the sink rows."""
+    the body at ``pos % max_seq`` (or ``pos`` where a role's format does not wrap)
+    and, for each role of a shadowed format, fp16 mirrors in the window ring and the
+    sink rows."""
     _check_rows(k_new, v_new, 3)
     positions = np.asarray(positions, dtype=np.int64).reshape(-1)
-    fmt, max_seq = cache.fmt, cache.max_seq
+    fmt, max_seq = cache.pair, cache.max_seq
     if positions.size and positions.min() < 0:
         raise ValueError("positions must be >= 0 (C's % would give a negative row)")
     if fmt.append_wraps:
@@ -123,13 +136,14 @@ def append_rows(k_new: np.ndarray, v_new: np.ndarray, cache: HostCache, position
         raise ValueError(f"sink must be in [0, {cache.sink_rows}], got {sink}")
     kx = np.asarray(k_new, dtype=np.float32)
     vx = np.asarray(v_new, dtype=np.float32)
-    cache.k[:, rows, :] = np.swapaxes(fmt.quantize_rows(kx, cache.k_scale), 0, 1)
-    cache.v[:, rows, :] = np.swapaxes(fmt.quantize_rows(vx, cache.v_scale), 0, 1)
+    cache.k[:, rows, :] = np.swapaxes(fmt.k.quantize_rows(kx, cache.k_scale), 0, 1)
+    cache.v[:, rows, :] = np.swapaxes(fmt.v.quantize_rows(vx, cache.v_scale), 0, 1)
     if not fmt.shadows:
         return
     ring = cache.ring_rows
     with np.errstate(over="ignore"):
-        k_half, v_half = kx.astype(np.float16), vx.astype(np.float16)  # __float2half
+        half = {"k": kx.astype(np.float16), "v": vx.astype(np.float16)}  # __float2half
+    roles = [r for r in ROLES if fmt.of(r).shadows]
     if win > 0 and positions.size:
         # Slot = pos % ring. Rows a ring apart in one batch hit the same slot and race
         # on the device; only the newest ring_rows positions have a defined slot, and
@@ -137,12 +151,13 @@ def append_rows(k_new: np.ndarray, v_new: np.ndarray, cache: HostCache, position
         # live floor, see prefill_live_floor).
         keep = positions > positions.max() - ring
         slots = positions[keep] % ring
-        cache.shadows["k_win"][:, slots, :] = np.swapaxes(k_half[keep], 0, 1)
-        cache.shadows["v_win"][:, slots, :] = np.swapaxes(v_half[keep], 0, 1)
+        for r in roles:
+            cache.shadows[f"{r}_win"][:, slots, :] = np.swapaxes(half[r][keep], 0, 1)
     in_sink = positions < sink
     if in_sink.any():
-        cache.shadows["k_sink"][:, positions[in_sink], :] = np.swapaxes(k_half[in_sink], 0, 1)
-        cache.shadows["v_sink"][:, positions[in_sink], :] = np.swapaxes(v_half[in_sink], 0, 1)
+        for r in roles:
+            cache.shadows[f"{r}_sink"][:, positions[in_sink], :] = \
+                np.swapaxes(half[r][in_sink], 0, 1)
 
 
 def append(k_new, v_new, cache: HostCache, pos0: int, sink: int = 0, win: int = 0) -> None:
@@ -168,7 +183,7 @@ def fill(cache: HostCache, kx: np.ndarray, vx: np.ndarray, pos0: int, upto: int,
          win: int) -> None:
     """Positions ``[0, upto)`` from rows ``kx/vx [upto][n_head_kv][hd]`` as the append
     kernels leave them: the history ``[0, pos0)`` in race-free batches, then the batch."""
-    step = cache.ring_rows if cache.fmt.shadows and win > 0 else cache.max_seq
+    step = cache.ring_rows if cache.pair.shadows and win > 0 else cache.max_seq
     for lo in range(0, pos0, step):
         hi = min(lo + step, pos0)
         append(kx[lo:hi], vx[lo:hi], cache, lo, sink, win)
@@ -202,8 +217,9 @@ def _rows(cache: HostCache, which: str, cur_pos: int, sink: int, win: int, n_key
           win_live_lo: int | None) -> np.ndarray:
     body = getattr(cache, which)
     scale = cache.k_scale if which == "k" else cache.v_scale
-    out = np.array(cache.fmt.dequantize_rows(body[..., :n_keys, :], scale), dtype=np.float32)
-    if not cache.fmt.shadows:
+    fmt = cache.pair.of(which)
+    out = np.array(fmt.dequantize_rows(body[..., :n_keys, :], scale), dtype=np.float32)
+    if not fmt.shadows:
         return out
     kp = np.arange(n_keys)
     src = shadow_source(kp, cur_pos, sink, win, win_live_lo)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kgen.formats import FORMATS, KvFormat
+from kgen.formats import KvFormat, KvPair, as_pair
 
 from .cache import HostCache
 
@@ -22,15 +22,22 @@ class PagedCache:
     v: np.ndarray
     k_scale: float = 1.0
     v_scale: float = 1.0
+    v_fmt: KvFormat | None = None  # the V rows' format (None: fmt's)
+
+    @property
+    def pair(self) -> KvPair:
+        return KvPair(self.fmt, self.v_fmt or self.fmt)
 
     @classmethod
-    def empty(cls, fmt: KvFormat | str, num_blocks: int, block_size: int, n_head_kv: int,
-              head_dim: int, k_scale: float = 1.0, v_scale: float = 1.0) -> PagedCache:
-        """Pages whose every unwritten row decodes to NaN."""
-        fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
-        shape = (num_blocks, block_size, n_head_kv, fmt.row_width(head_dim))
-        return cls(fmt, np.full(shape, fmt.poison(), fmt.dtype),
-                   np.full(shape, fmt.poison(), fmt.dtype), k_scale, v_scale)
+    def empty(cls, fmt: KvFormat | KvPair | str, num_blocks: int, block_size: int,
+              n_head_kv: int, head_dim: int, k_scale: float = 1.0,
+              v_scale: float = 1.0) -> PagedCache:
+        """Pages whose every unwritten row decodes to NaN (``fmt``: a format, or a pair
+        of K and V formats)."""
+        pair = as_pair(fmt)
+        k, v = (np.full((num_blocks, block_size, n_head_kv, f.row_width(head_dim)),
+                        f.poison(), f.dtype) for f in (pair.k, pair.v))
+        return cls(pair.k, k, v, k_scale, v_scale, pair.v if pair.mixed else None)
 
     @property
     def block_size(self) -> int:
@@ -44,8 +51,8 @@ class PagedCache:
         flat_v = self.v.reshape(-1, *self.v.shape[2:])
         kx = np.asarray(k_new, np.float32)[keep]
         vx = np.asarray(v_new, np.float32)[keep]
-        flat_k[slots[keep]] = self.fmt.quantize_rows(kx, self.k_scale)
-        flat_v[slots[keep]] = self.fmt.quantize_rows(vx, self.v_scale)
+        flat_k[slots[keep]] = self.pair.k.quantize_rows(kx, self.k_scale)
+        flat_v[slots[keep]] = self.pair.v.quantize_rows(vx, self.v_scale)
 
 
 def slots_of(table_row: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
@@ -61,4 +68,4 @@ def dense(cache: PagedCache, table_row: np.ndarray, seq_len: int) -> HostCache:
     flat_v = cache.v.reshape(-1, *cache.v.shape[2:])[slots]
     return HostCache(cache.fmt, np.ascontiguousarray(np.swapaxes(flat_k, 0, 1)),
                      np.ascontiguousarray(np.swapaxes(flat_v, 0, 1)), {}, cache.k_scale,
-                     cache.v_scale)
+                     cache.v_scale, cache.v_fmt)

@@ -146,23 +146,23 @@ def _head_dim(k: Kernel, c: Checker, hd: int, rows: bool) -> None:
     c.require(TARGET.fits_block(hd), "block size",
               lambda: f"head_dim = {hd}: a block is head_dim threads, at most {TARGET.max_threads}")
     if rows:
-        fmt = k.fmt
+        fmt = k.pair  # both roles' rows
         c.require(fmt.accepts_head_dim(hd), "row format",
                   lambda: f"head_dim = {hd} must be a multiple of {fmt.block} (whole {fmt.name} "
                   "blocks)")
 
 
 def _cache_arrays(k: Kernel, c: Checker, a: dict, lead: tuple[int, ...], hd: int) -> int:
-    """K/V cache arrays and the format's shadows; returns max_seq."""
-    fmt = k.fmt
+    """K/V cache arrays (each role's rows in its format) and the shadows of the roles
+    that keep them; returns max_seq."""
+    fmt = k.pair
     kc, vc = a["k_cache"], a["v_cache"]
     ndim = len(lead) + 2
-    c.array("k_cache", kc, fmt.dtype, ndim)
-    c.array("v_cache", vc, fmt.dtype, ndim)
+    c.array("k_cache", kc, fmt.k.dtype, ndim)
+    c.array("v_cache", vc, fmt.v.dtype, ndim)
     max_seq = int(kc.shape[-2])
-    row = fmt.row_width(hd)
-    c.shape("k_cache", kc, (*lead, max_seq, row))
-    c.shape("v_cache", vc, (*lead, max_seq, row))
+    c.shape("k_cache", kc, (*lead, max_seq, fmt.k.row_width(hd)))
+    c.shape("v_cache", vc, (*lead, max_seq, fmt.v.row_width(hd)))
     c.require(1 <= max_seq <= INT_MAX, "max_seq", lambda: f"max_seq = {max_seq} out of int range")
     for s in fmt.shadow_buffers():
         rows = getattr(k, s.rows_key)
@@ -174,15 +174,15 @@ def _cache_arrays(k: Kernel, c: Checker, a: dict, lead: tuple[int, ...], hd: int
 def _cache_values(k: Kernel, c: Checker, a: dict, values: dict) -> None:
     """The cache arguments, the shadows and their row counts (sink rows, window ring)."""
     values.update(k_cache=a["k_cache"], v_cache=a["v_cache"])
-    values.update({s.name: a[s.name] for s in k.fmt.shadow_buffers()})
-    if k.fmt.shadows:
+    values.update({s.name: a[s.name] for s in k.pair.shadow_buffers()})
+    if k.pair.shadows:
         values["sink"] = c.integer("sink", a.get("sink", 0), 0, k.sink_rows, "sink rows")
         values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
-    for name in k.fmt.scale_scalars():  # per-tensor scales: rows hold x / scale
+    for name in k.pair.scale_scalars():  # per-tensor scales: rows hold x / scale
         values[name] = _param(c, a, name)
-    if qtile_swizzle(k):  # rows read four elements a load (the format's load_key_quad)
-        for name in ("k_cache", "v_cache"):
-            _aligned(c, name, a[name], k.fmt.quad_bytes)
+    if qtile_swizzle(k):  # rows read four elements a load (each side's load_key_quad)
+        for name, fmt in (("k_cache", k.fmt), ("v_cache", k.v_fmt)):
+            _aligned(c, name, a[name], fmt.quad_bytes)
 
 
 def _block_registers(k: Kernel, c: Checker, threads: int, hd: int | None) -> None:
@@ -233,14 +233,14 @@ def check_append_shape(k: Kernel, c: Checker, hd: int) -> None:
     """A block is head_dim threads, with the registers they need; rows are whole
     blocks of the format, within a staging format's static bound."""
     _head_dim(k, c, hd, rows=True)
-    if k.fmt.append_staging:
+    if k.pair.append_staging:
         c.require(hd <= k.max_head_dim, "static staging",
                   lambda: f"head_dim = {hd} exceeds the kernel's shared staging ({k.max_head_dim})")
     _block_registers(k, c, hd, hd)
 
 
 def _kv_append(k: Kernel, c: Checker, a: dict):
-    fmt = k.fmt
+    fmt = k.pair
     kn, vn = a["k_new"], a["v_new"]
     c.array("k_new", kn, np.float32, 3)
     c.array("v_new", vn, np.float32, 3)
@@ -311,7 +311,7 @@ def check_flash_shape(k: Kernel, c: Checker, hd: int) -> None:
                   lambda: f"head_dim = {hd}: each thread holds its rows' outputs for head_dim "
                   f"up to max_head_dim = {k.max_head_dim} (in {out_cols(k)} columns of "
                   f"{row_lanes(k)} lanes a row)")
-        fmt, step = k.fmt, head_dim_step(k)
+        fmt, step = k.pair, head_dim_step(k)
         if step == fmt.block:
             c.require(fmt.accepts_head_dim(hd), "row format",
                       lambda: f"head_dim = {hd} must be a multiple of {fmt.block} (whole "
@@ -731,15 +731,16 @@ def _dense(k: Kernel, c: Checker, a: dict):
 
 def _pages(k: Kernel, c: Checker, a: dict, hd: int) -> tuple[int, int, int]:
     """The paged K/V caches; returns (num_blocks, block_size, n_head_kv)."""
-    fmt = k.fmt
+    fmt = k.pair
     kc, vc = a["k_cache"], a["v_cache"]
-    c.array("k_cache", kc, fmt.dtype, 4)
-    c.array("v_cache", vc, fmt.dtype, 4)
+    c.array("k_cache", kc, fmt.k.dtype, 4)
+    c.array("v_cache", vc, fmt.v.dtype, 4)
     nb, bs, hk = (int(x) for x in kc.shape[:3])
-    c.shape("k_cache", kc, (nb, bs, hk, fmt.row_width(hd)))
-    c.shape("v_cache", vc, (nb, bs, hk, fmt.row_width(hd)))
+    c.shape("k_cache", kc, (nb, bs, hk, fmt.k.row_width(hd)))
+    c.shape("v_cache", vc, (nb, bs, hk, fmt.v.row_width(hd)))
     c.require(nb >= 1 and bs >= 1 and hk >= 1, "shape", "empty paged cache")
-    c.require(nb * bs * hk * fmt.row_width(hd) < 2**62, "int64 index", "cache too large")
+    widest = max(fmt.k.row_width(hd), fmt.v.row_width(hd))
+    c.require(nb * bs * hk * widest < 2**62, "int64 index", "cache too large")
     c.require(nb * bs <= INT_MAX, "int32 position", lambda: f"{nb} blocks of {bs} positions "
               "overflow an int position")
     return nb, bs, hk

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.formats import FORMATS
+from kgen.formats import FORMATS, as_pair, pair
 from kgen.ir.axes import KEYS
 from kgen.ir.params import INT_MAX
 from kgen.runtime import device, replay
@@ -67,34 +67,45 @@ class Scratch:
                      for i, n in enumerate((need, need, need * hd)))
 
 
+def cache_formats(who: str, kv, v_kv):
+    """The pair of a cache's K rows ``kv`` and V rows ``v_kv`` (None: kv's), both
+    registered format names."""
+    for key, name in (("kv", kv), ("v_kv", v_kv)):
+        if name is not None and name not in FORMATS:
+            raise ContractError(who, key, f"{key} must be one of {sorted(FORMATS)}, "
+                                f"not {name!r}")
+    return pair(kv, v_kv)
+
+
 class KVCache:
-    """One sequence's cache on the GPU, in any registered KV format (``kv``).
+    """One sequence's cache on the GPU, in any registered KV format (``kv``), or K rows
+    in ``kv`` and V rows in another format ``v_kv`` (a mixed cache, where kernels of
+    that pair are generated: specs/mixed.kspec).
 
     A shadowed format also keeps fp16 copies of the first ``sink`` positions
     and of the last ``win`` positions (a ring of the kernels' ``ring_rows``), which
-    the attention kernels read instead of the body.
+    the attention kernels read instead of the body (in a mixed cache, of the roles
+    whose format keeps them).
     """
 
     def __init__(self, n_head_kv: int, head_dim: int, max_seq: int, kv: str = DEFAULT_KV,
                  sink: int = 0, win: int = 0, variants: dict[str, str] | None = None,
                  prefill_kernel: str | None = None, buffers: tuple | None = None,
-                 k_scale: float = 1.0, v_scale: float = 1.0):
-        if kv not in FORMATS:
-            raise ContractError("KVCache", "kv", f"kv must be one of {sorted(FORMATS)}, "
-                                f"not {kv!r}")
-        self.fmt = FORMATS[kv]
-        self.kv = kv
+                 k_scale: float = 1.0, v_scale: float = 1.0, v_kv: str | None = None):
+        self.pair = cache_formats("KVCache", kv, v_kv)
+        self.fmt = self.pair.k  # the K rows' format (both roles' unless mixed)
+        self.kv, self.v_kv = kv, self.pair.v.name
         self.n_head_kv = positive("n_head_kv", n_head_kv)
         self.head_dim = positive("head_dim", head_dim)
         self.max_seq = positive("max_seq", max_seq)
         if prefill_kernel is not None:
             variants = {**(variants or {}), "prefill": prefill_kernel}
-        self.kernels = CacheKernels(kv, head_dim, variants)
+        self.kernels = CacheKernels(kv, head_dim, variants, v_kv=self.v_kv)
         lay = self.kernels.layout
-        self.RING_ROWS, self.SINK_ROWS = (lay.ring_rows, lay.sink_rows) if self.fmt.shadows \
+        self.RING_ROWS, self.SINK_ROWS = (lay.ring_rows, lay.sink_rows) if self.pair.shadows \
             else (0, 0)
         self.sink, self.win = self._shadow_counts(sink, win)
-        self.k_scale, self.v_scale = scales(self.fmt, k_scale, v_scale)
+        self.k_scale, self.v_scale = scales(self.pair, k_scale, v_scale)
         self.length = 0  # positions [0, length) hold keys
         self.scratch = Scratch()
         self._pos = None  # device copy of decode's position (the device-position path)
@@ -105,7 +116,7 @@ class KVCache:
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
             self.k, self.v, *shadows = buffers
         else:
-            self.k, self.v, *shadows = allocate(self.fmt, (n_head_kv,), max_seq, head_dim,
+            self.k, self.v, *shadows = allocate(self.pair, (n_head_kv,), max_seq, head_dim,
                                                 self.RING_ROWS, self.SINK_ROWS)
         self.shadows = tuple(shadows)
 
@@ -114,9 +125,9 @@ class KVCache:
             if not is_int(v) or v < 0:
                 raise ContractError("KVCache", "range", f"{name} must be an integer >= 0, "
                                     f"not {v!r}")
-        if not self.fmt.shadows and (sink or win):
-            raise ContractError("KVCache", "shadows", f"kv = {self.kv} keeps no fp16 sink/"
-                                "window shadows; sink and win must be 0")
+        if not self.pair.shadows and (sink or win):
+            raise ContractError("KVCache", "shadows", f"kv = {self.pair.name} keeps no fp16 "
+                                "sink/window shadows; sink and win must be 0")
         if sink > self.SINK_ROWS or win > self.RING_ROWS:
             raise ContractError("KVCache", "shadows", f"sink <= {self.SINK_ROWS} and win <= "
                                 f"{self.RING_ROWS} (the kernels' shadow rows); got {sink}, {win}")
@@ -125,9 +136,9 @@ class KVCache:
     @property
     def _shadow_args(self) -> dict:
         """The format's own scalar arguments: shadow rows in use, per-tensor scales."""
-        out = {"sink": self.sink, "win": self.win} if self.fmt.shadows else {}
-        if self.fmt.tensor_scales:
-            out.update(k_scale=self.k_scale, v_scale=self.v_scale)
+        out = {"sink": self.sink, "win": self.win} if self.pair.shadows else {}
+        scale = {"k_scale": self.k_scale, "v_scale": self.v_scale}
+        out.update({name: scale[name] for name in self.pair.scale_scalars()})
         return out
 
     def max_prefill_chunk(self) -> int:
@@ -137,7 +148,7 @@ class KVCache:
         at RING_ROWS, so row 0 (needing keys > pos0 - win) stays exact while the
         batch ends before pos0 - win + RING_ROWS.
         """
-        if not self.fmt.shadows or self.win <= 0:
+        if not self.pair.shadows or self.win <= 0:
             return self.max_seq
         return self.RING_ROWS - self.win + 1
 
@@ -174,7 +185,7 @@ class KVCache:
         n = k_new.shape[0]
         self._check_span(pos0, n)
         _, fn = self.kernels.get("append")
-        step = self.RING_ROWS if self.fmt.shadows and self.win > 0 else max(n, 1)
+        step = self.RING_ROWS if self.pair.shadows and self.win > 0 else max(n, 1)
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             calls.add(fn, k_new[lo:hi], v_new[lo:hi], self.k, self.v, *self.shadows,
@@ -425,14 +436,16 @@ class KVCache:
 
 def allocate(fmt, lead: tuple[int, ...], max_seq: int, head_dim: int, ring_rows: int,
              sink_rows: int) -> list:
-    """Zeroed body (K, V) and shadow arrays in ``fmt``'s layout, argument order."""
+    """Zeroed body (K, V) and shadow arrays in ``fmt``'s layout (a format, or a pair:
+    each role's rows in its format), argument order."""
     cp = device.cupy()
+    fmt = as_pair(fmt)
     if not fmt.accepts_head_dim(head_dim):
         raise ContractError("KVCache", "row format", f"head_dim = {head_dim} is not whole "
                             f"{fmt.name} blocks of {fmt.block}")
-    body = (*lead, max_seq, fmt.row_width(head_dim))
     rows = {"ring_rows": ring_rows, "sink_rows": sink_rows}
-    return [cp.zeros(body, fmt.dtype), cp.zeros(body, fmt.dtype),
+    return [*(cp.zeros((*lead, max_seq, f.row_width(head_dim)), f.dtype)
+              for f in (fmt.k, fmt.v)),
             *(cp.zeros((*lead, rows[s.rows_key], head_dim), cp.float16)
               for s in fmt.shadow_buffers())]
 
@@ -443,19 +456,20 @@ class SlotKVCache:
     def __init__(self, nslots: int, n_head_kv: int, head_dim: int, max_seq: int,
                  kv: str = DEFAULT_KV, sink: int = 0, win: int = 0,
                  variants: dict[str, str] | None = None, k_scale: float = 1.0,
-                 v_scale: float = 1.0):
+                 v_scale: float = 1.0, v_kv: str | None = None):
         self.nslots = positive("nslots", nslots)
         # Slot 0 as a plain cache validates every argument and fixes the layout.
         probe = KVCache(n_head_kv, head_dim, max_seq, kv, sink, win, variants,
-                        buffers=(None, None), k_scale=k_scale, v_scale=v_scale)
+                        buffers=(None, None), k_scale=k_scale, v_scale=v_scale, v_kv=v_kv)
         self.k_scale, self.v_scale = probe.k_scale, probe.v_scale
         self.kv, self.fmt, self.kernels = kv, probe.fmt, probe.kernels
+        self.v_kv, self.pair = probe.v_kv, probe.pair
         self.n_head_kv, self.head_dim, self.max_seq = n_head_kv, head_dim, max_seq
         self.sink, self.win = probe.sink, probe.win
         self.RING_ROWS, self.SINK_ROWS = probe.RING_ROWS, probe.SINK_ROWS
         self.variants = variants
         self.scratch = Scratch()
-        self.k, self.v, *shadows = allocate(self.fmt, (nslots, n_head_kv), max_seq, head_dim,
+        self.k, self.v, *shadows = allocate(self.pair, (nslots, n_head_kv), max_seq, head_dim,
                                             self.RING_ROWS, self.SINK_ROWS)
         self.shadows = tuple(shadows)
 
@@ -471,7 +485,8 @@ class SlotKVCache:
         bufs = (self.k[u], self.v[u], *(s[u] for s in self.shadows))
         return KVCache(self.n_head_kv, self.head_dim, self.max_seq, kv=self.kv, sink=self.sink,
                        win=self.win, variants=self.variants, prefill_kernel=prefill_kernel,
-                       buffers=bufs, k_scale=self.k_scale, v_scale=self.v_scale)
+                       buffers=bufs, k_scale=self.k_scale, v_scale=self.v_scale,
+                       v_kv=self.v_kv)
 
     def prefill(self, u: int, q, k_new, v_new, pos0: int, **kw):
         """Prefill one user's prompt into its own ring; returns [n][n_head][head_dim]."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kgen.formats import as_pair
 from kgen.ir.axes import IoDtype, Op
 from kgen.ir.params import INT_MAX, NO_WINDOW, PARAMS
 from kgen.runtime import device
@@ -77,11 +78,19 @@ NO_SCALES = (PARAMS["k_scale"].neutral, PARAMS["v_scale"].neutral)  # (k_scale, 
 
 def scales(fmt, k_scale, v_scale, who: str = "KVCache") -> tuple[float, float]:
     """(k_scale, v_scale) as the kernels receive them; a format without per-tensor
-    scales takes only the neutral ones."""
+    scales takes only the neutral ones (``fmt``: a format, or a cache's pair, whose
+    roles each take their own format's)."""
+    fmt = as_pair(fmt)
     if not fmt.tensor_scales and (k_scale, v_scale) != NO_SCALES:
         raise ContractError(who, "scales", f"kv = {fmt.name} has no per-tensor scales; "
                             f"k_scale and v_scale must be {NO_SCALES[0]}, not "
                             f"{k_scale!r}, {v_scale!r}")
+    for name, value, neutral in zip(("k_scale", "v_scale"), (k_scale, v_scale), NO_SCALES,
+                                    strict=True):
+        if fmt.tensor_scales and name not in fmt.scale_scalars() and value != neutral:
+            raise ContractError(who, "scales", f"the {name[0].upper()} rows of kv = "
+                                f"{fmt.name} have no per-tensor scale; {name} must be "
+                                f"{neutral}, not {value!r}")
     return param("k_scale", k_scale), param("v_scale", v_scale)
 
 

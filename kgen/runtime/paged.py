@@ -3,7 +3,9 @@
 every sequence, a block table per sequence, varlen prefill of several sequences
 in one launch (each sequence's new query rows aligned to its end) and decode of
 every sequence at its own length (split kernel + combine). Kernels are chosen by
-their axes (position = paged) and the options a call asks for.
+their axes (position = paged) and the options a call asks for. K pages hold rows of
+``kv``, V pages rows of ``v_kv`` (None: ``kv``'s; another format where a mixed pair
+is generated, e.g. q8_0 K / f16 V).
 
 Every launch reads lengths and tables from device tensors; the host passes only
 shapes and an upper bound on lengths (no device-to-host read). ``prefill`` and
@@ -24,12 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.formats import FORMATS
 from kgen.runtime import device
 from kgen.runtime.blocks import PagedBlocks
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.kv import DEFAULT_KV, Scratch
+from kgen.runtime.kv import DEFAULT_KV, Scratch, cache_formats
 from kgen.runtime.options import Options, count, groups, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
 from kgen.runtime.planner import kernel_plan
@@ -71,22 +72,21 @@ class PagedKVCache(PagedBlocks):
     def __init__(self, num_blocks: int, block_size: int, n_head_kv: int, head_dim: int,
                  kv: str = DEFAULT_KV, max_blocks_per_seq: int | None = None,
                  k_scale: float = 1.0, v_scale: float = 1.0,
-                 variants: dict[str, str] | None = None):
-        if kv not in FORMATS:
-            raise ContractError(WHO, "kv", f"kv must be one of {sorted(FORMATS)}, not {kv!r}")
-        self.fmt, self.kv = FORMATS[kv], kv
+                 variants: dict[str, str] | None = None, v_kv: str | None = None):
+        self.pair = cache_formats(WHO, kv, v_kv)  # K rows kv, V rows v_kv (None: kv's)
+        self.fmt, self.kv, self.v_kv = self.pair.k, kv, self.pair.v.name
         self._init_blocks(num_blocks, block_size, max_blocks_per_seq)
         self.n_head_kv = positive("n_head_kv", n_head_kv, WHO)
         self.head_dim = positive("head_dim", head_dim, WHO)
-        self.k_scale, self.v_scale = scales(self.fmt, k_scale, v_scale, WHO)
-        self.kernels = CacheKernels(kv, head_dim, variants, layout_role="append_paged")
-        if not self.fmt.accepts_head_dim(head_dim):
+        self.k_scale, self.v_scale = scales(self.pair, k_scale, v_scale, WHO)
+        self.kernels = CacheKernels(kv, head_dim, variants, layout_role="append_paged",
+                                    v_kv=self.v_kv)
+        if not self.pair.accepts_head_dim(head_dim):
             raise ContractError(WHO, "row format", f"head_dim {head_dim} is not "
-                                f"whole {kv} blocks")
+                                f"whole {self.pair.name} blocks")
         cp = device.cupy()
-        shape = (num_blocks, block_size, n_head_kv, self.fmt.row_width(head_dim))
-        self.k = cp.zeros(shape, self.fmt.dtype)
-        self.v = cp.zeros(shape, self.fmt.dtype)
+        self.k, self.v = (cp.zeros((num_blocks, block_size, n_head_kv, f.row_width(head_dim)),
+                                   f.dtype) for f in (self.pair.k, self.pair.v))
         self._reset_blocks()
         self.scratch = Scratch()
 
@@ -94,8 +94,8 @@ class PagedKVCache(PagedBlocks):
 
     @property
     def _scales(self) -> dict:
-        return {"k_scale": self.k_scale, "v_scale": self.v_scale} \
-            if self.fmt.tensor_scales else {}
+        scale = {"k_scale": self.k_scale, "v_scale": self.v_scale}
+        return {name: scale[name] for name in self.pair.scale_scalars()}
 
     def _check_rows(self, name, x, rows):
         want = (rows, self.n_head_kv, self.head_dim)

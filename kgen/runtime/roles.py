@@ -4,7 +4,7 @@ layout for every role."""
 
 from __future__ import annotations
 
-from kgen.formats import FORMATS
+from kgen.formats import pair
 from kgen.ir.axes import Mode, Op, Position
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.select import Role, fills, find
@@ -32,8 +32,9 @@ class CacheKernels:
     and a device combine planning with the device decode's tile."""
 
     def __init__(self, kv: str, head_dim: int, variants: dict[str, str] | None,
-                 layout_role: str = "append"):
+                 layout_role: str = "append", v_kv: str | None = None):
         self.kv, self.head_dim = kv, head_dim
+        self.v_kv = v_kv if v_kv is not None else kv  # the V rows' format
         if not isinstance(variants, dict | None):
             raise ContractError("KVCache", "variant", "variants maps a role to a kernel name "
                                 f"(a dict), not {variants!r}")
@@ -50,7 +51,7 @@ class CacheKernels:
             find(self._role(role), head_dim, 1, name, self._same_layout)
 
     def _same_layout(self, k) -> bool:
-        if not FORMATS[self.kv].shadows or not hasattr(self, "layout"):
+        if not pair(self.kv, self.v_kv).shadows or not hasattr(self, "layout"):
             return True
         return (k.ring_rows, k.sink_rows) == (self.layout.ring_rows, self.layout.sink_rows)
 
@@ -75,8 +76,9 @@ class CacheKernels:
 
     def _role(self, role: str, needs: tuple = ()) -> Role:
         base = ROLES[role]
-        return Role(base.op, base.position, base.mode,
-                    self.kv if base.op in (Op.FLASH, Op.KV_APPEND) else None, needs)
+        cache = base.op in (Op.FLASH, Op.KV_APPEND)
+        return Role(base.op, base.position, base.mode, self.kv if cache else None, needs,
+                    self.v_kv if cache else None)
 
     def has(self, *roles: str, groups: int = 1, needs: dict | None = None) -> bool:
         """Whether every role can be served (the device combine at the decode's tile)."""

@@ -33,20 +33,29 @@ class Role:
     op: Op
     position: Position = Position.HOST
     mode: Mode | None = None      # flash only
-    kv: str | None = None         # cache ops only
+    kv: str | None = None         # cache ops only: the K rows' format
     needs: tuple[tuple[str, str], ...] = ()  # option axes that must have these values
+    v_kv: str | None = None       # the V rows' format (None: kv's, as every cache of one
+    #                               format asks: a mixed kernel never serves it)
 
     def matches(self, k: Kernel) -> bool:
         return (k.op is self.op and k.position is self.position
                 and (self.mode is None or k.mode is self.mode)
-                and (self.kv is None or k.kv.value == self.kv)
+                and (self.kv is None or (k.kv.value == self.kv
+                                         and k.v_kv.value == (self.v_kv or self.kv)))
                 and all(getattr(k, key).value == value for key, value in self.needs))
 
     def __str__(self) -> str:
+        kv = self.kv if self.v_kv in (None, self.kv) else f"{self.kv}/{self.v_kv}"  # KvPair.name
         parts = [self.op.value, *([self.mode.value] if self.mode else []),
-                 f"position={self.position.value}", *([f"kv={self.kv}"] if self.kv else []),
+                 f"position={self.position.value}", *([f"kv={kv}"] if self.kv else []),
                  *(f"{key}={value}" for key, value in self.needs)]
         return " ".join(parts)
+
+    @classmethod
+    def of(cls, k: Kernel) -> Role:
+        """What ``k`` serves (its op, position, mode and formats)."""
+        return cls(k.op, k.position, k.mode, k.kv.value, v_kv=k.v_kv.value)
 
 
 # Attention options a kernel may carry; a kernel with options nobody asked for is
@@ -125,8 +134,8 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
         if not hit:
             raise ContractError(variant, "variant", f"no generated kernel '{variant}'")
         k, f = hit[0]
-        why = (None if role.matches(k) else f"it is {Role(k.op, k.position, k.mode, k.kv.value)}"
-               f", not {role}") or shape_refusal(k, head_dim, groups)
+        why = (None if role.matches(k) else f"it is {Role.of(k)}, not {role}") \
+            or shape_refusal(k, head_dim, groups)
         if why is None and where is not None and not where(k):
             why = "its layout differs from the cache's other kernels"
         if why:
@@ -172,7 +181,8 @@ def decode_variants(kv: str, head_dim: int, groups: int,
     pool = generated()
     for k, _ in pool:
         if (k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.HOST
-                and k.kv.value == kv and where(k) and shape_refusal(k, head_dim, groups) is None):
+                and k.kv.value == kv == k.v_kv.value and where(k)
+                and shape_refusal(k, head_dim, groups) is None):
             dev = sibling(k.name, Position.DEVICE, pool)
             if dev is not None:
                 return {"decode": k.name, "decode_dev": dev}

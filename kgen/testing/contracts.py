@@ -62,8 +62,7 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
             a.update(**_NEUTRAL, **options(k, case))
             if k.sinks is Sinks.LEARNED:
                 a["sinks"] = z((case.n_head,), f32)
-        if k.fmt.tensor_scales:
-            a.update(k_scale=case.k_scale, v_scale=case.v_scale)
+        a.update(_scales(k, case))
         return a
     if k.op is Op.MERGE_ATTN_STATES:
         from kgen.testing.merge import host_args as merge_args
@@ -89,15 +88,16 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
     lead = (ns, hk) if slots else (hk,)
     a: dict = {}
     if k.op in (Op.KV_APPEND, Op.FLASH):
-        fmt = k.fmt
-        row = fmt.row_width(hd) if fmt.accepts_head_dim(hd) else hd
-        a.update(k_cache=z((*lead, ms, row), fmt.dtype), v_cache=z((*lead, ms, row), fmt.dtype))
+        fmt = k.pair
+        for role in ("k", "v"):  # each role's rows in its format
+            f = fmt.of(role)
+            row = f.row_width(hd) if fmt.accepts_head_dim(hd) else hd
+            a[f"{role}_cache"] = z((*lead, ms, row), f.dtype)
         for s in fmt.shadow_buffers():
             a[s.name] = z((*lead, getattr(k, s.rows_key), hd), np.float16)
         if fmt.shadows:
             a.update(sink=case.sink, win=case.win)
-        if fmt.tensor_scales:
-            a.update(k_scale=case.k_scale, v_scale=case.v_scale)
+        a.update(_scales(k, case))
     pos = np.array(case.positions or (case.seq_len - 1,), dtype=np.int32)
     if k.op is Op.KV_APPEND:
         rows = ns if slots else (1 if k.position is Position.DEVICE else case.n)
@@ -150,16 +150,22 @@ def _flash(k):
     return k.op is Op.FLASH
 
 
+def _scales(k, case: Case) -> dict:
+    """The per-tensor scales of the roles whose format has them."""
+    given = {"k_scale": case.k_scale, "v_scale": case.v_scale}
+    return {n: given[n] for n in k.pair.scale_scalars()}
+
+
 def _cache_op(k):
     return k.op in (Op.FLASH, Op.KV_APPEND)
 
 
 def _shadowed(k):
-    return _cache_op(k) and k.fmt.shadows
+    return _cache_op(k) and k.pair.shadows
 
 
 def _blocked(k):
-    return _cache_op(k) and k.fmt.block > 1
+    return _cache_op(k) and k.pair.block > 1
 
 
 def _below_tile(k) -> int | None:
@@ -180,14 +186,14 @@ def _partial_warp(k) -> int | None:
     """A head_dim above the tile that is whole format blocks but not whole warps
     (a block of head_dim threads only)."""
     hd = -(-tile_threads(k) // TARGET.warp) * TARGET.warp + TARGET.warp // 2
-    return hd if (k.fmt.accepts_head_dim(hd) and not padded(k)
+    return hd if (k.pair.accepts_head_dim(hd) and not padded(k)
                   and _head_dim_threads(k)) else None
 
 
 def _partial_chunk(k) -> int | None:
     """A head_dim a whole-warp block runs but its dot lanes cannot split evenly."""
     hd = min_head_dim(k) + k.dot_lanes // 2
-    return hd if padded(k) and k.dot_lanes > 1 and k.fmt.accepts_head_dim(hd) else None
+    return hd if padded(k) and k.dot_lanes > 1 and k.pair.accepts_head_dim(hd) else None
 
 
 def _over_chunk(k) -> int | None:
@@ -208,7 +214,7 @@ def _over_shared(k) -> bool:
 def _over_tile_width(k) -> int | None:
     """query_tile: the first head_dim of whole format blocks past max_head_dim (no
     wider than a block may be threads, which is refused as such)."""
-    hd = (k.max_head_dim // k.fmt.block + 1) * k.fmt.block
+    hd = (k.max_head_dim // k.pair.block + 1) * k.pair.block
     return hd if _flash(k) and query_tiles(k) and hd <= TARGET.max_threads else None
 
 
@@ -325,7 +331,7 @@ MUTATIONS: dict[str, Mutation] = {
         **host_args(k, c), **({"win_left": -5} if k.window is Window.EXACT
                               else {"attn_win": -5})}),
     "tensor_scale_not_positive": Mutation(
-        "k_scale", lambda k: _cache_op(k) and k.fmt.tensor_scales,
+        "k_scale", lambda k: _cache_op(k) and "k_scale" in k.pair.scale_scalars(),
         lambda k, c: {**host_args(k, c), "k_scale": 0.0}),
     "softcap_not_finite": Mutation("softcap", lambda k: _flash(k) and
                                    k.softcap is SoftCap.TANH, lambda k, c: {
@@ -374,7 +380,7 @@ MUTATIONS: dict[str, Mutation] = {
         lambda k, c: host_args(k, c.with_(head_dim=_partial_chunk(k)))),
     "row_format_head_dim": Mutation(
         "row format", _blocked,
-        lambda k, c: host_args(k, c.with_(head_dim=k.fmt.block + k.fmt.block // 2))),
+        lambda k, c: host_args(k, c.with_(head_dim=k.pair.block + k.pair.block // 2))),
     "kv_groups_over_max": Mutation("kv_groups", _flash, lambda k, c: host_args(
         k, c.with_(n_head=2 * (k.max_groups + 1), n_head_kv=2))),
     "gqa_mismatch": Mutation("GQA", _flash, _args_with(n_head=7, n_head_kv=2)),
@@ -403,9 +409,9 @@ MUTATIONS: dict[str, Mutation] = {
     "append_ring_race": Mutation(
         "ring write race", lambda k: k.op is Op.KV_APPEND and k.position is Position.HOST,
         lambda k, c: host_args(k, c.with_(
-            n=(k.ring_rows if k.fmt.shadows else c.max_seq) + 1, pos0=0,
+            n=(k.ring_rows if k.pair.shadows else c.max_seq) + 1, pos0=0,
             win=min(8, k.ring_rows),
-            max_seq=(4 * k.ring_rows if k.fmt.shadows else c.max_seq)))),
+            max_seq=(4 * k.ring_rows if k.pair.shadows else c.max_seq)))),
     "device_append_rows": Mutation(
         "one decode row", lambda k: k.op is Op.KV_APPEND and k.position is Position.DEVICE,
         lambda k, c: {**host_args(k, c), "k_new": np.zeros((2, c.n_head_kv, c.head_dim),
@@ -420,7 +426,7 @@ MUTATIONS: dict[str, Mutation] = {
     "negative_device_pos": Mutation("position", _pos_dev, _set(
         "pos", lambda a, k, c: np.full_like(a, -1))),
     "device_pos_past_max_seq": Mutation(
-        "no ring wrap", lambda k: _pos_dev(k) and (_flash(k) or not k.fmt.append_wraps),
+        "no ring wrap", lambda k: _pos_dev(k) and (_flash(k) or not k.pair.append_wraps),
         _set("pos", lambda a, k, c: np.full_like(a, c.max_seq))),
     "slots_launch_too_narrow": Mutation(
         "slot plan coverage", lambda k: _flash(k) and k.position is Position.SLOTS,

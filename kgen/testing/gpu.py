@@ -30,7 +30,7 @@ def _rand(g: np.random.Generator, *shape) -> np.ndarray:
 
 
 def _cache(k: Kernel, case: Case, nslots: int | None = None) -> ref.HostCache:
-    return ref.HostCache.empty(k.fmt, case.n_head_kv, case.max_seq, case.head_dim,
+    return ref.HostCache.empty(k.pair, case.n_head_kv, case.max_seq, case.head_dim,
                                ring_rows=k.ring_rows, sink_rows=k.sink_rows, nslots=nslots,
                                k_scale=case.k_scale, v_scale=case.v_scale)
 
@@ -113,7 +113,7 @@ def _check_append(k, fn, case):
     names = ["k_cache", "v_cache", *cache.shadows]
     for name, got, want in zip(names, bufs, cache.arrays, strict=True):
         assert np.array_equal(got.get().view(np.uint8), want.view(np.uint8)), \
-            f"{name} bytes differ from the {k.fmt.name} model, seed={seed}"
+            f"{name} bytes differ from the {k.pair.name} model, seed={seed}"
 
 
 def _narrow(k: Kernel):

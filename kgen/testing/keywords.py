@@ -37,9 +37,9 @@ def ref_options(k: Kernel, case: Case) -> dict:
 
 def shadow_args(k: Kernel, case: Case) -> dict:
     """The format's own scalar arguments: shadow rows in use, per-tensor scales."""
-    out = {"sink": case.sink, "win": case.win} if k.fmt.shadows else {}
-    if k.fmt.tensor_scales:
-        out.update(k_scale=case.k_scale, v_scale=case.v_scale)
+    out = {"sink": case.sink, "win": case.win} if k.pair.shadows else {}
+    given = {"k_scale": case.k_scale, "v_scale": case.v_scale}
+    out.update({name: given[name] for name in k.pair.scale_scalars()})
     return out
 
 

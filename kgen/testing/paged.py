@@ -35,17 +35,18 @@ def layout(case: Case, shuffle=None) -> dict:
 def host_args(k: Kernel, case: Case, z, f32) -> dict:
     """A valid argument set of a paged kernel (index tensors with real values)."""
     hd, hk = case.head_dim, case.n_head_kv
-    fmt = k.fmt
+    fmt = k.pair
     lay = layout(case) if case.requests else None
+
+    def caches(nb: int) -> dict:  # each role's pages in its format
+        return {f"{r}_cache": z((nb, case.block_size, hk, fmt.of(r).row_width(hd)),
+                                fmt.of(r).dtype) for r in ("k", "v")}
     if k.op is Op.KV_APPEND:
         nb = -(-case.n // case.block_size) + 1
-        pages = (nb, case.block_size, hk, fmt.row_width(hd))
         return dict(k_new=z((case.n, hk, hd), f32), v_new=z((case.n, hk, hd), f32),
-                    k_cache=z(pages, fmt.dtype), v_cache=z(pages, fmt.dtype),
-                    slot_mapping=np.arange(case.n, dtype=np.int32))
-    pages = (lay["num_blocks"], case.block_size, hk, fmt.row_width(hd))
-    a = dict(k_cache=z(pages, fmt.dtype), v_cache=z(pages, fmt.dtype),
-             block_table=lay["block_table"], seq_lens=lay["seq_lens"])
+                    **caches(nb), slot_mapping=np.arange(case.n, dtype=np.int32))
+    a = dict(**caches(lay["num_blocks"]), block_table=lay["block_table"],
+             seq_lens=lay["seq_lens"])
     reqs = len(case.requests)
     if k.mode is Mode.PREFILL:
         rows = int(lay["query_start_loc"][-1])
@@ -63,7 +64,7 @@ def _fill(g, k: Kernel, case: Case, lay: dict):
     """Random rows for every request stored through the append model; returns the
     pages and each request's dense view."""
     bs, hk, hd = case.block_size, case.n_head_kv, case.head_dim
-    pages = ref.PagedCache.empty(k.fmt, lay["num_blocks"], bs, hk, hd, case.k_scale,
+    pages = ref.PagedCache.empty(k.pair, lay["num_blocks"], bs, hk, hd, case.k_scale,
                                  case.v_scale)
     for r, (_, klen) in enumerate(case.requests):
         kx = g.standard_normal((klen, hk, hd)).astype(np.float32)
@@ -136,7 +137,7 @@ def _check_append(k, fn, case, g, seed):
     """reshape_and_cache: tokens to their slots (one skipped), everything else kept."""
     hk, hd, bs = case.n_head_kv, case.head_dim, case.block_size
     nb = -(-case.n // bs) + 2
-    pages = ref.PagedCache.empty(k.fmt, nb, bs, hk, hd, case.k_scale, case.v_scale)
+    pages = ref.PagedCache.empty(k.pair, nb, bs, hk, hd, case.k_scale, case.v_scale)
     for a in (pages.k, pages.v):  # old contents must survive
         a[...] = random_bits(g, a) if a.dtype.kind in "ui" else \
             g.standard_normal(a.shape).astype(a.dtype)
@@ -149,4 +150,4 @@ def _check_append(k, fn, case, g, seed):
     pages.store(kn, vn, slots)
     for name, got, want in (("k_cache", kd, pages.k), ("v_cache", vd, pages.v)):
         assert np.array_equal(got.get().view(np.uint8), want.view(np.uint8)), \
-            f"{name} bytes differ from the {k.fmt.name} store, seed={seed}"
+            f"{name} bytes differ from the {k.pair.name} store, seed={seed}"

@@ -300,7 +300,7 @@ def smallest_head_dim(k: Kernel) -> int:
     if k.op is Op.FLASH:
         return min_head_dim(k)
     if k.op is Op.KV_APPEND:
-        return k.fmt.block
+        return k.pair.block
     return 1
 
 
@@ -466,11 +466,11 @@ def _fit(k: Kernel, c: Case) -> Case:
     and no more sink or window rows than the kernel keeps (small rings are tested with
     the most they hold); per-tensor scales that are not 1 (and, on the long cases,
     small enough that some values saturate), where the format has them."""
-    if not k.fmt.shadows:
+    if not k.pair.shadows:
         c = c.with_(sink=0, win=0)
     else:
         c = c.with_(sink=min(c.sink, k.sink_rows), win=min(c.win, k.ring_rows))
-    if k.fmt.tensor_scales:
+    if k.pair.tensor_scales:
         c = c.with_(k_scale=0.5, v_scale=0.25) if c.max_seq < 512 else \
             c.with_(k_scale=0.005, v_scale=2.0)
     return c
@@ -548,5 +548,5 @@ def contract_class(k: Kernel) -> tuple:
     the shape rules). Tile shapes and staging change only the numbers the shared
     formulas give, so a contract is refused once per class, by the first kernel of the
     class it applies to."""
-    return (tuple((p.name, p.ctype) for p in params(k)), k.op, k.mode, k.position, k.kv,
+    return (tuple((p.name, p.ctype) for p in params(k)), k.op, k.mode, k.position, k.kv, k.v_kv,
             k.window, k.mask, k.softcap, k.sinks, k.ring_floor, k.schedule)

@@ -16,7 +16,7 @@ import pytest
 from kgen import __version__
 from kgen import numpy_ref as ref
 from kgen.compiler import pipeline
-from kgen.formats import FORMATS
+from kgen.formats import FORMATS, as_pair
 from kgen.ir.axes import Mode, Op, Position
 from kgen.ir.geometry import flash_shared_bytes, min_head_dim
 from kgen.ir.pyapi import py_args
@@ -64,12 +64,14 @@ def test_every_spec_kernel_has_a_launcher_with_the_same_axes(spec_kernels, launc
 
 
 def test_a_cache_array_has_its_formats_dtype(spec_kernels, monkeypatch):
-    """The launcher asks the format for its rows' dtype: a format of any element type
-    (here ``unsigned short`` rows) gets its arrays checked as such."""
+    """The launcher asks each role's format for its rows' dtype (K rows kv's, V rows
+    v_kv's: the same format but in a mixed kernel): a format of any element type (here
+    ``unsigned short`` rows) gets its arrays checked as such."""
     for k in spec_kernels.values():
         arrays = {a.name: a.dtype for a in py_args(k)[0]}
         if "k_cache" in arrays:
-            assert arrays["k_cache"] == arrays["v_cache"] == k.fmt.dtype, k.name
+            assert (arrays["k_cache"], arrays["v_cache"]) == (k.fmt.dtype, k.v_fmt.dtype), \
+                k.name
     k = spec_kernels["attn_f16_decode_host"]
     monkeypatch.setitem(FORMATS, "f16", dataclasses.replace(FORMATS["f16"],
                                                             ctype="unsigned short",
@@ -149,7 +151,7 @@ def test_prefill_chunk_is_the_largest_batch_the_ring_keeps_exact(ring, win):
     falls below the ring's live floor (so no row falls back to the body)."""
     from kgen.runtime.kv import KVCache
 
-    chunk = KVCache.max_prefill_chunk(type("C", (), {"fmt": FORMATS["q4"], "win": win,
+    chunk = KVCache.max_prefill_chunk(type("C", (), {"pair": as_pair("q4"), "win": win,
                                                      "RING_ROWS": ring,
                                                      "max_seq": 10**6})())
 

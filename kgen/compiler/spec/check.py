@@ -218,18 +218,29 @@ def check_doc_comment(k: Kernel, ctx: _Ctx) -> None:
                         f"{bad!r} (it is emitted in C and Python comments and a docstring)")
 
 
+def _kv_said(k: Kernel) -> str:
+    """The kernel's cache formats as its spec says them: ``kv = q8_0``, or
+    ``kv = q8_0, v_kv = q4`` for a mixed cache."""
+    return f"kv = {k.kv.value}" + (f", v_kv = {k.v_kv.value}" if k.mixed else "")
+
+
+def _shadow_key(k: Kernel) -> str:
+    """The key that brought fp16 shadows into the cache: kv, else v_kv."""
+    return "kv" if k.fmt.shadows or not k.v_fmt.shadows else "v_kv"
+
+
 def check_limits(k: Kernel, ctx: _Ctx) -> None:
     """Compile-time bounds with a legal launch, and not beyond what the target can use:
     append staging holds a row of at least one format block and at most a block's
     threads; the fp16 shadows' rows stay addressable (``TARGET.max_shadow_rows``)."""
     if k.op is Op.KV_APPEND:
-        fmt, hd = k.fmt, k.max_head_dim
+        fmt, hd = k.pair, k.max_head_dim
         if hd > TARGET.max_threads:
             raise ctx.error(k.where("max_head_dim"), f"max_head_dim = {hd}: an append block "
                             f"is head_dim threads, at most {TARGET.max_threads}")
         if fmt.append_staging and hd < fmt.block:
             raise ctx.error(k.where("max_head_dim"), f"max_head_dim = {hd} admits no "
-                            f"head_dim: a kv = {fmt.name} row is whole blocks of {fmt.block} "
+                            f"head_dim: a {_kv_said(k)} row is whole blocks of {fmt.block} "
                             f"values (max_head_dim >= {fmt.block})")
     if k.op in (Op.FLASH, Op.KV_APPEND):
         for key in ("sink_rows", "ring_rows"):
@@ -253,9 +264,9 @@ def check_mode_position(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(k.where("position"), f"combine has no {k.position.value} form: those "
                         "partials are merged by the host-position combine over every "
                         "request's heads (n_splits = the launch width)")
-    if k.position is Position.PAGED and k.fmt.shadows:
-        raise ctx.error(k.where("kv"), f"a paged cache keeps no per-sequence fp16 shadows: "
-                        f"kv = {k.fmt.name} needs them")
+    if k.position is Position.PAGED and k.pair.shadows:
+        raise ctx.error(k.where(_shadow_key(k)), f"a paged cache keeps no per-sequence fp16 "
+                        f"shadows: {_kv_said(k)} needs them")
 
 
 def check_attention_options(k: Kernel, ctx: _Ctx) -> None:
@@ -284,8 +295,8 @@ def check_rows_per_block(k: Kernel, ctx: _Ctx) -> None:
     if k.mode is not Mode.PREFILL or k.position is not Position.HOST:
         raise ctx.error(where, "rows_per_block > 1 needs a contiguous prefill (mode = "
                         "prefill, position = host)")
-    if k.fmt.shadows:
-        raise ctx.error(where, f"rows_per_block > 1: kv = {k.fmt.name} picks a key's fp16 "
+    if k.pair.shadows:
+        raise ctx.error(where, f"rows_per_block > 1: {_kv_said(k)} picks a key's fp16 "
                         "shadow by the row's position, so rows cannot share a K tile")
     other = [key for key in ("window", "mask", "softcap", "sinks", "v_stage")
              if getattr(k, key) != KEYS[key].default]
@@ -351,10 +362,10 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
                         "global memory (k_stage = registers, v_stage = global)")
     if stream_hoisted(k):
         hd = stream_head_dim(k)
-        if hd % TARGET.warp or not k.fmt.accepts_head_dim(hd):
+        if hd % TARGET.warp or not k.pair.accepts_head_dim(hd):
             raise ctx.error(k.where("stream_loads"), f"stream_loads = hoisted serves head_dim "
                             f"= kreg_max_chunk * dot_lanes = {hd} only: it must be whole warps "
-                            f"(a multiple of {TARGET.warp}) and whole {k.fmt.name} blocks")
+                            f"(a multiple of {TARGET.warp}) and whole {k.pair.name} blocks")
     if not 1 <= k.keys_per_step <= 8:
         raise ctx.error(k.where("keys_per_step"), f"keys_per_step = {k.keys_per_step}: "
                         "1 to 8 keys per unit in flight (each holds a K and a V chunk in "
@@ -390,9 +401,9 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(_blame(k, "qtile_loads", "position"), "schedule = query_tile over "
                         "pages (position = paged) has scalar or swizzled loads only "
                         "(qtile_loads = scalar or swizzle) yet")
-    if k.fmt.shadows:
-        raise ctx.error(k.where("kv"), f"schedule = query_tile does not support kv = "
-                        f"{k.fmt.name} yet: a key's fp16 shadow (sink rows, window ring) "
+    if k.pair.shadows:
+        raise ctx.error(k.where(_shadow_key(k)), f"schedule = query_tile does not support "
+                        f"{_kv_said(k)} yet: a key's fp16 shadow (sink rows, window ring) "
                         "depends on the row's position, so the rows of a query tile cannot "
                         "share one K/V tile")
     for key in QUERY_TILE_NOT_YET + (QUERY_TILE_VEC4_NOT_YET if qtile_vec4(k) else ()):
@@ -420,10 +431,10 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(k.where("tile_rows"), f"(tile_rows / micro_rows) * (tile_keys / "
                         f"micro_keys) = {threads} threads: a block of whole warps, at most "
                         f"{TARGET.max_threads}")
-    if k.max_head_dim < k.fmt.block:
+    if k.max_head_dim < k.pair.block:
         raise ctx.error(k.where("max_head_dim"), f"max_head_dim = {k.max_head_dim} admits no "
-                        f"head_dim: a kv = {k.fmt.name} row is whole blocks of "
-                        f"{k.fmt.block} values")
+                        f"head_dim: a {_kv_said(k)} row is whole blocks of "
+                        f"{k.pair.block} values")
     if qtile_swizzle(k):
         _check_swizzle(k, ctx)
     if qtile_vec4(k) and (k.k_pad % 4 or k.tile_keys % 4):
@@ -470,9 +481,9 @@ def _check_swizzle(k: Kernel, ctx: _Ctx) -> None:
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:
     """The batch live floor exists only for fp16 window shadows read by a batched prefill."""
     if k.op is Op.FLASH and k.ring_floor is RingFloor.BATCH:
-        if not k.fmt.shadows:
+        if not k.pair.shadows:
             raise ctx.error(k.where("ring_floor"), f"ring_floor = batch needs a format with "
-                            f"an fp16 window ring; kv = {k.fmt.name} has none")
+                            f"an fp16 window ring; {_kv_said(k)} has none")
         if k.mode is not Mode.PREFILL:
             raise ctx.error(k.where("ring_floor"), "ring_floor = batch needs mode = prefill "
                             "(the floor is derived from the batch's last row)")
@@ -541,10 +552,11 @@ def check_shared_v(k: Kernel, ctx: _Ctx) -> None:
     whole 32-bit words, in exactly v_rounds blockDim-strided rounds."""
     if k.op is not Op.FLASH or k.v_stage is not VStage.SHARED_Q4:
         return
-    fmt = k.fmt
+    fmt = k.v_fmt  # the V rows' format stages its raw rows
     if not fmt.raw_v_tile:
-        raise ctx.error(k.where("v_stage"), f"v_stage = {k.v_stage.value}: kv = {fmt.name} "
-                        "has no raw V tile reader")
+        said = "v_kv" if k.mixed else "kv"
+        raise ctx.error(k.where("v_stage"), f"v_stage = {k.v_stage.value}: {said} = "
+                        f"{fmt.name} has no raw V tile reader")
     head_dim = tile_threads(k)
     if not fmt.accepts_head_dim(head_dim):
         raise ctx.error(k.where("tile_keys"), f"shared-V pins head_dim = tile_keys * "
@@ -589,12 +601,13 @@ def check_expectations(k: Kernel, ctx: _Ctx) -> None:
         if other is None:
             raise ctx.error(r.pos, f"'{k.name}' is related to unknown kernel '{r.other}'"
                             + did_you_mean(r.other, sorted(ctx.by_name)))
-        if (other.op, other.mode, other.position, other.kv, other.in_dtype, other.out_dtype) \
-                != (k.op, k.mode, k.position, k.kv, k.in_dtype, k.out_dtype):
+        if (other.op, other.mode, other.position, other.kv, other.v_kv, other.in_dtype,
+                other.out_dtype) != (k.op, k.mode, k.position, k.kv, k.v_kv, k.in_dtype,
+                                     k.out_dtype):
             raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' take different inputs "
-                            "(op, mode, position and kv must match to compare outputs)",
+                            "(op, mode, position, kv and v_kv must match to compare outputs)",
                             culprit=other)
-        if k.fmt.shadows and (other.ring_rows, other.sink_rows) != (k.ring_rows, k.sink_rows):
+        if k.pair.shadows and (other.ring_rows, other.sink_rows) != (k.ring_rows, k.sink_rows):
             raise ctx.error(r.pos, f"'{k.name}' and '{r.other}' lay out the fp16 shadows "
                             f"differently (ring_rows, sink_rows = {k.ring_rows}, "
                             f"{k.sink_rows} vs {other.ring_rows}, {other.sink_rows}): one "

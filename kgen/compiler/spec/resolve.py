@@ -186,6 +186,8 @@ def resolve(files: list[SpecFile]) -> list[Kernel]:
                 raise lines.error(d.pos, f"kernel '{d.name}' does not say its '{required}' "
                                   f"(set it here or in a parent)")
         fields = {k: acc.values.get(k, spec.default) for k, spec in KEYS.items()}
+        if fields["v_kv"] is None:  # V rows in K's format unless the spec says otherwise
+            fields["v_kv"] = fields["kv"]
         kernels.append(Kernel(
             name=d.name,
             budgets=tuple(acc.budgets.values()),
