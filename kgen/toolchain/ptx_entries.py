@@ -61,7 +61,10 @@ def split_module(ptx_text: str) -> dict[str, str]:
         end = marks[i + 1].start() if i + 1 < len(marks) else len(ptx_text)
         body = _DECL.sub("", ptx_text[m.end():end]).strip("\n")
         body = _DEPOT.sub("__local_depot0", _LABEL.sub("$L__BB0_", body))
-        mangled = f"_ZZ{len(name)}{name}E"
+        # A static of kernel ``name`` mangles as _ZZ<len><name>, then E (C parameters)
+        # or the parameter types (a C++ class among them, e.g. __half) and E: the
+        # length fixes the name, so the prefix is exact either way.
+        mangled = f"_ZZ{len(name)}{name}"
         used = [d for array, demoted, d in decls
                 if (array and re.search(rf"(?<![\w$]){array}(?![\w$])", body))
                 or (demoted and demoted.startswith(mangled))]
