@@ -22,7 +22,7 @@ import numpy as np
 from kgen import numpy_ref as ref
 from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, rng
-from kgen.testing.device import ATOL, RTOL, cupy, dev, poisoned
+from kgen.testing.device import ATOL, RTOL, assert_close_as, cupy, dev, poisoned
 
 
 def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
@@ -74,19 +74,10 @@ def check(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
     x = inputs(g, case, k)
     fi, fo = k.in_dtype.fmt, k.out_dtype.fmt
-    got = fo.dequantize_rows(run(k, fn, case, x)).astype(np.float64)
     want = ref.attention_dense(*(fi.dequantize_rows(x[n]) for n in ("query", "key", "value")),
                                scale_of(case), case.causal)
-    assert not np.isnan(got).any(), f"{k.name}: NaN left in output (unwritten element), " \
-                                    f"seed={seed}"
     rtol, atol = tolerance(case)
-    _, rounding = fo.round_trip_bound(want, None)
-    allowed = atol + rtol * np.abs(want) + 1.01 * rounding
-    err = np.abs(got - want)
-    bad = int(np.count_nonzero(~(err <= allowed)))
-    assert bad == 0, (f"{k.name} differs from the NumPy reference at {bad} of {got.size} "
-                      f"elements (worst {float(np.max(err - allowed)):.3g} past the bound), "
-                      f"seed={seed}")
+    assert_close_as(k.name, fo, run(k, fn, case, x), want, seed, rtol, atol)
 
 
 def relation(kind: str, tolerance_: float, ka: Kernel, fa, kb: Kernel, fb,
