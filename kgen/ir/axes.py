@@ -199,11 +199,13 @@ DFLASH = frozenset({Op.DFLASH_ATTENTION})
 DENSE = frozenset({Op.DENSE_ATTENTION})
 # The ops whose input tensors (in_dtype) or output tensors (out_dtype) have an element type
 # of their own: the MLA store, gather and split stage take rows (queries, latent rows) of
-# in_dtype and write f32 partials; the merge stage writes out_dtype; the prefill and
-# merge_attn_states read in_dtype and write out_dtype. An LSE is always f32.
-IN_DTYPE_OPS = DENSE | frozenset({Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE,
-                                  Op.MLA_PREFILL, Op.MERGE_ATTN_STATES})
-OUT_DTYPE_OPS = DENSE | frozenset({Op.MLA_COMBINE, Op.MLA_PREFILL, Op.MERGE_ATTN_STATES})
+# in_dtype and write f32 partials; the merge stage writes out_dtype; the prefill,
+# merge_attn_states, dense_attention and dflash_attention read in_dtype and write
+# out_dtype. An LSE is always f32.
+IN_DTYPE_OPS = DENSE | DFLASH | frozenset({Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE,
+                                           Op.MLA_PREFILL, Op.MERGE_ATTN_STATES})
+OUT_DTYPE_OPS = DENSE | DFLASH | frozenset({Op.MLA_COMBINE, Op.MLA_PREFILL,
+                                            Op.MERGE_ATTN_STATES})
 
 KEYS: dict[str, Key] = {
     "module": Key(str, None, ALL, "generated file the kernel lands in"),
@@ -272,7 +274,8 @@ KEYS: dict[str, Key] = {
     "kv_reads": Key(KvReads, KvReads.GLOBAL, DENSE, "dense_attention: each warp reads K/V "
                     "from global (Fast), or a block stages K/V tiles in shared (Flash)"),
     "in_dtype": Key(IoDtype, IoDtype.F32, IN_DTYPE_OPS, "element type of the input tensors "
-                    "(dense_attention: query, key, value; MLA: kv_c / k_pe rows, the latent "
+                    "(dense_attention: query, key, value; dflash_attention: query and every "
+                    "key and value row, block and context; MLA: kv_c / k_pe rows, the latent "
                     "cache, queries, prefill K and V; merge_attn_states: the two outputs "
                     "merged); math is f32"),
     "out_dtype": Key(IoDtype, IoDtype.F32, OUT_DTYPE_OPS, "element type of the output "

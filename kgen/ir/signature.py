@@ -182,9 +182,9 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _p("int", "n_head", "num_reqs", "total_q") + _p("float", "scale")
     elif k.op is Op.DFLASH_ATTENTION:  # the engine's argument order and names
         paged = k.key_source is KeySource.PAGED
-        out += _p("float *", "out") + _p("const float *", "query")
-        out += _p("const float *", *(("block_key", "block_value", "ctx_key", "ctx_value")
-                                     if paged else ("key", "value")))
+        out += _elems(k.out_dtype, "", "out") + _elems(k.in_dtype, "const ", "query")
+        out += _elems(k.in_dtype, "const ", *(("block_key", "block_value", "ctx_key",
+                                               "ctx_value") if paged else ("key", "value")))
         out += _p("const int *", "cu_seqlens", *(("seq_lens", "block_table") if paged else ()))
         out += _p("int", "n_rows", "n_head", "n_head_kv", "head_dim", "num_reqs")
         if paged:

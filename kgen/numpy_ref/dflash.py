@@ -13,11 +13,24 @@ block table) then its block (len_r rows); block query i sits at combined positio
 C_r + i, and the mask above applies over the combined index.
 
 Rows outside every request are zeros (what the kernels write there).
+
+Inputs may be 16-bit (the kernels' in_dtype): float16 values, or bf16 as its bit
+patterns (uint16, the top half of a float32); both are widened exactly (``widen``), so
+the reference sees the values a kernel computes with.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+
+def widen(x) -> np.ndarray:
+    """An input array as float64 values: floats as they are, uint16 as bf16 bit patterns
+    (shifted into a float32's top half: exact)."""
+    x = np.asarray(x)
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return x.astype(np.float64)
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray, scale: float,
@@ -46,9 +59,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray, scale:
 def dflash_block_attention(query, key, value, cu_seqlens, scale: float, causal: bool,
                            sliding_window: int = 0) -> np.ndarray:
     """out ``[T][Hq][D]``, float64."""
-    q = np.asarray(query, np.float64)
-    k = np.asarray(key, np.float64)
-    v = np.asarray(value, np.float64)
+    q, k, v = widen(query), widen(key), widen(value)
     cu = np.asarray(cu_seqlens, np.int64)
     out = np.zeros(q.shape)
     for r in range(len(cu) - 1):
@@ -72,9 +83,7 @@ def dflash_paged_block_attention(query, block_key, block_value, ctx_key, ctx_val
                                  cu_seqlens, seq_lens, block_table, scale: float,
                                  causal: bool, sliding_window: int = 0) -> np.ndarray:
     """out ``[T][Hq][D]``, float64."""
-    q = np.asarray(query, np.float64)
-    bk = np.asarray(block_key, np.float64)
-    bv = np.asarray(block_value, np.float64)
+    q, bk, bv = widen(query), widen(block_key), widen(block_value)
     cu = np.asarray(cu_seqlens, np.int64)
     out = np.zeros(q.shape)
     for r in range(len(cu) - 1):
@@ -82,9 +91,7 @@ def dflash_paged_block_attention(query, block_key, block_value, ctx_key, ctx_val
         if b <= a:
             continue
         C = int(seq_lens[r])
-        k = np.concatenate([gather_context(ctx_key, block_table[r], C).astype(np.float64),
-                            bk[a:b]])
-        v = np.concatenate([gather_context(ctx_value, block_table[r], C).astype(np.float64),
-                            bv[a:b]])
+        k = np.concatenate([widen(gather_context(ctx_key, block_table[r], C)), bk[a:b]])
+        v = np.concatenate([widen(gather_context(ctx_value, block_table[r], C)), bv[a:b]])
         out[a:b] = _attend(q[a:b], k, v, C + np.arange(b - a), scale, causal, sliding_window)
     return out

@@ -616,9 +616,10 @@ def _merge(k: Kernel, c: Checker, a: dict):
 
 
 # ---- dflash_attention ------------------------------------------------------------------
-# The engine's DFlash block attention. query and out are [n_rows][n_head][head_dim] f32;
+# The engine's DFlash block attention. query and out are [n_rows][n_head][head_dim];
 # dense: key / value [n_rows][n_head_kv][head_dim]; paged: block_key / block_value alike,
-# ctx_key / ctx_value pages [num_pages][block_size][n_head_kv][head_dim] f32,
+# ctx_key / ctx_value pages [num_pages][block_size][n_head_kv][head_dim]; out of the
+# kernel's out_dtype, query and every key / value array of its in_dtype;
 # seq_lens [num_reqs] and block_table [num_reqs][max_blocks] int32. cu_seqlens
 # [num_reqs + 1] int32. Every array C-contiguous. The index tensors are read in place by
 # the kernel (never by the host: the launch can be captured), which writes zeros to
@@ -634,20 +635,21 @@ def check_dflash_shape(k: Kernel, c: Checker, hd: int) -> None:
 
 def _dflash(k: Kernel, c: Checker, a: dict):
     paged = k.key_source is KeySource.PAGED
+    fi, fo = _elem(k.in_dtype), _elem(k.out_dtype)
     q = a["query"]
-    c.array("query", q, np.float32, 3)
+    c.array("query", q, fi, 3)
     T, H, D = (int(x) for x in q.shape)
     c.require(T >= 1 and H >= 1 and D >= 1, "shape",
               lambda: f"query has shape {(T, H, D)}: no rows to attend")
     check_dflash_shape(k, c, D)
-    c.array("out", a["out"], np.float32, 3)
+    c.array("out", a["out"], fo, 3)
     c.shape("out", a["out"], (T, H, D))
     kn, vn = ("block_key", "block_value") if paged else ("key", "value")
-    c.array(kn, a[kn], np.float32, 3)
+    c.array(kn, a[kn], fi, 3)
     hk = int(a[kn].shape[1])
     c.require(hk >= 1, "shape", lambda: f"{kn} has no kv heads")
     c.shape(kn, a[kn], (T, hk, D))
-    c.array(vn, a[vn], np.float32, 3)
+    c.array(vn, a[vn], fi, 3)
     c.shape(vn, a[vn], (T, hk, D))
     c.require(H % hk == 0, "GQA", lambda: f"n_head = {H} is not a multiple of "
               f"n_head_kv = {hk}")
@@ -662,8 +664,8 @@ def _dflash(k: Kernel, c: Checker, a: dict):
     values[kn], values[vn] = a[kn], a[vn]
     if paged:
         ck, cv = a["ctx_key"], a["ctx_value"]
-        c.array("ctx_key", ck, np.float32, 4)
-        c.array("ctx_value", cv, np.float32, 4)
+        c.array("ctx_key", ck, fi, 4)
+        c.array("ctx_value", cv, fi, 4)
         nb, bs = int(ck.shape[0]), int(ck.shape[1])
         c.shape("ctx_key", ck, (nb, bs, hk, D))
         c.shape("ctx_value", cv, (nb, bs, hk, D))

@@ -11,6 +11,14 @@ plain causal; the kernels' parameter block_causal), over positions inside the bl
 (paged: the combined index, block query i at seq_lens[r] + i). Over the materialized
 [context ; block], the paged call gives the dense call's bits.
 
+Elements: query and every key and value array (key / value; block_key, block_value,
+ctx_key, ctx_value) share one element type, float32, bf16 (its bit patterns, uint16:
+kgen.formats.bf16) or float16 (kgen.ir.axes.IoDtype: in_dtype, read off query); out is
+float32 or that same type (out_dtype, read off out; rounded to nearest even). Each
+element is widened exactly as it is loaded and the math is f32, so the paged call still
+gives the dense call's bits over [context ; block] for every pair. The kernel is chosen
+by the two element types; another pair (a 16-bit output of other inputs) is refused.
+
 cu_seqlens, seq_lens and block_table are int32 device arrays the kernel reads in place:
 the launch grid comes from the query's rows alone, so the launch can be captured in a
 CUDA graph. Before any launch, every launch contract is checked (kgen.runtime.bind:
@@ -26,30 +34,52 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.ir.axes import KeySource, Op
+from kgen.ir.axes import IoDtype, KeySource, Op
 from kgen.ir.params import PARAMS
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import Checker, ContractError
-from kgen.runtime.options import flag
+from kgen.runtime.options import flag, io_dtype
 from kgen.runtime.select import Role, find
 
-_CHOSEN: dict[tuple[KeySource, int, str | None], tuple] = {}  # -> (kernel, launcher)
+_CHOSEN: dict[tuple, tuple] = {}  # (source, in, out, head_dim, variant) -> (kernel, launcher)
 WHO = "kgen.runtime.dflash"
 
 
-def role(source: KeySource) -> Role:
-    """What a call needs a kernel for: the dense or the paged key source."""
-    return Role(Op.DFLASH_ATTENTION, needs=(("key_source", source.value),))
+def role(source: KeySource, in_dtype: IoDtype = IoDtype.F32,
+         out_dtype: IoDtype = IoDtype.F32) -> Role:
+    """What a call needs a kernel for: the dense or the paged key source, and the element
+    types of its inputs (in_dtype) and of its output (out_dtype)."""
+    return Role(Op.DFLASH_ATTENTION, needs=(("in_dtype", in_dtype.value),
+                                            ("key_source", source.value),
+                                            ("out_dtype", out_dtype.value)))
 
 
-def launcher(source: KeySource, head_dim: int, variant: str | None = None):
-    """(kernel, generated launcher) serving ``source`` at ``head_dim`` (``variant``: a
-    kernel name, checked to serve it); chosen once per shape, then kept."""
-    key = (source, head_dim, variant)
+def launcher(source: KeySource, head_dim: int, variant: str | None = None,
+             in_dtype: IoDtype = IoDtype.F32, out_dtype: IoDtype = IoDtype.F32):
+    """(kernel, generated launcher) serving ``source`` over ``in_dtype`` inputs and an
+    ``out_dtype`` output at ``head_dim`` (``variant``: a kernel name, checked to serve
+    it); chosen once per shape, then kept."""
+    key = (source, in_dtype, out_dtype, head_dim, variant)
     hit = _CHOSEN.get(key)
     if hit is None:
-        hit = _CHOSEN[key] = find(role(source), head_dim, 1, variant)
+        hit = _CHOSEN[key] = find(role(source, in_dtype, out_dtype), head_dim, 1, variant)
     return hit
+
+
+def dtypes(query, out) -> tuple[IoDtype, IoDtype]:
+    """(in_dtype, out_dtype) of a call: query's and out's element types (IoDtype), out
+    float32 or query's own type; a ContractError (dtype) otherwise. The key and value
+    arrays must hold query's type (bind checks each against the chosen kernel)."""
+    fi, fo = io_dtype("query", query, WHO), io_dtype("out", out, WHO)
+    check_out_dtype(fi, fo)
+    return fi, fo
+
+
+def check_out_dtype(fi: IoDtype, fo: IoDtype) -> None:
+    """A DFlash output is float32, or of the inputs' element type."""
+    if fo is not IoDtype.F32 and fo is not fi:
+        raise ContractError(WHO, "dtype", f"out holds {fo.value} elements: the output is "
+                            f"f32 or the inputs' element type (query: {fi.value})")
 
 
 def _head_dim(query) -> int:
@@ -96,11 +126,13 @@ def dflash_block_attention(out, query, key, value, cu_seqlens, *, scale: float,
                            num_reqs: int | None = None, validate: bool = True,
                            stream=None, variant: str | None = None):
     """DFlashBlockAttention: ``out`` [T, Hq, D] from query [T, Hq, D] over key / value
-    [T, Hkv, D] (float32, C-contiguous CuPy arrays), request r's block being rows
+    [T, Hkv, D] (C-contiguous CuPy arrays: query, key, value float32, uint16 bf16 bits
+    or float16 alike; out float32 or query's type), request r's block being rows
     [cu_seqlens[r], cu_seqlens[r + 1]) (cu_seqlens: int32 [num_reqs + 1], on the
     device). Returns the bound kgen.runtime.Launch; a broken contract raises
     kgen.runtime.ContractError before any launch."""
-    k, fn = launcher(KeySource.DENSE, _head_dim(query), variant)
+    fi, fo = dtypes(query, out)
+    k, fn = launcher(KeySource.DENSE, _head_dim(query), variant, fi, fo)
     scalars = dict(block_causal=flag("causal", causal, WHO), sliding_window=sliding_window,
                    scale=scale)
     c = Checker(WHO)
@@ -124,10 +156,13 @@ def dflash_paged_block_attention(out, query, block_key, block_value, ctx_key, ct
     """DFlashPagedBlockAttention: ``out`` [T, Hq, D] from query [T, Hq, D] over each
     request's context (ctx_key / ctx_value pages [num_pages, block_size, Hkv, D], its
     seq_lens[r] rows through block_table[r]) then its block (block_key / block_value
-    [T, Hkv, D], rows [cu_seqlens[r], cu_seqlens[r + 1])). float32 and int32 C-contiguous
-    CuPy arrays. Returns the bound kgen.runtime.Launch; a broken contract raises
-    kgen.runtime.ContractError before any launch."""
-    k, fn = launcher(KeySource.PAGED, _head_dim(query), variant)
+    [T, Hkv, D], rows [cu_seqlens[r], cu_seqlens[r + 1])). C-contiguous CuPy arrays:
+    query and the key / value arrays float32, uint16 bf16 bits or float16 alike, out
+    float32 or query's type, the index arrays int32. Returns the bound
+    kgen.runtime.Launch; a broken contract raises kgen.runtime.ContractError before any
+    launch."""
+    fi, fo = dtypes(query, out)
+    k, fn = launcher(KeySource.PAGED, _head_dim(query), variant, fi, fo)
     scalars = dict(block_causal=flag("causal", causal, WHO), sliding_window=sliding_window,
                    scale=scale)
     c = Checker(WHO)

@@ -737,6 +737,15 @@ MUTATIONS.update({
         lambda k: _dflash_keys(k)[1], _grown(1))),
     "dflash_key_head_dim_mismatch": Mutation("shape", _dflashing, _dflash_set(
         lambda k: _dflash_keys(k)[0], _grown(2))),
+    # one element type for query and every key / value array (in_dtype), out's own
+    "dflash_key_elem": Mutation("dtype", _dflashing, _dflash_set(
+        lambda k: _dflash_keys(k)[0], _other_elem)),
+    "dflash_value_elem": Mutation("dtype", _dflashing, _dflash_set(
+        lambda k: _dflash_keys(k)[1], _other_elem)),
+    "dflash_query_elem": Mutation("dtype", _dflashing, _dflash_set("query", _other_elem)),
+    "dflash_out_elem": Mutation("dtype", _dflashing, _dflash_set("out", _other_elem)),
+    "dflash_ctx_value_elem": Mutation("dtype", _dflash_paged, _dflash_set(
+        "ctx_value", _other_elem)),
     "dflash_cu_seqlens_dtype": Mutation("dtype", _dflashing, _dflash_set(
         "cu_seqlens", lambda a, c: a.astype(np.int64))),
     "dflash_cu_seqlens_2d": Mutation("shape", _dflashing, _dflash_set(
@@ -768,7 +777,8 @@ MUTATIONS.update({
         "block_table", lambda a, c: a.astype(np.int64))),
     "dflash_pages_int32_position": Mutation("int32 position", _dflash_paged, lambda k, c: {
         **host_args(k, c), **{n: ShapeOnly((2**20, 2**12, c.n_head_kv, c.head_dim),
-                                           np.float32) for n in ("ctx_key", "ctx_value")}}),
+                                           np.dtype(k.in_dtype.fmt.dtype))
+                              for n in ("ctx_key", "ctx_value")}}),
     "dflash_table_int32_position": Mutation("int32 position", _dflash_paged, _dflash_set(
         "block_table", lambda a, c: ShapeOnly((a.shape[0], 2**31 // c.block_size),
                                               a.dtype))),

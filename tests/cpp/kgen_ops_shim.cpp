@@ -374,6 +374,8 @@ std::string call(const Request &r, int run, CUstream stream, int *code) {
             d.causal = causal;
             d.sliding_window = window;
             d.num_reqs = r.oi("num_reqs");
+            if (r.s("in_dtype")) d.in_dtype = r.s("in_dtype");
+            if (r.s("out_dtype")) d.out_dtype = r.s("out_dtype");
             d.variant = r.s("variant");
             res = run ? kgen::ops::dflash_block_attention(d, stream)
                       : kgen::ops::plan_dflash_block_attention(d, &plan);
@@ -392,6 +394,8 @@ std::string call(const Request &r, int run, CUstream stream, int *code) {
             g.sliding_window = window;
             g.num_reqs = r.oi("num_reqs");
             g.block_size = r.oi("block_size");
+            if (r.s("in_dtype")) g.in_dtype = r.s("in_dtype");
+            if (r.s("out_dtype")) g.out_dtype = r.s("out_dtype");
             g.variant = r.s("variant");
             res = run ? kgen::ops::dflash_paged_block_attention(g, stream)
                       : kgen::ops::plan_dflash_paged_block_attention(g, &plan);

@@ -1,5 +1,6 @@
 """The DFlash block attention entry points on a GPU (kgen.runtime.dflash): against the
-float64 references of the definition; the paged call replayed from a CUDA graph while
+float64 references of the definition (f32, and every 16-bit element type pair, the
+kernel chosen by the arrays' dtypes); the paged call replayed from a CUDA graph while
 the index arrays it reads in place change between replays (bit for bit the direct
 call's); and index entries that break the contract under validate=False giving NaN rows
 for their request (zeros outside every request), the other requests untouched."""
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 
 from kgen import numpy_ref as ref
+from kgen.ir.axes import IoDtype
 from kgen.runtime import dflash_block_attention, dflash_paged_block_attention
 from kgen.testing import rng
+from kgen.testing.device import assert_close_as
 
 pytestmark = pytest.mark.gpu
 RTOL, ATOL = 2e-4, 2e-5
@@ -67,6 +70,44 @@ def test_entry_points_against_the_references(D, causal, window):
                                       window)
     np.testing.assert_allclose(out.get(), want, rtol=RTOL, atol=ATOL,
                                err_msg=f"dense, seed={seed}")
+
+
+@pytest.mark.parametrize("fi, fo", [(IoDtype.BF16, IoDtype.BF16), (IoDtype.BF16, IoDtype.F32),
+                                    (IoDtype.F16, IoDtype.F16), (IoDtype.F16, IoDtype.F32)])
+@pytest.mark.parametrize("causal, window", [(False, 0), (True, 5)])
+def test_16bit_entry_points_against_the_references(fi, fo, causal, window):
+    """16-bit query, keys, values and pages (bf16 bits, halves): the output of out's type
+    within the f32 tolerance plus its rounding; the paged call the dense call's bits over
+    [context ; block] of a request without context."""
+    import cupy as cp
+
+    g, seed = rng()
+    D = 128
+    scale = 1 / math.sqrt(D)
+    x = _paged_inputs(g, [16, 1, 9], [40, 0, 123], D)
+    x = {n: fi.fmt.quantize_rows(v) if v.dtype == np.float32 else v for n, v in x.items()}
+    d = {n: cp.asarray(v) for n, v in x.items()}
+
+    def poisoned():
+        return cp.full(x["q"].shape, fo.fmt.poison(), np.dtype(fo.fmt.dtype))
+    paged, dense = poisoned(), poisoned()
+    cp.cuda.Device().synchronize()
+    dflash_paged_block_attention(paged, d["q"], d["bk"], d["bv"], d["ck"], d["cv"], d["cu"],
+                                 d["lens"], d["table"], scale=scale, causal=causal,
+                                 sliding_window=window, num_reqs=3, block_size=BS)
+    dflash_block_attention(dense, d["q"], d["bk"], d["bv"], d["cu"], scale=scale,
+                           causal=causal, sliding_window=window, num_reqs=3)
+    want = ref.dflash_paged_block_attention(x["q"], x["bk"], x["bv"], x["ck"], x["cv"],
+                                            x["cu"], x["lens"], x["table"], scale, causal,
+                                            window)
+    got = paged.get()
+    assert_close_as("paged", fo.fmt, got, want, seed)
+    want = ref.dflash_block_attention(x["q"], x["bk"], x["bv"], x["cu"], scale, causal,
+                                      window)
+    assert_close_as("dense", fo.fmt, dense.get(), want, seed)
+    # request 1 has no context: its one row is the dense call's, bit for bit
+    u = np.dtype(f"u{got.dtype.itemsize}")
+    assert np.array_equal(got[16:17].view(u), dense.get()[16:17].view(u)), f"seed={seed}"
 
 
 def test_paged_graph_replay_reads_the_index_arrays_in_place():

@@ -221,6 +221,8 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
         return mla.mla_prefill_attention, pos, kw, c, a
     assert k.op is Op.DFLASH_ATTENTION
     paged = "ctx_key" in a
+    if "out_dtype" in x:  # an output of another element type
+        a["out"] = FakeArray(a["out"].shape, x.pop("out_dtype"))
     names = (("out", "query", "block_key", "block_value", "ctx_key", "ctx_value",
               "cu_seqlens", "seq_lens", "block_table") if paged else
              ("out", "query", "key", "value", "cu_seqlens"))
@@ -231,7 +233,8 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
     if paged:
         kw["block_size"] = x.pop("block_size", None)
     c = {"op": "dflash_paged_block_attention" if paged else "dflash_block_attention",
-         **{n: a[n] for n in names}, **{n: v for n, v in kw.items() if n != "validate"}}
+         **{n: a[n] for n in names}, **{n: v for n, v in kw.items() if n != "validate"},
+         "in_dtype": io(a["query"]), "out_dtype": io(a["out"])}
     c["causal"] = a["block_causal"]  # the kernel's own flag (2: a broken one)
     fn = dflash.dflash_paged_block_attention if paged else dflash.dflash_block_attention
     if a["block_causal"] not in (0, 1):
@@ -406,6 +409,9 @@ def own_refusals(k, case) -> list[dict]:
         out += [{"num_reqs": 0}, {"num_reqs": n + 1}]
         if "paged" in k.key_source.value:
             out += [{"block_size": 0}, {"block_size": case.block_size + 1}]
+        # an output neither f32 nor of the inputs' element type
+        bad = next(d for d in IoDtype if d not in (IoDtype.F32, k.in_dtype))
+        out += [{"out_dtype": np.dtype(bad.fmt.dtype)}]
     return out
 
 
