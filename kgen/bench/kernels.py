@@ -23,6 +23,7 @@ the sm_37 PTX: absolute times say little about Kepler, ratios more.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -235,6 +236,9 @@ def variants_table(cp, g) -> list[dict]:
 # ---- long prefill against PyTorch SDPA -------------------------------------------------
 
 LONG_N = 8192
+# (q heads, kv heads) of the long prefill: GQA 8 (the reference's 16/2) and GQA 4 (32/8).
+LONG_SHAPES = tuple(tuple(int(x) for x in hs.split("/")) for hs in
+                    os.environ.get("KGEN_BENCH_LONG_SHAPES", "16/2,32/8").split(",") if hs)
 
 
 SGEMM_N = 8192
@@ -338,7 +342,8 @@ def causal_tflops(n: int, hd: int, n_head: int, ms: float) -> float:
 
 def prefill_long_table(cp, g) -> list[dict]:
     """Causal prefill of LONG_N rows from position 0 (f32 and q4 -- KGEN_BENCH_KV --,
-    head_dim 64, 128 and 256 -- KGEN_BENCH_HEAD_DIMS --, 8 q heads per kv head): every
+    head_dim 64, 128 and 256 -- KGEN_BENCH_HEAD_DIMS --, 16/2 and 32/8 q/kv heads --
+    KGEN_BENCH_LONG_SHAPES --): every
     causal prefill kernel serving the shape (the query_tile ones among them; a regex
     KGEN_BENCH_MATCH keeps only the kernels it finds in the name), torch SDPA (its
     default backend, and the math path) and an SGEMM timed beside them, so each arm
@@ -353,61 +358,61 @@ def prefill_long_table(cp, g) -> list[dict]:
     sgemm = _sgemm(cp)
     sgemm_flops = 2.0 * SGEMM_N ** 3
     rows = []
-    for kv in _bench_kvs():
-        for hd in _bench_head_dims():
-            cache = KVCache(HK, hd, LONG_N, kv=kv)
-            kx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
-            vx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
-            cache.append(cp.asarray(kx), cp.asarray(vx), pos0=0)
-            host = ref.HostCache.empty(cache.fmt, HK, LONG_N, hd, cache.RING_ROWS,
-                                       cache.SINK_ROWS)
-            ref.append(kx, vx, host, 0)
-            q = g.standard_normal((LONG_N, H, hd), dtype=np.float32)
-            qd = cp.asarray(q)
-            want = ref.prefill_attention_cache(q[-2:], host, H // HK, LONG_N - 2, 0, 0, 0, 0,
-                                               1 / math.sqrt(hd))
-            arms = {}
-            for k, fn in generated():
-                if not (k.op is Op.FLASH and k.mode is Mode.PREFILL and k.kv.value == kv and
-                        k.position is Position.HOST and shape_refusal(k, hd, H // HK) is None
-                        and k.window.value == "sink_recent" and k.sinks.value == "none"
-                        and k.mask.value == "causal"):
-                    continue
-                if match and not re.search(match, k.name):
-                    continue
-                if cache.fmt.shadows and (k.ring_rows, k.sink_rows) != (cache.RING_ROWS,
-                                                                        cache.SINK_ROWS):
-                    continue
-                out = cp.full(qd.shape, np.nan, cp.float32)
-                b = fn(qd, cache.k, cache.v, *cache.shadows, out, pos0=0,
-                       **cache._shadow_args)
-                cp.cuda.runtime.deviceSynchronize()
-                lossy = k.k_stage.value == "shared_f16" or k.q_stage.value == "f16"
-                _check(k.name, out.get()[-2:], want, *((2e-2, 2e-3) if lossy else (RTOL, ATOL)))
-                arms[k.name] = replay([(fn, b)])
-            # SDPA in f32 on the same shapes (the unquantized rows), each checked first.
-            peers = set()
-            sd = _sdpa(q, kx, vx, H // HK)
-            if sd:
-                dense = ref.prefill_attention(q[-2:], np.ascontiguousarray(kx.swapaxes(0, 1)),
-                                              np.ascontiguousarray(vx.swapaxes(0, 1)),
-                                              H // HK, LONG_N - 2, 0, 0, 1 / math.sqrt(hd))
-                for label, (run, read) in sd.items():
-                    _check(label, read(), dense, 1e-3, 1e-4)
-                    arms[label] = run
-                    peers.add(label)
-            arms[SGEMM_ARM] = sgemm
-            t = bench_slow(cp, arms)
-            sgemm_tf = sgemm_flops / (t[SGEMM_ARM] * 1e-3) / 1e12
-            ours = [(v, n) for n, v in t.items() if n not in peers and n != SGEMM_ARM]
-            best = min(ours)[1] if ours else None
-            for name, ms in t.items():
-                tf = sgemm_tf if name == SGEMM_ARM else causal_tflops(LONG_N, hd, H, ms)
-                rows.append({"kv": kv, "head_dim": hd, "kernel": name, "ms": ms,
-                             "TFLOPs": tf, "of_sgemm": tf / sgemm_tf,
-                             "peer": name in peers, "sgemm": name == SGEMM_ARM,
-                             "best_kgen": name == best})
-            del cache, host
+    for (H, HK), kv, hd in itertools.product(LONG_SHAPES, _bench_kvs(), _bench_head_dims()):
+        cache = KVCache(HK, hd, LONG_N, kv=kv)
+        kx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
+        vx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
+        cache.append(cp.asarray(kx), cp.asarray(vx), pos0=0)
+        host = ref.HostCache.empty(cache.fmt, HK, LONG_N, hd, cache.RING_ROWS,
+                                   cache.SINK_ROWS)
+        ref.append(kx, vx, host, 0)
+        q = g.standard_normal((LONG_N, H, hd), dtype=np.float32)
+        qd = cp.asarray(q)
+        want = ref.prefill_attention_cache(q[-2:], host, H // HK, LONG_N - 2, 0, 0, 0, 0,
+                                           1 / math.sqrt(hd))
+        arms = {}
+        for k, fn in generated():
+            if not (k.op is Op.FLASH and k.mode is Mode.PREFILL and k.kv.value == kv and
+                    k.position is Position.HOST and shape_refusal(k, hd, H // HK) is None
+                    and k.window.value == "sink_recent" and k.sinks.value == "none"
+                    and k.mask.value == "causal"):
+                continue
+            if match and not re.search(match, k.name):
+                continue
+            if cache.fmt.shadows and (k.ring_rows, k.sink_rows) != (cache.RING_ROWS,
+                                                                    cache.SINK_ROWS):
+                continue
+            out = cp.full(qd.shape, np.nan, cp.float32)
+            b = fn(qd, cache.k, cache.v, *cache.shadows, out, pos0=0,
+                   **cache._shadow_args)
+            cp.cuda.runtime.deviceSynchronize()
+            lossy = k.k_stage.value == "shared_f16" or k.q_stage.value == "f16"
+            _check(k.name, out.get()[-2:], want, *((2e-2, 2e-3) if lossy else (RTOL, ATOL)))
+            arms[k.name] = replay([(fn, b)])
+        # SDPA in f32 on the same shapes (the unquantized rows), each checked first.
+        peers = set()
+        sd = _sdpa(q, kx, vx, H // HK)
+        if sd:
+            dense = ref.prefill_attention(q[-2:], np.ascontiguousarray(kx.swapaxes(0, 1)),
+                                          np.ascontiguousarray(vx.swapaxes(0, 1)),
+                                          H // HK, LONG_N - 2, 0, 0, 1 / math.sqrt(hd))
+            for label, (run, read) in sd.items():
+                _check(label, read(), dense, 1e-3, 1e-4)
+                arms[label] = run
+                peers.add(label)
+        arms[SGEMM_ARM] = sgemm
+        t = bench_slow(cp, arms)
+        sgemm_tf = sgemm_flops / (t[SGEMM_ARM] * 1e-3) / 1e12
+        ours = [(v, n) for n, v in t.items() if n not in peers and n != SGEMM_ARM]
+        best = min(ours)[1] if ours else None
+        for name, ms in t.items():
+            tf = sgemm_tf if name == SGEMM_ARM else causal_tflops(LONG_N, hd, H, ms)
+            rows.append({"kv": kv, "head_dim": hd, "n_head": H, "n_kv": HK,
+                         "kernel": name, "ms": ms,
+                         "TFLOPs": tf, "of_sgemm": tf / sgemm_tf,
+                         "peer": name in peers, "sgemm": name == SGEMM_ARM,
+                         "best_kgen": name == best})
+        del cache, host
     return rows
 
 
@@ -510,7 +515,8 @@ def decode_long_table(cp, g) -> list[dict]:
 GOAL_SHAPES = ((32, 8), (16, 2))          # (q heads, kv heads): GQA 4 and 8
 GOAL_SEQS = tuple(int(x) for x in os.environ.get("KGEN_BENCH_SEQS", "1024,4096,32768").split(",")
                   if x)
-GOAL_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+GOAL_SPLITS = tuple(int(x) for x in os.environ.get(
+    "KGEN_BENCH_SPLITS", "1,2,4,8,16,32,64,128,256,512").split(",") if x)
 
 
 def _goal_kvs() -> tuple[str, ...]:
@@ -1154,7 +1160,8 @@ def charts(out: Path, record: dict) -> list[str]:
         "decode_long": ([r for r in record.get("decode_long", ())
                          if not r["arm"].endswith("split only")], "GBps",
                         "GB/s of K+V read, f32 decode at 32k keys, head_dim 256"),
-        "prefill_long": ([{**r, "arm": f"{r['kv']} hd{r['head_dim']} {r['kernel']}"}
+        "prefill_long": ([{**r, "arm": f"{r['n_head']}/{r['n_kv']} {r['kv']} hd{r['head_dim']} "
+                                       f"{r['kernel']}"}
                           for r in record.get("prefill_long", ())], "ms",
                          "ms, causal prefill"),
         "launch": ([r for r in record.get("launch", ()) if "host_us" in r], "host_us",
@@ -1222,17 +1229,20 @@ def main() -> int:
             mark = " (chosen)" if r["chosen"] else ""
             print(f"  {r['kv']:<5} {r['kernel']:<32} {r['us']:9.1f} us  {r['ratio']:5.2f}x{mark}")
     if "prefill_long" in record:
-        print(f"\nprefill_long: causal prefill of {LONG_N} rows, {H} q heads, {HK} kv heads "
+        print(f"\nprefill_long: causal prefill of {LONG_N} rows, q heads / kv heads as shown "
               "(ms; TFLOP/s = 2 N^2 hd H / time; % of the SGEMM timed in the same rounds; "
               "ratio = the first SDPA arm's time / the arm's)")
-        for kv, hd in sorted({(r["kv"], r["head_dim"]) for r in record["prefill_long"]}):
-            rs = [r for r in record["prefill_long"] if (r["kv"], r["head_dim"]) == (kv, hd)]
+        for shape in sorted({(r["n_head"], r["n_kv"], r["kv"], r["head_dim"])
+                             for r in record["prefill_long"]}):
+            hq, hk, kv, hd = shape
+            rs = [r for r in record["prefill_long"]
+                  if (r["n_head"], r["n_kv"], r["kv"], r["head_dim"]) == shape]
             sd = next((r["ms"] for r in rs if r.get("peer")), None)
             for r in rs:
                 ratio = (f"  {sd / r['ms']:5.2f}x vs SDPA" if sd and not r.get("sgemm")
                          else "")
                 best = " (best kgen)" if r["best_kgen"] else ""
-                print(f"  {kv:<4} hd{hd:<4} {r['kernel']:<40} {r['ms']:9.2f} ms "
+                print(f"  {hq}/{hk} {kv:<4} hd{hd:<4} {r['kernel']:<40} {r['ms']:9.2f} ms "
                       f"{r['TFLOPs']:6.2f} TFLOP/s {100 * r['of_sgemm']:5.1f}% SGEMM"
                       f"{ratio}{best}")
     if "decode_long" in record:
