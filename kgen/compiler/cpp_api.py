@@ -226,10 +226,10 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "out_cols": geo.out_cols(k) if flash and geo.query_tiles(k) else 0,
         "row_lanes": geo.row_lanes(k) if flash and geo.query_tiles(k) else 0,
         "head_dim_step": geo.head_dim_step(k) if flash and geo.query_tiles(k) else 0,
-        # bytes the K and V cache arrays align to for the swizzled query tile's quad
-        # reads (0: none)
-        "k_quad_align": k.fmt.quad_bytes if flash and geo.qtile_swizzle(k) else 0,
-        "v_quad_align": k.v_fmt.quad_bytes if flash and geo.qtile_swizzle(k) else 0,
+        # bytes the K and V cache arrays align to for the quad reads of the swizzled
+        # query tile and the quads decode (0: none)
+        "k_quad_align": k.fmt.quad_bytes if flash and geo.quad_reads(k) else 0,
+        "v_quad_align": k.v_fmt.quad_bytes if flash and geo.quad_reads(k) else 0,
         # The geometry, as the Python functions compute it (symbolic arguments).
         "block_threads": expr(geo.block_threads(k, HD)) if flash else None,
         "shared_bytes": expr(geo.flash_shared_bytes(k, G, HD)) if flash else None,

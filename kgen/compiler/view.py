@@ -19,6 +19,7 @@ from kgen.ir.axes import (
     Mode,
     Op,
     Position,
+    Prefetch,
     QStage,
     RingFloor,
     Schedule,
@@ -46,6 +47,7 @@ from kgen.ir.geometry import (
     score_scatter,
     stream_full_steps,
     stream_hoisted,
+    stream_quads,
     swizzle_stride,
 )
 from kgen.ir.kernel import Kernel
@@ -150,6 +152,17 @@ class KernelView:
     def hoisted(self) -> bool:
         """warp_stream with stream_loads = hoisted (see kgen.ir.geometry.stream_hoisted)."""
         return stream_hoisted(self.k)
+
+    @property
+    def lane_quads(self) -> bool:
+        """A hoisted warp_stream kernel whose lanes own float4s of dims
+        (kgen.ir.geometry.stream_quads)."""
+        return stream_quads(self.k)
+
+    @property
+    def prefetch(self) -> bool:
+        """lane_dims = quads with prefetch = next_step: loads a step ahead."""
+        return self.lane_quads and self.k.prefetch is Prefetch.NEXT_STEP
 
     @property
     def full_steps(self) -> bool:

@@ -60,6 +60,8 @@ class KvFormat:
     exact_elements: bool = True  # the body holds the float32 values appended, bit for bit
     tensor_scales: bool = False  # per-tensor k_scale / v_scale kernel arguments: rows hold
     #                              x / scale, readers multiply back
+    block_align: int = 1  # blocked rows: the bytes every block starts on (given a row that
+    #                       does), the widest load the quad reader issues
 
     # ---- layout ---------------------------------------------------------------
 
@@ -92,10 +94,11 @@ class KvFormat:
 
     @property
     def quad_bytes(self) -> int:
-        """The alignment a cache array needs for the query tile's quad reader
-        (templates/kv/<name>.j2, load_key_quad): four plain elements are one load of 4 x
-        itemsize bytes; blocked rows are read byte by byte."""
-        return 1 if self.blocked else 4 * self.itemsize
+        """The alignment a cache array needs for the quad reader (templates/kv/<name>.j2,
+        load_key_quad: the swizzled query tile, the quads decode): four plain elements
+        are one load of 4 x itemsize bytes; blocked rows are read in loads of
+        block_align bytes."""
+        return self.block_align if self.blocked else 4 * self.itemsize
 
     def shadow_buffers(self) -> tuple[Shadow, ...]:
         return SHADOWS if self.shadows else ()

@@ -100,4 +100,4 @@ class _Q8_0(KvFormat):
 FORMAT = _Q8_0(name="q8_0", doc="Q8_0 blocks (fp16 scale + 32 int8 codes per 32 values), "
                "as llama.cpp stores them", ctype="unsigned char", dtype="uint8",
                block=BLOCK, block_width=BLOCK_BYTES, append_staging=True, fp16=True,
-               exact_elements=False)
+               exact_elements=False, block_align=2)

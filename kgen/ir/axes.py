@@ -133,6 +133,19 @@ class StreamLoads(StrEnum):
     #                      unconditional and in flight before the first is used
 
 
+class LaneDims(StrEnum):
+    STRIDED = "strided"  # hoisted warp_stream: a dot lane owns dims lane + i * dot_lanes
+    QUADS = "quads"      # hoisted warp_stream: a dot lane owns float4s of dims, quad
+    #                      lane + j * dot_lanes, each read by the format's quad reader (one
+    #                      load of four elements) for K and V
+
+
+class Prefetch(StrEnum):
+    NONE = "none"            # lane_dims = quads: a step issues its own loads, then uses them
+    NEXT_STEP = "next_step"  # lane_dims = quads: a step issues the next step's loads before
+    #                          it scores its own (read a step ahead, twice the K/V registers)
+
+
 class Lse(StrEnum):
     NONE = "none"    # the merge writes the output only (the engine's output_lse = none)
     WRITE = "write"  # it also writes the merged log-sum-exp, [n_head][n_tokens]
@@ -240,6 +253,11 @@ KEYS: dict[str, Key] = {
     "stream_steps": Key(StreamSteps, StreamSteps.SPLIT, FLASH, "hoisted warp_stream decode: "
                         "full steps run an unmasked copy of the step (split), or every step "
                         "masks (masked)"),
+    "lane_dims": Key(LaneDims, LaneDims.STRIDED, FLASH, "hoisted warp_stream: which dims "
+                     "a dot lane owns (strided: one element a lane per dot_lanes; quads: a "
+                     "float4 of dims per dot_lanes quads, read a quad a load)"),
+    "prefetch": Key(Prefetch, Prefetch.NONE, FLASH, "lane_dims = quads: whether a step's "
+                    "K/V loads are issued a step ahead (next_step) or in the step (none)"),
     "tile_keys": Key(int, 16, PLAN_OPS | DENSE, "keys per tile (and split rounding; "
                       "dense_attention, kv_reads = shared_tile: keys of a staged K/V tile)"),
     "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from kgen.ir.axes import (
     KStage,
     KvReads,
+    LaneDims,
     Mode,
     Op,
     QtileLoads,
@@ -43,6 +44,19 @@ def stream_hoisted(k: Kernel) -> bool:
     """warp_stream, stream_loads = hoisted: one head_dim (stream_head_dim), each unit's
     chunk a compile-time constant, every load of a step unconditional."""
     return streams(k) and k.stream_loads is StreamLoads.HOISTED
+
+
+def stream_quads(k: Kernel) -> bool:
+    """A hoisted warp_stream kernel with lane_dims = quads: dot lane l owns the dims of
+    quads l + j * dot_lanes (stream_lane_dim), K and V read a quad a load by the formats'
+    quad readers."""
+    return stream_hoisted(k) and k.lane_dims is LaneDims.QUADS
+
+
+def quad_reads(k: Kernel) -> bool:
+    """The kernel reads cache rows four elements a load (each side's load_key_quad): the
+    cache arrays must start on their formats' quad_bytes."""
+    return qtile_swizzle(k) or stream_quads(k)
 
 
 def stream_full_steps(k: Kernel) -> bool:

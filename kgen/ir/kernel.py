@@ -16,11 +16,13 @@ from kgen.ir.axes import (
     KeySource,
     KStage,
     KvReads,
+    LaneDims,
     Lse,
     Mask,
     Mode,
     Op,
     Position,
+    Prefetch,
     QStage,
     QtileLoads,
     RingFloor,
@@ -73,6 +75,8 @@ class Kernel:
     qtile_loads: QtileLoads
     stream_loads: StreamLoads
     stream_steps: StreamSteps
+    lane_dims: LaneDims
+    prefetch: Prefetch
     lse: Lse
     seq_starts: SeqStarts
     key_source: KeySource

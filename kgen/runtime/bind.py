@@ -60,7 +60,7 @@ from kgen.ir.geometry import (
     padded,
     paged_prefill_grid,
     prefill_grid,
-    qtile_swizzle,
+    quad_reads,
     query_tiles,
     row_lanes,
     stream_head_dim,
@@ -180,7 +180,7 @@ def _cache_values(k: Kernel, c: Checker, a: dict, values: dict) -> None:
         values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
     for name in k.pair.scale_scalars():  # per-tensor scales: rows hold x / scale
         values[name] = _param(c, a, name)
-    if qtile_swizzle(k):  # rows read four elements a load (each side's load_key_quad)
+    if quad_reads(k):  # rows read four elements a load (each side's load_key_quad)
         for name, fmt in (("k_cache", k.fmt), ("v_cache", k.v_fmt)):
             _aligned(c, name, a[name], fmt.quad_bytes)
 

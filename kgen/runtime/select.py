@@ -19,6 +19,7 @@ from kgen.ir.geometry import (
     qtile_vec4,
     query_tiles,
     stream_hoisted,
+    stream_quads,
     tile_threads,
 )
 from kgen.ir.kernel import Kernel
@@ -83,7 +84,9 @@ def rank(k: Kernel) -> tuple:
     head_dim 128, 8k causal rows on the H200), then the fewest options nobody asked
     for, then a hoisted warp_stream decode (one head_dim, its bounds set to the shape:
     1.4-4.2x the tiled decode's speed, each at its best plan, at 4k and 32k keys on the
-    H200; make bench-kernels, decode_goals) with the tightest group bound, then the
+    H200; make bench-kernels, decode_goals), its quads form first (lanes own float4s of
+    dims, loads a step ahead: 1.1-1.45x the strided form at 32k keys), with the tightest
+    group bound, then the
     query tile with the tightest head_dim bound (the most rows and keys a tile for the
     head size), then the tiled schedule (a guarded warp_stream decode or a vec4 query
     tile is chosen by `kgen tune` or by name), then the widest tile (the most of the
@@ -96,7 +99,7 @@ def rank(k: Kernel) -> tuple:
     fast = k.mode is Mode.DECODE and stream_hoisted(k)
     rows = query_tiles(k) and not qtile_vec4(k)  # a query tile, dense or paged
     return (lossy, not rows, not qtile_swizzle(k), options(k), not fast,
-            k.max_groups if fast else 0,
+            fast and not stream_quads(k), k.max_groups if fast else 0,
             k.max_head_dim if rows else 0, k.schedule is not Schedule.BLOCK_TILE,
             -tile_threads(k), padded(k))
 

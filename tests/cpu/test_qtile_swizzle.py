@@ -74,9 +74,13 @@ def test_a_cache_off_its_quad_boundary_is_refused(swizzled):
             assert f"{quad}-byte boundary" in str(e.value), k.name
 
 
-def test_quad_bytes_are_four_plain_elements_or_bytes(swizzled):
+def test_quad_bytes_are_four_plain_elements_or_the_blocks_alignment(swizzled):
     for fmt in {k.fmt.name: k.fmt for k in swizzled}.values():
-        want = 1 if fmt.block > 1 else 4 * np.dtype(fmt.dtype).itemsize
+        if fmt.block > 1:  # every block starts on block_align bytes: whole blocks of it
+            want = fmt.block_align
+            assert (fmt.block_width * np.dtype(fmt.dtype).itemsize) % want == 0, fmt.name
+        else:
+            want = 4 * np.dtype(fmt.dtype).itemsize
         assert fmt.quad_bytes == want, fmt.name
 
 

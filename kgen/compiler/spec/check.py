@@ -17,10 +17,13 @@ from kgen.ir.axes import (
     KEYS,
     RESOURCES,
     KStage,
+    LaneDims,
     Mask,
     Mode,
     Op,
     Position,
+    Prefetch,
+    QStage,
     RingFloor,
     Schedule,
     Sinks,
@@ -337,13 +340,13 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
                 raise ctx.error(k.where(key), f"{key} applies to a flash kernel of schedule = "
                                 "query_tile only")
     if k.schedule is Schedule.QUERY_TILE:
-        for key in ("keys_per_step", "stream_loads", "stream_steps"):
+        for key in STREAM_KEYS:
             if key in k.explicit_keys:
                 raise ctx.error(k.where(key), f"{key} applies to schedule = warp_stream only")
         _check_query_tile(k, ctx)
         return
     if k.schedule is not Schedule.WARP_STREAM:
-        for key in ("keys_per_step", "stream_loads", "stream_steps"):
+        for key in STREAM_KEYS:
             if key in k.explicit_keys:
                 raise ctx.error(k.where(key), f"{key} applies to schedule = warp_stream only")
         return
@@ -366,10 +369,41 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
             raise ctx.error(k.where("stream_loads"), f"stream_loads = hoisted serves head_dim "
                             f"= kreg_max_chunk * dot_lanes = {hd} only: it must be whole warps "
                             f"(a multiple of {TARGET.warp}) and whole {k.pair.name} blocks")
+    if k.lane_dims is LaneDims.QUADS:
+        _check_lane_quads(k, ctx)
+    elif k.prefetch is not Prefetch.NONE:
+        raise ctx.error(_blame(k, "prefetch", "lane_dims"), f"prefetch = {k.prefetch.value} "
+                        "needs lane_dims = quads (the quad loads are what run a step ahead)")
     if not 1 <= k.keys_per_step <= 8:
         raise ctx.error(k.where("keys_per_step"), f"keys_per_step = {k.keys_per_step}: "
                         "1 to 8 keys per unit in flight (each holds a K and a V chunk in "
                         "registers)")
+
+
+# The keys only a warp_stream kernel reads.
+STREAM_KEYS = ("keys_per_step", "stream_loads", "stream_steps", "lane_dims", "prefetch")
+
+
+def _check_lane_quads(k: Kernel, ctx: _Ctx) -> None:
+    """lane_dims = quads: a lane's dims are whole float4s at compile-time places (one
+    head_dim: stream_loads = hoisted; kreg_max_chunk a multiple of 4), q read a float4 a
+    load (q_stage = f32), K and V by the formats' quad readers, which a format with fp16
+    window shadows does not have (a key's value there depends on the row's position)."""
+    if not stream_hoisted(k):
+        raise ctx.error(_blame(k, "lane_dims", "stream_loads"), "lane_dims = quads needs "
+                        "stream_loads = hoisted (one head_dim: a lane's quads at "
+                        "compile-time places)")
+    if k.kreg_max_chunk % 4:
+        raise ctx.error(_blame(k, "lane_dims", "kreg_max_chunk"), f"lane_dims = quads: a "
+                        f"lane's kreg_max_chunk = {k.kreg_max_chunk} dims must be whole float4s "
+                        "(a multiple of 4)")
+    if k.q_stage is not QStage.F32:
+        raise ctx.error(_blame(k, "lane_dims", "q_stage"), "lane_dims = quads reads the q "
+                        "group a float4 at a time: q_stage = f32")
+    if k.pair.shadows:
+        raise ctx.error(k.where(_shadow_key(k)), f"lane_dims = quads does not support "
+                        f"{_kv_said(k)}: its keys read through fp16 shadows, not a quad "
+                        "reader")
 
 
 # The keys only a query_tile kernel reads (the tile shape and the head_dim bound of a

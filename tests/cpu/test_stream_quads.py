@@ -1,0 +1,97 @@
+"""The quads split decode (lane_dims = quads, prefetch = next_step): its lanes read cache
+rows four elements a load through the formats' quad readers, so its K and V cache arrays
+must start on the format's quad boundary (KvFormat.quad_bytes) as the swizzled query
+tile's do; it serves one head_dim and its group bound; and the default decode choice
+takes it before the strided hoisted decode of the same shape. Every kernel is one the
+build made (the manifest's), every bound derived from the kernel and its format."""
+
+from __future__ import annotations
+
+import pytest
+
+from kgen.ir.axes import Mode, Op, Position
+from kgen.ir.geometry import quad_reads, stream_head_dim, stream_hoisted, stream_quads
+from kgen.runtime import ContractError, bind
+from kgen.runtime.bind import shape_refusal
+from kgen.runtime.select import Role, find, generated
+from kgen.testing import host_args
+from kgen.testing.built import BUILT, needs_build
+from kgen.testing.fakecupy import FakeArray, _Ptr
+from kgen.testing.testgen import cases
+
+pytestmark = needs_build
+
+
+@pytest.fixture(scope="module")
+def quads():
+    import kgen_kernels
+
+    ks = [getattr(kgen_kernels, n).kernel for n in BUILT.kernels]
+    out = [k for k in ks if k.op is Op.FLASH and stream_quads(k)]
+    assert out, "the build has no quads decode"
+    return out
+
+
+def _placed(a: dict, by: int) -> dict:
+    """The argument set with its K and V caches at an address ``by`` bytes off a 256-byte
+    boundary."""
+    def at(x):
+        return FakeArray(x.shape, x.dtype, data=_Ptr(0, 0x10000 + by))
+    return {**a, "k_cache": at(a["k_cache"]), "v_cache": at(a["v_cache"])}
+
+
+def test_quads_read_through_the_quad_reader(quads):
+    for k in quads:
+        assert quad_reads(k) and stream_hoisted(k) and k.mode is Mode.DECODE, k.name
+        assert (k.kreg_max_chunk % 4 == 0 and not k.pair.shadows), k.name
+
+
+def test_a_cache_off_its_quad_boundary_is_refused(quads):
+    for k in quads:
+        quad = k.fmt.quad_bytes
+        a = host_args(k, cases(k)[0])
+        bind(k, _placed(a, 0))  # on the boundary: accepted
+        bind(k, _placed(a, quad))
+        if quad == 1:
+            continue
+        for by in (quad // 2, quad + quad // 2):
+            with pytest.raises(ContractError) as e:
+                bind(k, _placed(a, by))
+            assert e.value.contract == "alignment", k.name
+            assert f"{quad}-byte boundary" in str(e.value), k.name
+
+
+def test_one_head_dim_and_the_group_bound(quads):
+    for k in quads:
+        hd = stream_head_dim(k)
+        assert shape_refusal(k, hd, k.max_groups) is None, k.name
+        assert shape_refusal(k, hd + 4 * k.dot_lanes, 1) is not None, k.name
+        assert shape_refusal(k, hd, k.max_groups + 1) is not None, k.name
+
+
+def test_the_default_decode_is_the_quads_form_where_one_serves(quads):
+    """For every shape a quads decode serves, the default choice is a quads decode, the
+    one of the tightest group bound among them."""
+    served = {(k.kv.value, k.position, stream_head_dim(k)) for k in quads}
+    pool = generated()
+    for kv, position, hd in sorted(served, key=str):
+        role = Role(Op.FLASH, position, Mode.DECODE, kv)
+        for groups in (1, 4, 8):
+            mine = [k for k in quads if (k.kv.value, k.position, stream_head_dim(k)) ==
+                    (kv, position, hd) and shape_refusal(k, hd, groups) is None]
+            if not mine:
+                continue
+            k, _ = find(role, hd, groups, kernels=pool)
+            assert stream_quads(k), (kv, position, hd, groups, k.name)
+            assert k.max_groups == min(m.max_groups for m in mine), (kv, hd, groups, k.name)
+
+
+def test_the_paged_and_per_slot_forms_exist_for_every_dense_one(quads):
+    """A cache object's decode runs in the host, device, per-slot or paged form of one
+    kernel: each quads decode has all four, the same arithmetic in each."""
+    forms = {}
+    for k in quads:
+        forms.setdefault((k.kv.value, stream_head_dim(k), k.max_groups), set()).add(k.position)
+    want = {Position.HOST, Position.DEVICE, Position.SLOTS, Position.PAGED}
+    for shape, got in forms.items():
+        assert got == want, shape
