@@ -1,9 +1,10 @@
 """The swizzled query tile's host contracts (qtile_loads = swizzle): its cache rows are
 read four elements a load (the format's load_key_quad), so a K or V cache array must start
-on the format's quad boundary (KvFormat.quad_bytes) and head_dim be whole float4s; the
-geometry sizes its shared rows to the kernel's bound, not the launch's head_dim; and the
-default prefill choice takes it before the scalar query tile. Every kernel is one the
-build made (the manifest's), every bound derived from the format and the kernel."""
+on the format's quad boundary (KvFormat.quad_bytes; the quads decode's too) and head_dim
+be whole float4s; the geometry sizes its shared rows to the kernel's bound, not the
+launch's head_dim; and the default prefill choice takes it before the scalar query tile.
+Every kernel is one the build made (the manifest's), every bound derived from the format
+and the kernel."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kgen.ir.geometry import (
     head_dim_step,
     qtile_swizzle,
     qtile_vec4,
+    quad_reads,
     query_tiles,
     row_lanes,
     swizzle_stride,
@@ -27,6 +29,7 @@ from kgen.runtime.select import Role, find
 from kgen.testing import Case, host_args
 from kgen.testing.built import BUILT, needs_build
 from kgen.testing.fakecupy import FakeArray, _Ptr
+from kgen.testing.testgen import cases
 
 pytestmark = needs_build
 
@@ -59,10 +62,22 @@ def _placed(a: dict, by: int) -> dict:
     return {**a, "k_cache": _shifted(a["k_cache"], by), "v_cache": _shifted(a["v_cache"], by)}
 
 
-def test_a_cache_off_its_quad_boundary_is_refused(swizzled):
-    for k in swizzled:
+@pytest.fixture(scope="module")
+def quad_readers():
+    """Every built kernel that reads cache rows a quad a load: the swizzled query tiles
+    and the quads decodes (kgen.ir.geometry.quad_reads)."""
+    import kgen_kernels
+
+    ks = [getattr(kgen_kernels, n).kernel for n in BUILT.kernels]
+    out = [k for k in ks if k.op is Op.FLASH and quad_reads(k)]
+    assert any(qtile_swizzle(k) for k in out) and not all(qtile_swizzle(k) for k in out)
+    return out
+
+
+def test_a_cache_off_its_quad_boundary_is_refused(quad_readers):
+    for k in quad_readers:
         quad = k.fmt.quad_bytes
-        a = host_args(k, _case(k))
+        a = host_args(k, _case(k) if qtile_swizzle(k) else cases(k)[0])
         bind(k, _placed(a, 0))  # on the boundary: accepted
         bind(k, _placed(a, quad))
         if quad == 1:
