@@ -25,21 +25,23 @@ from kgen.ir.geometry import (
 from kgen.ir.target import TARGET
 from kgen.runtime import ContractError, bind
 from kgen.runtime.bind import shape_refusal
-from kgen.runtime.select import Role, find
+from kgen.runtime.select import Role, find, generated
 from kgen.testing import Case, host_args
-from kgen.testing.built import BUILT, needs_build
+from kgen.testing.built import needs_build
 from kgen.testing.fakecupy import FakeArray, _Ptr
 from kgen.testing.testgen import cases
 
 pytestmark = needs_build
 
 
+def _built(keep) -> list:
+    """The built kernels (the manifest's) that ``keep`` accepts."""
+    return [k for k, _ in generated() if k.op is Op.FLASH and keep(k)]
+
+
 @pytest.fixture(scope="module")
 def swizzled():
-    import kgen_kernels
-
-    ks = [getattr(kgen_kernels, n).kernel for n in BUILT.kernels]
-    out = [k for k in ks if k.op is Op.FLASH and qtile_swizzle(k)]
+    out = _built(qtile_swizzle)
     assert out, "the build has no swizzled query tile"
     return out
 
@@ -57,36 +59,37 @@ def _shifted(x: np.ndarray, by: int) -> FakeArray:
     return FakeArray(x.shape, x.dtype, data=_Ptr(0, 0x10000 + by))
 
 
-def _placed(a: dict, by: int) -> dict:
-    """The argument set with its K and V caches at an address ``by`` bytes off."""
-    return {**a, "k_cache": _shifted(a["k_cache"], by), "v_cache": _shifted(a["v_cache"], by)}
+def _placed(a: dict, side: str, by: int) -> dict:
+    """The argument set with its ``side`` cache (k_cache, v_cache) at an address ``by``
+    bytes off."""
+    return {**a, side: _shifted(a[side], by)}
 
 
 @pytest.fixture(scope="module")
 def quad_readers():
     """Every built kernel that reads cache rows a quad a load: the swizzled query tiles
     and the quads decodes (kgen.ir.geometry.quad_reads)."""
-    import kgen_kernels
-
-    ks = [getattr(kgen_kernels, n).kernel for n in BUILT.kernels]
-    out = [k for k in ks if k.op is Op.FLASH and quad_reads(k)]
+    out = _built(quad_reads)
     assert any(qtile_swizzle(k) for k in out) and not all(qtile_swizzle(k) for k in out)
     return out
 
 
 def test_a_cache_off_its_quad_boundary_is_refused(quad_readers):
+    """Each side's cache on its own format's quad boundary (a mixed pair's K and V
+    formats may differ)."""
     for k in quad_readers:
-        quad = k.fmt.quad_bytes
         a = host_args(k, _case(k) if qtile_swizzle(k) else cases(k)[0])
-        bind(k, _placed(a, 0))  # on the boundary: accepted
-        bind(k, _placed(a, quad))
-        if quad == 1:
-            continue  # byte reads: any address
-        for by in (quad // 2, quad + quad // 2):
-            with pytest.raises(ContractError) as e:
-                bind(k, _placed(a, by))
-            assert e.value.contract == "alignment", k.name
-            assert f"{quad}-byte boundary" in str(e.value), k.name
+        bind(k, a)  # on the boundary: accepted
+        for side, fmt in (("k_cache", k.fmt), ("v_cache", k.v_fmt)):
+            quad = fmt.quad_bytes
+            bind(k, _placed(a, side, quad))
+            if quad == 1:
+                continue  # byte reads: any address
+            for by in (quad // 2, quad + quad // 2):
+                with pytest.raises(ContractError) as e:
+                    bind(k, _placed(a, side, by))
+                assert e.value.contract == "alignment", k.name
+                assert f"{side} must start on a {quad}-byte boundary" in str(e.value), k.name
 
 
 def test_quad_bytes_are_four_plain_elements_or_the_blocks_alignment(swizzled):
@@ -122,10 +125,7 @@ def test_shared_rows_are_sized_to_the_bound_and_fit_the_target(swizzled):
 
 
 def test_the_default_prefill_is_the_swizzled_tile_where_one_serves(swizzled):
-    import kgen_kernels
-
-    pool = [(getattr(kgen_kernels, n).kernel, getattr(kgen_kernels, n))
-            for n in BUILT.kernels]
+    pool = generated()
     for k in swizzled:
         if k.mode is not Mode.PREFILL or k.window.value != "sink_recent" or \
                 k.sinks.value != "none" or k.softcap.value != "none":

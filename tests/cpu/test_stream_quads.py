@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from kgen.ir.axes import Mode, Op, Position
+from kgen.ir.axes import Mode, Op
 from kgen.ir.geometry import quad_reads, stream_head_dim, stream_hoisted, stream_quads
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.select import Role, find, generated
-from kgen.testing.built import BUILT, needs_build
+from kgen.testing.built import needs_build
 
 pytestmark = needs_build
 
 
 @pytest.fixture(scope="module")
 def quads():
-    import kgen_kernels
-
-    ks = [getattr(kgen_kernels, n).kernel for n in BUILT.kernels]
-    out = [k for k in ks if k.op is Op.FLASH and stream_quads(k)]
+    out = [k for k, _ in generated() if k.op is Op.FLASH and stream_quads(k)]
     assert out, "the build has no quads decode"
     return out
 
@@ -57,14 +54,3 @@ def test_the_default_decode_is_the_quads_form_where_one_serves(quads):
             k, _ = find(role, hd, groups, kernels=pool)
             assert stream_quads(k), (kv, position, hd, groups, k.name)
             assert k.max_groups == min(m.max_groups for m in mine), (kv, hd, groups, k.name)
-
-
-def test_the_paged_and_per_slot_forms_exist_for_every_dense_one(quads):
-    """A cache object's decode runs in the host, device, per-slot or paged form of one
-    kernel: each quads decode has all four, the same arithmetic in each."""
-    forms = {}
-    for k in quads:
-        forms.setdefault((k.kv.value, stream_head_dim(k), k.max_groups), set()).add(k.position)
-    want = {Position.HOST, Position.DEVICE, Position.SLOTS, Position.PAGED}
-    for shape, got in forms.items():
-        assert got == want, shape
