@@ -161,8 +161,9 @@ class KernelView:
 
     @property
     def prefetch(self) -> bool:
-        """lane_dims = quads with prefetch = next_step: loads a step ahead."""
-        return self.lane_quads and self.k.prefetch is Prefetch.NEXT_STEP
+        """prefetch = next_step (lane_dims = quads only, check_schedule): loads a step
+        ahead."""
+        return self.k.prefetch is Prefetch.NEXT_STEP
 
     @property
     def full_steps(self) -> bool:

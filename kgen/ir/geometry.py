@@ -48,14 +48,15 @@ def stream_hoisted(k: Kernel) -> bool:
 
 def stream_quads(k: Kernel) -> bool:
     """A hoisted warp_stream kernel with lane_dims = quads: dot lane l owns the dims of
-    quads l + j * dot_lanes (stream_lane_dim), K and V read a quad a load by the formats'
-    quad readers."""
+    quads l + j * dot_lanes (flash_stream.cu.j2's LANE_DIM), K and V read a quad a load by
+    the formats' quad readers."""
     return stream_hoisted(k) and k.lane_dims is LaneDims.QUADS
 
 
 def quad_reads(k: Kernel) -> bool:
-    """The kernel reads cache rows four elements a load (each side's load_key_quad): the
-    cache arrays must start on their formats' quad_bytes."""
+    """The kernel reads cache rows four elements a load (each side's quad reader:
+    load_key_quad, or load_quad_raw): the cache arrays must start on their formats'
+    quad_bytes."""
     return qtile_swizzle(k) or stream_quads(k)
 
 
