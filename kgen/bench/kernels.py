@@ -122,14 +122,23 @@ def _check(name: str, got, want, rtol=RTOL, atol=ATOL) -> None:
 # ---- heads ---------------------------------------------------------------------------
 
 def prefill_arm(cp, cache, q, kernel=None):
-    """(arm, out, kernel): the prefill of the last PREFILL_ROWS rows, bound once (the
-    cache's choice for a batch of q's rows unless ``kernel`` is given)."""
+    """(arm, out, kernel): the prefill of the last PREFILL_ROWS rows, bound once: the
+    cache's choice for a batch of q's rows and its launches (KVCache._attend: the whole
+    kernel, or its split twin and the combine), unless ``kernel`` is given (whole)."""
+    from kgen.runtime.calls import Calls
+
     G = q.shape[1] // cache.n_head_kv
-    k, fn = cache.kernels.get("prefill", G, rows=q.shape[0]) if kernel is None else kernel
     out = cp.full(q.shape, np.nan, cp.float32)
-    b = fn(q, cache.k, cache.v, *cache.shadows, out, pos0=SEQ - PREFILL_ROWS,
-           **cache._shadow_args)
-    return replay([(fn, b)]), out, k
+    if kernel is not None:
+        k, fn = kernel
+        b = fn(q, cache.k, cache.v, *cache.shadows, out, pos0=SEQ - PREFILL_ROWS,
+               **cache._shadow_args)
+        return replay([(fn, b)]), out, k
+    kp, fn = cache.kernels.get("prefill", G, rows=q.shape[0])
+    calls = Calls()
+    k, _ = cache._attend(calls, q, out, SEQ - PREFILL_ROWS, kp, fn,
+                         cache._options(q.shape[1]))
+    return replay(calls.run()), out, k
 
 
 def prefill_reference(cache, host, q, k, rows: int = 4):

@@ -220,6 +220,7 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "registers": -1 if k.registers is None else k.registers,
         "query_tiles": flash and geo.query_tiles(k), "padded": flash and geo.padded(k),
         "hoisted": flash and geo.stream_hoisted(k),
+        "key_partials": flash and geo.key_partials(k),
         "lse_write": k.lse is Lse.WRITE,  # merge_attn_states, mla_combine
         "stream_head_dim": geo.stream_head_dim(k) if flash and geo.streams(k) else 0,
         "tile_threads": geo.tile_threads(k) if flash else 0,
@@ -257,7 +258,14 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
     from kgen.runtime import select
     from kgen.runtime.kv import DEFAULT_KV
     from kgen.runtime.options import NO_SCALES
-    from kgen.runtime.plan import PLAN_RULES, family_registers, plan_registers
+    from kgen.runtime.plan import (
+        PLAN_RULES,
+        PREFILL_MAX_SPLITS,
+        family_registers,
+        plan_registers,
+        split_family_registers,
+        split_registers,
+    )
     from kgen.runtime.roles import ROLES
 
     # select.generated's pool: kgen_kernels.MODULES (kgen.runtime.manifest.Manifest
@@ -276,7 +284,12 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
         name = select.sibling(k.name, Position.DEVICE, pairs)
         return -1 if name is None else index[name]
 
+    def twin(k) -> int:
+        t = select.split_twin(k, pairs)
+        return -1 if t is None else index[t[0].name]
+
     fam = family_registers(kernels)
+    split_fam = split_family_registers(kernels)
 
     def plan_rule(k) -> tuple[int, int, int, int]:
         r = PLAN_RULES.get(k.schedule)
@@ -296,13 +309,16 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
         "options": [getattr(k, a).value for a in need_axes],
         "mla_width": geo.mla_width(k.op) if k.op in MLA_OPS else 0,
         "device_sibling": sibling(k),
+        "split_twin": twin(k),
         "plan": plan_rule(k),
         "plan_registers": plan_registers(k, fam),
+        "split_registers": split_registers(k, split_fam),
         "source_sha256": sources.get(k.name, ""),
     } for i, k in enumerate(kernels)]
     return {
         "pool": pool, "kernels": views, "option_axes": need_axes,
         "min_query_tiles": select.MIN_QUERY_TILES,
+        "prefill_max_splits": PREFILL_MAX_SPLITS,
         "op_roles": [{"name": n, "op": r.op.name, "position": r.position.name,
                       "op_value": r.op.value, "position_value": r.position.value,
                       "needs": list(r.needs),

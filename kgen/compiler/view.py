@@ -38,6 +38,7 @@ from kgen.ir.geometry import (
     ScoreScatter,
     dflash_chunks,
     flash_regions,
+    key_partials,
     out_cols,
     p_stride,
     qtile_swizzle,
@@ -173,6 +174,12 @@ class KernelView:
     @property
     def qtile(self) -> bool:
         return self.k.op is Op.FLASH and self.k.schedule is Schedule.QUERY_TILE
+
+    @property
+    def key_partials(self) -> bool:
+        """A query tile split over keys (kgen.ir.geometry.key_partials): (m, l, acc)
+        partials for the decode combine instead of the output."""
+        return key_partials(self.k)
 
     @property
     def row_lanes(self) -> int:

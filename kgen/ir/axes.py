@@ -146,6 +146,14 @@ class Prefetch(StrEnum):
     #                          it scores its own (read a step ahead, twice the K/V registers)
 
 
+class KeySplit(StrEnum):
+    WHOLE = "whole"        # a prefill block walks every key its query tile sees and writes
+    #                        the normalised output
+    PARTIALS = "partials"  # query_tile prefill: block (tile, split) walks split's even
+    #                        share of its tile's key tiles and writes each row's (m, l, acc)
+    #                        partial, folded by the decode combine (one head a (row, q head))
+
+
 class Lse(StrEnum):
     NONE = "none"    # the merge writes the output only (the engine's output_lse = none)
     WRITE = "write"  # it also writes the merged log-sum-exp, [n_head][n_tokens]
@@ -282,6 +290,9 @@ KEYS: dict[str, Key] = {
     "qtile_loads": Key(QtileLoads, QtileLoads.SCALAR, FLASH, "query_tile: the width of "
                        "its shared-memory loads (scalar; vec4: float4 along head_dim; "
                        "swizzle: float4 over swizzled rows, P by shuffles)"),
+    "key_split": Key(KeySplit, KeySplit.WHOLE, FLASH, "query_tile prefill: a block walks "
+                     "all its tile's keys (whole), or one of n_splits even shares of them and "
+                     "writes (m, l, acc) partials for the decode combine (partials)"),
     "lse": Key(Lse, Lse.NONE, frozenset({Op.MERGE_ATTN_STATES, Op.MLA_COMBINE,
                                          Op.MLA_PREFILL}), "whether the (merged) "
                "log-sum-exp is written too (output_lse, lse), or not (none)"),

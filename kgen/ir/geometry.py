@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgen.ir.axes import (
+    KeySplit,
     KStage,
     KvReads,
     LaneDims,
@@ -140,22 +141,34 @@ def accumulators(k: Kernel) -> int:
     return k.micro_rows * out_cols(k)
 
 
-def prefill_grid(k: Kernel, n: int, groups: int, n_head_kv: int) -> tuple[int, int, int]:
+def key_partials(k: Kernel) -> bool:
+    """A query_tile prefill with key_split = partials: block x = tile * n_splits + split
+    walks split's share of its tile's key tiles and writes (m, l, acc) partials, one
+    combine head a (query row, q head), for the decode combine."""
+    return query_tiles(k) and k.key_split is KeySplit.PARTIALS
+
+
+def prefill_grid(k: Kernel, n: int, groups: int, n_head_kv: int,
+                 n_splits: int = 1) -> tuple[int, int, int]:
     """The grid of a contiguous (position = host) prefill of ``n`` query rows: a block
-    per query tile of each kv head (query_tile), else per rows_per_block query rows."""
+    per query tile of each kv head (query_tile; with key_split = partials, n_splits
+    blocks a tile), else per rows_per_block query rows."""
     if query_tiles(k):
-        return (-(-n * groups // k.tile_rows), n_head_kv, 1)
+        tiles = -(-n * groups // k.tile_rows)
+        return (tiles * n_splits if key_partials(k) else tiles, n_head_kv, 1)
     return (-(-n // k.rows_per_block), n_head_kv, 1)
 
 
 def paged_prefill_grid(k: Kernel, rows: int, max_query_len: int, groups: int,
-                       n_head_kv: int, reqs: int) -> tuple[int, int, int]:
+                       n_head_kv: int, reqs: int, n_splits: int = 1) -> tuple[int, int, int]:
     """The grid of a paged varlen prefill of ``rows`` query rows in ``reqs`` requests,
     none longer than ``max_query_len`` (the host's bound): a block per query tile of
-    each kv head of each request (query_tile; blocks past a request's rows return at
-    once), else per query row of the batch."""
+    each kv head of each request (query_tile, n_splits blocks a tile with key_split =
+    partials; blocks past a request's rows return at once), else per query row of the
+    batch."""
     if query_tiles(k):
-        return (-(-max_query_len * groups // k.tile_rows), n_head_kv, reqs)
+        tiles = -(-max_query_len * groups // k.tile_rows)
+        return (tiles * n_splits if key_partials(k) else tiles, n_head_kv, reqs)
     return (rows, n_head_kv, 1)
 
 

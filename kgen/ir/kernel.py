@@ -14,6 +14,7 @@ from kgen.formats import KvFormat, KvFormatName, KvPair
 from kgen.ir.axes import (
     IoDtype,
     KeySource,
+    KeySplit,
     KStage,
     KvReads,
     LaneDims,
@@ -77,6 +78,7 @@ class Kernel:
     stream_steps: StreamSteps
     lane_dims: LaneDims
     prefetch: Prefetch
+    key_split: KeySplit
     lse: Lse
     seq_starts: SeqStarts
     key_source: KeySource

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kgen.formats.base import ROLES
 from kgen.ir.axes import (
     KeySource,
+    KeySplit,
     Lse,
     Mode,
     Op,
@@ -108,7 +109,8 @@ def _params(k: Kernel) -> tuple[Param, ...]:
         out += _cache(k, "const ")
         out += _p("const __half *", *shadows)
         if k.mode is Mode.PREFILL:
-            out += _p("float *", "out")
+            out += _p("float *", *(("m_out", "l_out", "acc_out")
+                                   if k.key_split is KeySplit.PARTIALS else ("out",)))
             if k.sinks is Sinks.LEARNED:
                 out += _p("const float *", "sinks")
         else:
@@ -120,11 +122,15 @@ def _params(k: Kernel) -> tuple[Param, ...]:
             out += _p("int", "kv_groups", "head_dim", "block_size", "max_blocks")
             out += _p("int", "num_reqs") if k.mode is Mode.PREFILL else \
                 _p("int", "kps", "splits_cap")
+            if k.key_split is KeySplit.PARTIALS:
+                out += _p("int", "n_splits")
         elif k.mode is Mode.PREFILL:
             out += _p("int", "kv_groups", "head_dim", "max_seq")
             out += _p("int", "pos0")
             if k.rows_per_block > 1 or k.schedule is Schedule.QUERY_TILE:
                 out += _p("int", "n_rows")
+            if k.key_split is KeySplit.PARTIALS:
+                out += _p("int", "n_splits")
         else:
             out += _p("int", "kv_groups", "head_dim", "max_seq")
             out += _position(k, _p("int", "seq_len", "n_splits", "split_len"))

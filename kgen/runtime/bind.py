@@ -47,6 +47,7 @@ from kgen.ir.geometry import (
     dflash_threads,
     flash_shared_bytes,
     head_dim_step,
+    key_partials,
     merge_grid,
     merge_threads,
     mla_combine_grid,
@@ -418,6 +419,29 @@ def shape_refusal(k: Kernel, head_dim: int, groups: int = 1) -> str | None:
     return None if exc is None else str(exc)
 
 
+def _prefill_out(k: Kernel, c: Checker, a: dict, values: dict, rows: int, n_head: int,
+                 hd: int) -> int:
+    """A prefill's outputs, checked into ``values``: out [rows][n_head][head_dim], or
+    (key_split = partials) the (m, l, acc) partials of rows * n_head combine heads x
+    n_splits (acc x head_dim); returns the split count (1: the whole form)."""
+    if not key_partials(k):
+        c.array("out", a["out"], np.float32, 3)
+        c.shape("out", a["out"], (rows, n_head, hd))
+        values["out"] = a["out"]
+        return 1
+    splits = c.integer("n_splits", a["n_splits"], 1)
+    heads = rows * n_head
+    for name in ("m_out", "l_out", "acc_out"):
+        c.array(name, a[name], np.float32)
+    c.require(a["m_out"].size >= heads * splits and a["l_out"].size >= heads * splits,
+              "partials size", lambda: f"m_out/l_out need {heads * splits} floats "
+              f"({heads} heads x {splits} splits)")
+    c.require(a["acc_out"].size >= heads * splits * hd, "partials size",
+              lambda: f"acc_out needs {heads * splits * hd} floats")
+    values.update(m_out=a["m_out"], l_out=a["l_out"], acc_out=a["acc_out"], n_splits=splits)
+    return splits
+
+
 def _flash(k: Kernel, c: Checker, a: dict):
     prefill = k.mode is Mode.PREFILL
     slots = k.position is Position.SLOTS
@@ -447,20 +471,19 @@ def _flash(k: Kernel, c: Checker, a: dict):
 
     if prefill:
         n = lead_q[0]
-        out = a["out"]
-        c.array("out", out, np.float32, 3)
-        c.shape("out", out, (n, n_head, hd))
+        splits = _prefill_out(k, c, a, values, n, n_head, hd)
         pos0 = c.integer("pos0", a["pos0"], 0)
         c.require(pos0 + n <= max_seq, "no ring wrap",
                   lambda: f"query rows read cache rows [0, pos0 + n) = [0, {pos0 + n}) without "
                   f"wrapping; max_seq = {max_seq}")
-        values.update(out=out, pos0=pos0)
+        values.update(pos0=pos0)
         if k.rows_per_block > 1 or query_tiles(k):
             values["n_rows"] = n
         if query_tiles(k):  # rows (query, q head) of a kv head, and a tile past them, in int
             c.require(n * G <= INT_MAX - k.tile_rows, "int32 index",
                       lambda: f"{n} query rows x {G} q heads overflow the kernel's int row index")
-        return prefill_grid(k, n, G, n_head_kv), (block_threads(k, hd), 1, 1), smem, values
+        return (prefill_grid(k, n, G, n_head_kv, splits), (block_threads(k, hd), 1, 1), smem,
+                values)
 
     heads = (lead_q[0] if slots else 1) * n_head
     if k.position is Position.HOST:
@@ -811,11 +834,10 @@ def _paged_flash(k: Kernel, c: Checker, a: dict):
                       lambda: f"query_start_loc must rise from 0 to the {rows} rows of q")
             c.require(bool((qlen <= lens).all()), "query_start_loc",
                       "a request has more query rows than keys (seq_lens)")
-        c.array("out", a["out"], np.float32, 3)
-        c.shape("out", a["out"], (rows, n_head, hd))
+        splits = _prefill_out(k, c, a, values, rows, n_head, hd)
         if k.sinks is Sinks.LEARNED:
             values["sinks"] = _sinks(c, a, n_head)
-        values.update(out=a["out"], block_table=a["block_table"], seq_lens=a["seq_lens"],
+        values.update(block_table=a["block_table"], seq_lens=a["seq_lens"],
                       query_start_loc=qsl, max_blocks=mb, num_reqs=reqs)
         c.require(rows >= 1, "shape", "no query rows")
         # The host's bound on one request's query rows (the grid of a query_tile form).
@@ -829,8 +851,8 @@ def _paged_flash(k: Kernel, c: Checker, a: dict):
             c.require(mq * G <= INT_MAX - k.tile_rows, "int32 index",
                       lambda: f"{mq} query rows x {G} q heads overflow the kernel's int row "
                       "index")
-        return (paged_prefill_grid(k, rows, mq, G, hk, reqs), (block_threads(k, hd), 1, 1),
-                smem, values)
+        return (paged_prefill_grid(k, rows, mq, G, hk, reqs, splits),
+                (block_threads(k, hd), 1, 1), smem, values)
     reqs = rows
     mb = _paged_tables(k, c, a, nb, bs, reqs)
     kps = c.integer("kps", a["kps"], 1)

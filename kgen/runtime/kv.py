@@ -22,6 +22,7 @@ import numpy as np
 
 from kgen.formats import FORMATS, as_pair, pair
 from kgen.ir.axes import KEYS
+from kgen.ir.geometry import prefill_grid
 from kgen.ir.params import INT_MAX
 from kgen.runtime import device, replay
 from kgen.runtime import tuned as store
@@ -30,7 +31,7 @@ from kgen.runtime.contracts import ContractError
 from kgen.runtime.options import Options, groups, is_int, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
 from kgen.runtime.plan import decode_plan, given_plan
-from kgen.runtime.planner import kernel_plan
+from kgen.runtime.planner import kernel_plan, split_plan
 from kgen.runtime.replay import STEPS_LIMIT
 from kgen.runtime.roles import ROLES, CacheKernels
 
@@ -108,11 +109,14 @@ class KVCache:
         self.k_scale, self.v_scale = scales(self.pair, k_scale, v_scale)
         self.length = 0  # positions [0, length) hold keys
         self.scratch = Scratch()
+        self.prefill_scratch = Scratch()  # a split prefill's partials
         self._pos = None  # device copy of decode's position (the device-position path)
         self._steps: dict[tuple, replay.Step] = {}  # decode's call signatures seen (see decode)
         self.last_plan: tuple[int, int, str] | None = None  # (kps, cap, given/tuned/default)
         self._default_plans: dict[tuple, tuple[int, int]] = {}  # see plan()
-        self.last_prefill: str | None = None  # the kernel the last prefill ran
+        self.last_prefill: str | None = None  # the prefill kernel the last prefill chose
+        self.last_prefill_split: str | None = None  # its split twin, where that ran
+        self.last_prefill_splits = 1  # the key splits it ran (the whole kernel: 1)
         if buffers is not None:  # a view of arrays owned elsewhere (one slot's rings)
             self.k, self.v, *shadows = buffers
         else:
@@ -241,12 +245,35 @@ class KVCache:
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             self._append_calls(calls, k_new[lo:hi], v_new[lo:hi], pos0 + lo)
-            calls.add(fn, q[lo:hi], self.k, self.v, *self.shadows, out[lo:hi], pos0=pos0 + lo,
-                      **self._shadow_args, **opts.kwargs(kp, q.shape[1]))
+            ran = self._attend(calls, q[lo:hi], out[lo:hi], pos0 + lo, kp, fn, opts)
         calls.run(stream)
         self.length = max(self.length, pos0 + n)
         self.last_prefill = kp.name
+        self.last_prefill_split = ran[0].name if ran[1] > 1 else None
+        self.last_prefill_splits = ran[1]
         return out.made()
+
+    def _attend(self, calls: Calls, q, out, pos0: int, kp, fn, opts: Options) -> tuple:
+        """Add the launches that attend q's rows at positions pos0.. into ``out``: the
+        whole prefill ``kp``, or, where its query tiles leave the device's SMs idle
+        (kgen.runtime.plan.prefill_splits) and it has a split twin, the twin over that
+        many key splits and the combine. Returns (the kernel, its splits)."""
+        n, n_head, hd = (int(x) for x in q.shape)
+        kw = dict(pos0=pos0, **self._shadow_args, **opts.kwargs(kp, n_head))
+        split = self.kernels.split(kp)
+        splits = 1
+        if split is not None:
+            G = n_head // self.n_head_kv
+            blocks = prefill_grid(kp, n, G, self.n_head_kv)
+            splits = split_plan(split[0][0], hd, G, blocks[0] * blocks[1])
+        if splits == 1:
+            calls.add(fn, q, self.k, self.v, *self.shadows, out, **kw)
+            return kp, 1
+        (ks, fs), (_, fc) = split
+        m, l, acc = self.prefill_scratch.pending(n * n_head, splits, hd)
+        calls.add(fs, q, self.k, self.v, *self.shadows, m, l, acc, n_splits=splits, **kw)
+        calls.add(fc, m, l, acc, out.reshape(n * n_head, hd), n_splits=splits)
+        return ks, splits
 
     def _check_decode(self, q, k_new, v_new) -> int:
         self._check_q(q, 2)

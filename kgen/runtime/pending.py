@@ -50,6 +50,12 @@ class Pending:
         n = len(range(*key.indices(self.shape[0])))
         return Pending((n, *self.shape[1:]), self.dtype, lambda: self.made()[key])
 
+    def reshape(self, *shape: int) -> Pending:
+        """The same elements in ``shape`` (a view of the whole: a batch's output as the
+        combine's heads)."""
+        assert math.prod(shape) == self.size, (shape, self.shape)
+        return Pending(shape, self.dtype, lambda: self.made().reshape(shape))
+
     def made(self):
         if self._made is None:
             self._made = self._make()

@@ -1,4 +1,4 @@
-"""The decode split plan, on the host.
+"""The decode split plan, on the host, and the key splits of a prefill.
 
 Formula-identical to the device plan (templates/lib/plan.cuh.j2): the
 device-position kernels recompute it from pos[0], and graph replays match
@@ -74,6 +74,31 @@ def default_plan(device: Target, n_head_kv: int, block_threads: int, registers: 
     return rule.min_kps, max(1, cap)
 
 
+# A query-tile prefill has a block per query tile of each kv head (and request): a chunk
+# of 128 rows after a 4k context at 32/8 heads is 8 tiles x 8 kv heads = 64 blocks, each
+# walking 4k keys, on 132 SMs that hold two such blocks each (H200). Its split form
+# (key_split = partials) cuts each tile's keys into n_splits shares, as many as fill one
+# wave of the resident blocks (rounded down, as the decode's cap), and the decode
+# combine folds them: measured on the H200 (make bench-kernels, paged_goals, chunked
+# prefill, head_dim 128, 32/8 heads). On a 13-SM K80 die (two such blocks an SMX) the
+# same chunk's 64 blocks already fill 2.5 waves: one split, the whole kernel. At most
+# PREFILL_MAX_SPLITS (the combine folds them one after another).
+PREFILL_MAX_SPLITS = 16
+
+
+def prefill_splits(device: Target, blocks: int, block_threads: int, registers: int,
+                   shared_bytes: int) -> int:
+    """Key splits for a query-tile prefill of ``blocks`` blocks (tiles x kv heads x
+    requests) of ``block_threads`` threads, ``registers`` a thread and ``shared_bytes``
+    each on ``device``: the most that keep them within one wave of the blocks its SMs
+    hold at once; 1 (the whole form) where they fill a wave already."""
+    if min(device.sms, blocks, block_threads) < 1:
+        raise ValueError(f"prefill_splits needs positive SM, block and thread counts; got "
+                         f"{device.sms}, {blocks}, {block_threads}")
+    resident, _ = device.occupancy(block_threads, registers, shared_bytes)
+    return max(1, min(max(resident, 1) * device.sms // blocks, PREFILL_MAX_SPLITS))
+
+
 def family_registers(kernels) -> dict[tuple, int]:
     """The most registers a thread the build recorded in each plan family."""
     from kgen.runtime.record import forms_key, registers
@@ -85,6 +110,32 @@ def family_registers(kernels) -> dict[tuple, int]:
             key = forms_key(x)
             out[key] = max(out.get(key, 0), r)
     return out
+
+
+# The option axes a split prefill's plan ignores: a call with neutral options (another
+# kernel, the same arithmetic) must split as the plain call does, to keep its bits.
+SPLIT_PLAN_OPTIONS = ("window", "softcap", "sinks")
+
+
+def split_family_registers(kernels) -> dict[tuple, int]:
+    """The most registers a thread the build recorded in each split-plan family: the
+    plan families (family_registers) with the option axes merged, so a split prefill
+    and its option-carrying sibling plan alike (:func:`split_registers`)."""
+    out: dict[tuple, int] = {}
+    for key, regs in family_registers(kernels).items():
+        merged = tuple(kv for kv in key if kv[0] not in SPLIT_PLAN_OPTIONS)
+        out[merged] = max(out.get(merged, 0), regs)
+    return out
+
+
+def split_registers(k: Kernel, table: dict[tuple, int]) -> int:
+    """The registers a thread prefill_splits weighs for the split prefill ``k``: the
+    most in its split-plan family (``table``: split_family_registers); the target's
+    per-thread bound where the build recorded none."""
+    from kgen.runtime.record import forms_key
+
+    key = tuple(kv for kv in forms_key(k) if kv[0] not in SPLIT_PLAN_OPTIONS)
+    return table.get(key, TARGET.registers_per_thread)
 
 
 def plan_registers(k: Kernel, table: dict[tuple, int]) -> int:

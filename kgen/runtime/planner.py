@@ -1,10 +1,11 @@
-"""The plan a decode kernel gets on the current device when the caller gives none:
-kgen.runtime.plan.default_plan over the device's multiprocessors and the generated
+"""The plan a decode kernel gets on the current device when the caller gives none
+(kgen.runtime.plan.default_plan), and a split prefill's key splits
+(kgen.runtime.plan.prefill_splits), over the device's multiprocessors and the generated
 kernels' registers."""
 
 from __future__ import annotations
 
-from kgen.ir.geometry import block_threads
+from kgen.ir.geometry import block_threads, flash_shared_bytes
 from kgen.ir.kernel import Kernel
 from kgen.runtime.device import multiprocessors
 from kgen.runtime.package import generated
@@ -14,10 +15,15 @@ from kgen.runtime.plan import (
     given_plan,
     plan_registers,
     plan_shared_bytes,
+    prefill_splits,
+    split_family_registers,
+    split_registers,
 )
 
-# family_registers of the generated kernels, per generated package (its root).
+# family_registers (split_family_registers) of the generated kernels, per generated
+# package (its root).
 _family_registers: dict[str, dict[tuple, int]] = {}
+_split_registers: dict[str, dict[tuple, int]] = {}
 
 
 def kernel_plan(k: Kernel, head_dim: int, n_head_kv: int, kps=None, splits_cap=None,
@@ -38,3 +44,18 @@ def kernel_plan(k: Kernel, head_dim: int, n_head_kv: int, kps=None, splits_cap=N
                           plan_registers(k, _family_registers[root]),
                           plan_shared_bytes(k, head_dim), k.schedule, batch)
     return (dk if kps is None else kps), (dc if splits_cap is None else splits_cap)
+
+
+def split_plan(k: Kernel, head_dim: int, groups: int, blocks: int) -> int:
+    """Key splits for a prefill of ``blocks`` blocks with the split kernel ``k`` on the
+    current device (kgen.runtime.plan.prefill_splits), weighing the most registers of
+    its split-plan family, so its dense and paged forms, and its forms with and without
+    the options, split alike (the same bits)."""
+    import kgen_kernels
+
+    root = str(kgen_kernels.ROOT)
+    if root not in _split_registers:
+        _split_registers[root] = split_family_registers(x for x, _ in generated())
+    return prefill_splits(multiprocessors(), blocks, block_threads(k, head_dim),
+                          split_registers(k, _split_registers[root]),
+                          flash_shared_bytes(k, groups, head_dim))

@@ -93,6 +93,20 @@ class CacheKernels:
             return False
         return True
 
+    def split(self, k):
+        """((split kernel, launcher), (combine, launcher)) for the whole query-tile
+        prefill ``k``: its split twin (kgen.runtime.select.split_twin) and the combine
+        that folds its partials; None when ``k`` has no twin, or a prefill variant was
+        named (the named kernel runs as it is)."""
+        key = ("split", k.name)
+        if key not in self._chosen:
+            from kgen.runtime.select import generated, split_twin
+
+            named = {"prefill", "prefill_paged"} & set(self.variants)
+            twin = None if named else split_twin(k, generated())
+            self._chosen[key] = None if twin is None else (twin, self.get("combine"))
+        return self._chosen[key]
+
     def named(self, role: str, groups: int, kernel: str):
         """``kernel`` for ``role`` if it serves this cache (a tuned choice), else None."""
         key = ("named", role, groups, kernel)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kgen.ir.axes import KEYS, KStage, Mode, Op, Position, QStage, Schedule
 from kgen.ir.geometry import (
+    key_partials,
     padded,
     qtile_swizzle,
     qtile_vec4,
@@ -40,7 +41,9 @@ class Role:
     #                               format asks: a mixed kernel never serves it)
 
     def matches(self, k: Kernel) -> bool:
-        return (k.op is self.op and k.position is self.position
+        """Whether ``k`` serves the role: a split prefill (key_split = partials) serves
+        none, being reached only as the twin of the whole one (:func:`split_twin`)."""
+        return (k.op is self.op and k.position is self.position and not key_partials(k)
                 and (self.mode is None or k.mode is self.mode)
                 and (self.kv is None or (k.kv.value == self.kv
                                          and k.v_kv.value == (self.v_kv or self.kv)))
@@ -122,6 +125,24 @@ def fills(k: Kernel, rows: int, groups: int) -> bool:
     return not query_tiles(k) or rows * groups >= MIN_QUERY_TILES * k.tile_rows
 
 
+def split_twin(k: Kernel, kernels: list[tuple[Kernel, Callable]]
+               ) -> tuple[Kernel, Callable] | None:
+    """The split form (key_split = partials) of the whole query-tile prefill ``k``: the
+    generated kernel with every other axis of ``k``'s, if there is one."""
+    from kgen.runtime.record import axes_of
+
+    def rest(x: Kernel) -> dict:
+        axes = axes_of(x)
+        for key in ("key_split", "doc", "module"):
+            axes.pop(key)
+        return axes
+
+    if not query_tiles(k) or key_partials(k):
+        return None
+    want = rest(k)
+    return next(((x, f) for x, f in kernels if key_partials(x) and rest(x) == want), None)
+
+
 def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
          where: Callable[[Kernel], bool] | None = None,
          kernels: list[tuple[Kernel, Callable]] | None = None,
@@ -137,7 +158,9 @@ def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
         if not hit:
             raise ContractError(variant, "variant", f"no generated kernel '{variant}'")
         k, f = hit[0]
-        why = (None if role.matches(k) else f"it is {Role.of(k)}, not {role}") \
+        why = ("it is a split prefill (key_split = partials), run only as its whole twin's "
+               "split form" if key_partials(k) else
+               None if role.matches(k) else f"it is {Role.of(k)}, not {role}") \
             or shape_refusal(k, head_dim, groups)
         if why is None and where is not None and not where(k):
             why = "its layout differs from the cache's other kernels"

@@ -40,7 +40,7 @@ from kgen.ir.target import TARGET
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import ContractError
 from kgen.testing.case import Case
-from kgen.testing.keywords import options
+from kgen.testing.keywords import options, prefill_outputs
 
 _MERGE = Op.MERGE_ATTN_STATES
 _DFLASH = Op.DFLASH_ATTENTION
@@ -112,8 +112,8 @@ def host_args(k: Kernel, case: Case, alloc=np.zeros) -> dict:
         if k.sinks is Sinks.LEARNED:
             a["sinks"] = z((case.n_head,), f32)
         if k.mode is Mode.PREFILL:
-            a.update(q=z((case.n, case.n_head, hd), f32), out=z((case.n, case.n_head, hd), f32),
-                     pos0=case.pos0)
+            a.update(q=z((case.n, case.n_head, hd), f32), pos0=case.pos0,
+                     **prefill_outputs(k, case.n, case.n_head, hd, z))
             return a
         heads = case.n_head * (ns or 1)
         a["q"] = z((ns, case.n_head, hd), f32) if slots else z((case.n_head, hd), f32)

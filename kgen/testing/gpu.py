@@ -19,10 +19,18 @@ from kgen.ir.axes import (
     RingFloor,
     Sinks,
 )
+from kgen.ir.geometry import key_partials
 from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, random_bits, rng
 from kgen.testing.device import ATOL, RTOL, assert_close, cupy, dev, poisoned
-from kgen.testing.keywords import options, ref_options, shadow_args, sink_logits
+from kgen.testing.keywords import (
+    combined,
+    options,
+    prefill_outputs,
+    ref_options,
+    shadow_args,
+    sink_logits,
+)
 
 
 def _rand(g: np.random.Generator, *shape) -> np.ndarray:
@@ -158,12 +166,20 @@ def prefill_reference(k: Kernel, case: Case, q, cache, sinks=None) -> np.ndarray
                                        sinks=sinks if k.sinks is Sinks.LEARNED else None)
 
 
-def run_prefill(k: Kernel, fn, case: Case, q, cache, sinks=None):
-    out = poisoned(q.shape)
+def run_prefill(k: Kernel, fn, case: Case, q, cache, sinks=None, raw: bool = False):
+    """The launch's output (a split prefill's partials folded in float64; ``raw``: its
+    partials as written, m, l and acc one after another)."""
+    n, n_head, hd = q.shape
+    parts = prefill_outputs(k, n, n_head, hd, poisoned)
+    outs = [v for name, v in parts.items() if name != "n_splits"]
     extra = {"sinks": dev(sinks)} if k.sinks is Sinks.LEARNED else {}
-    fn(dev(q), *_upload(cache), out, pos0=case.pos0, attn_sink=case.attn_sink,
+    if "n_splits" in parts:
+        extra["n_splits"] = parts["n_splits"]
+    fn(dev(q), *_upload(cache), *outs, pos0=case.pos0, attn_sink=case.attn_sink,
        **options(k, case), **shadow_args(k, case), **extra)
-    return out.get()
+    if raw and key_partials(k):
+        return np.concatenate([a.get() for a in outs])
+    return combined(k, parts, n, n_head, hd)
 
 
 def decode_reference(k: Kernel, case: Case, q, cache):
@@ -275,8 +291,9 @@ def check_relation(kind: str, tolerance: float, ka: Kernel, fa, kb: Kernel, fb,
     q, cache = _flash_inputs(ka, case, g)
     if ka.mode is Mode.PREFILL:
         sinks = sink_logits(g, case, case.n_head)
-        a = run_prefill(ka, fa, case, q, cache, sinks)
-        b = run_prefill(kb, fb, case, q, cache, sinks)
+        raw = kind == "bit_exact" and key_partials(ka) and key_partials(kb)
+        a = run_prefill(ka, fa, case, q, cache, sinks, raw)
+        b = run_prefill(kb, fb, case, q, cache, sinks, raw)
     else:
         width = decode_reference(kb, case, q, cache)[4]
         pa = run_decode(ka, fa, case, q, cache, width)

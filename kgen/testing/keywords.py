@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from kgen.ir.axes import Mask, Mode, SoftCap, Window
+from kgen.ir.geometry import key_partials
 from kgen.ir.kernel import Kernel
 from kgen.ir.params import NO_WINDOW
 from kgen.testing.case import Case
@@ -49,3 +50,31 @@ def sink_logits(g, case: Case, heads: int) -> np.ndarray:
     if case.sinks:
         return (g.standard_normal((heads,)).astype(np.float32) * 2).astype(np.float32)
     return np.full(heads, -np.inf, np.float32)
+
+
+# The key splits a generated test runs a split prefill (key_split = partials) over: more
+# than one, and not a divisor of the tests' key tiles, so shares differ and some are empty.
+PREFILL_TEST_SPLITS = 3
+
+
+def prefill_outputs(k: Kernel, rows: int, n_head: int, hd: int, alloc) -> dict:
+    """A prefill's output arrays from ``alloc(shape, dtype)``: out [rows][n_head][hd],
+    or, split over keys, the (m, l, acc) partials of rows * n_head combine heads x
+    PREFILL_TEST_SPLITS (with n_splits)."""
+    if not key_partials(k):
+        return {"out": alloc((rows, n_head, hd), np.float32)}
+    heads = rows * n_head * PREFILL_TEST_SPLITS
+    return {"m_out": alloc((heads,), np.float32), "l_out": alloc((heads,), np.float32),
+            "acc_out": alloc((heads * hd,), np.float32), "n_splits": PREFILL_TEST_SPLITS}
+
+
+def combined(k: Kernel, parts: dict, rows: int, n_head: int, hd: int) -> np.ndarray:
+    """A prefill's output from what ``prefill_outputs`` gave the launch (device arrays,
+    filled): out itself, or the partials folded by the float64 combine."""
+    from kgen import numpy_ref as ref
+
+    if not key_partials(k):
+        return parts["out"].get()
+    S = parts["n_splits"]
+    out = ref.combine(parts["m_out"].get(), parts["l_out"].get(), parts["acc_out"].get(), S)
+    return out.reshape(rows, n_head, hd)

@@ -12,7 +12,14 @@ from kgen.ir.axes import Mode, Op, Sinks
 from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, random_bits, rng
 from kgen.testing.device import assert_close, dev, poisoned
-from kgen.testing.keywords import options, ref_options, shadow_args, sink_logits
+from kgen.testing.keywords import (
+    combined,
+    options,
+    prefill_outputs,
+    ref_options,
+    shadow_args,
+    sink_logits,
+)
 
 
 def layout(case: Case, shuffle=None) -> dict:
@@ -50,8 +57,8 @@ def host_args(k: Kernel, case: Case, z, f32) -> dict:
     reqs = len(case.requests)
     if k.mode is Mode.PREFILL:
         rows = int(lay["query_start_loc"][-1])
-        a.update(q=z((rows, case.n_head, hd), f32), out=z((rows, case.n_head, hd), f32),
-                 query_start_loc=lay["query_start_loc"])
+        a.update(q=z((rows, case.n_head, hd), f32), query_start_loc=lay["query_start_loc"],
+                 **prefill_outputs(k, rows, case.n_head, hd, z))
     else:
         heads = reqs * case.n_head
         a.update(q=z((reqs, case.n_head, hd), f32), m_out=z(heads * case.cap, f32),
@@ -93,12 +100,14 @@ def check(k: Kernel, fn, case: Case) -> None:
         q = g.standard_normal((rows, case.n_head, case.head_dim)).astype(np.float32)
         sinks = sink_logits(g, case, case.n_head)
         extra = {"sinks": dev(sinks)} if k.sinks is Sinks.LEARNED else {}
-        out = poisoned(q.shape)
+        parts = prefill_outputs(k, rows, case.n_head, case.head_dim, poisoned)
+        outs = [v for n, v in parts.items() if n != "n_splits"]
+        splits = {"n_splits": parts["n_splits"]} if "n_splits" in parts else {}
         # The host's bound on one request's rows, as PagedKVCache passes it.
-        fn(dev(q), dev(pages.k), dev(pages.v), out, **extra, **idx,
+        fn(dev(q), dev(pages.k), dev(pages.v), *outs, **extra, **idx,
            query_start_loc=dev(lay["query_start_loc"]),
-           max_query_len=max(n for n, _ in case.requests), **common)
-        got = out.get()
+           max_query_len=max(n for n, _ in case.requests), **splits, **common)
+        got = combined(k, parts, rows, case.n_head, case.head_dim)
         for r, (qlen, klen) in enumerate(case.requests):
             lo = int(lay["query_start_loc"][r])
             if qlen == 0:

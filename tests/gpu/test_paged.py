@@ -356,13 +356,20 @@ def _paged_query_tiles() -> list[str]:
 def test_paged_query_tile_grid_bound_changes_no_bit(name):
     """A paged query-tile prefill sized by the tight bound on one request's rows
     (max_query_len, as PagedKVCache passes it) and by none (the batch's rows: most
-    blocks return at once) writes the same bits, the tight one checked against
-    float64; a bound below the longest request is refused before the launch."""
+    blocks return at once) writes the same bits (a split form: the same partials), the
+    tight one checked against float64; a bound below the longest request is refused
+    before the launch."""
     import cupy as cp
 
     from kgen.runtime.select import generated
     from kgen.testing.case import Case
-    from kgen.testing.keywords import options, ref_options, shadow_args
+    from kgen.testing.keywords import (
+        combined,
+        options,
+        prefill_outputs,
+        ref_options,
+        shadow_args,
+    )
     from kgen.testing.paged import _fill, layout
 
     k, fn = next((k, f) for k, f in generated() if k.name == name)
@@ -380,13 +387,19 @@ def test_paged_query_tile_grid_bound_changes_no_bit(name):
                 **shadow_args(k, case))
     outs = []
     longest = max(n for n, _ in case.requests)
-    for bound in (longest, None):
-        out = cp.full((rows, case.n_head, hd), np.nan, cp.float32)
-        fn(cp.asarray(q), cp.asarray(pages.k), cp.asarray(pages.v), out, max_query_len=bound,
-           **args)
-        outs.append(out.get())
-    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), \
-        f"{name}: the grid bound changed bits, seed={seed}"
+    for bound in (longest, None):  # a split form's partials, then folded in float64
+        parts = prefill_outputs(k, rows, case.n_head, hd,
+                                lambda s, d: cp.full(s, np.nan, d))
+        arrays = [v for n, v in parts.items() if n != "n_splits"]
+        extra = {"n_splits": parts["n_splits"]} if "n_splits" in parts else {}
+        fn(cp.asarray(q), cp.asarray(pages.k), cp.asarray(pages.v), *arrays,
+           max_query_len=bound, **extra, **args)
+        bits = [a.get().view(np.uint32) for a in arrays]
+        if outs:
+            assert all(np.array_equal(a, b) for a, b in zip(outs[0][1], bits, strict=True)), \
+                f"{name}: the grid bound changed bits, seed={seed}"
+        outs.append((combined(k, parts, rows, case.n_head, hd), bits))
+    outs = [o for o, _ in outs]
     G = case.n_head // case.n_head_kv
     for r, (qlen, klen) in enumerate(case.requests):
         lo = int(lay["query_start_loc"][r])
@@ -397,7 +410,8 @@ def test_paged_query_tile_grid_bound_changes_no_bit(name):
                                                **ref_options(k, case))
             np.testing.assert_allclose(outs[0][lo:lo + qlen], want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{name} request {r}, seed={seed}")
+    parts = prefill_outputs(k, rows, case.n_head, hd, lambda s, d: cp.full(s, np.nan, d))
     with pytest.raises(ContractError, match="max_query_len"):
         fn(cp.asarray(q), cp.asarray(pages.k), cp.asarray(pages.v),
-           cp.full((rows, case.n_head, hd), np.nan, cp.float32), max_query_len=longest - 1,
-           **args)
+           *(v for n, v in parts.items() if n != "n_splits"), max_query_len=longest - 1,
+           **({"n_splits": parts["n_splits"]} if "n_splits" in parts else {}), **args)

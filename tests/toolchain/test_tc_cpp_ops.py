@@ -281,8 +281,11 @@ def _dense_case(cp, lib, kv, hd, hk, g, mode, n, pos, opt, shadows=(0, 0), plan=
             res = cache.decode(q, kn, vn, pos, sinks=sinks, **py)
     except ContractError as exc:
         return "python", str(exc), call(lib, f)
-    pl = python_labels(labels, {"out": res, "m": cache.scratch.m, "l": cache.scratch.l,
-                                "acc": cache.scratch.acc, "pos_dev": cache._pos})
+    # The caller's m, l and acc hold a decode's partials, and a split prefill's (Python:
+    # the cache's own scratch for each).
+    sc = cache.scratch if mode == "decode" else cache.prefill_scratch
+    pl = python_labels(labels, {"out": res, "m": sc.m, "l": sc.l, "acc": sc.acc,
+                                "pos_dev": cache._pos})
     want = python_launches(cp, pl, n0)
     source = cache.last_plan[2] if mode == "decode" else ""
     return "python", (want, source, cache.last_plan), call(lib, f), cl
@@ -468,7 +471,8 @@ def _paged_case(cp, lib, kv, hd, hk, g, mode, rows, opt, plan=None):
         if got.startswith("OK"):
             got = call(lib, att)
         return "python", str(exc), got
-    made = {"out": res, "m": cache.scratch.m, "l": cache.scratch.l, "acc": cache.scratch.acc}
+    sc = cache.scratch if mode == "decode" else cache.prefill_scratch  # a split prefill's
+    made = {"out": res, "m": sc.m, "l": sc.l, "acc": sc.acc}
     want = python_launches(cp, python_labels(labels, made), n0)
     a, b = call(lib, store), call(lib, att)
     if not a.startswith("OK"):

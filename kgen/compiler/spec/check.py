@@ -16,6 +16,7 @@ from kgen.errors import SourcePos, SpecError, did_you_mean
 from kgen.ir.axes import (
     KEYS,
     RESOURCES,
+    KeySplit,
     KStage,
     LaneDims,
     Mask,
@@ -408,7 +409,8 @@ def _check_lane_quads(k: Kernel, ctx: _Ctx) -> None:
 
 # The keys only a query_tile kernel reads (the tile shape and the head_dim bound of a
 # thread's output patch); max_head_dim is also the append kernels' staging bound.
-QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim", "qtile_loads")
+QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim", "qtile_loads",
+                   "key_split")
 # Options a query_tile kernel does not have yet (the vec4 loads: none of the engine's),
 # and the staging axes it fixes itself.
 QUERY_TILE_NOT_YET = ("ring_floor",)
@@ -471,6 +473,8 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
                         f"{k.pair.block} values")
     if qtile_swizzle(k):
         _check_swizzle(k, ctx)
+    if k.key_split is KeySplit.PARTIALS:
+        _check_key_split(k, ctx)
     if qtile_vec4(k) and (k.k_pad % 4 or k.tile_keys % 4):
         raise ctx.error(k.where("qtile_loads"), f"qtile_loads = vec4 reads float4s: k_pad = "
                         f"{k.k_pad} and tile_keys = {k.tile_keys} must be multiples of 4 (rows "
@@ -510,6 +514,14 @@ def _check_swizzle(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(_blame(k, "micro_keys", "tile_keys"), f"qtile_loads = swizzle: "
                         f"tile_keys / micro_keys = {row_lanes(k)} lanes a row must be a "
                         f"multiple of {SWIZZLE_ROWS} (a thread's keys share one swizzle)")
+
+
+def _check_key_split(k: Kernel, ctx: _Ctx) -> None:
+    """key_split = partials: the swizzled query tile (qtile_loads = swizzle) writes each
+    row's (m, l, acc) for the decode combine."""
+    if not qtile_swizzle(k):
+        raise ctx.error(_blame(k, "key_split", "qtile_loads"), "key_split = partials splits "
+                        "the swizzled query tile (qtile_loads = swizzle) only")
 
 
 def check_ring_floor(k: Kernel, ctx: _Ctx) -> None:

@@ -1,0 +1,122 @@
+"""The split query-tile prefill on the GPU (key_split = partials): one split and the
+combine give its whole twin's bits; many splits match float64; a cache's chunk that
+leaves the device's SMs idle runs split (its kernel and count from the device) and
+matches float64, and one paged request splits as the dense chunk, bit for bit. (Each
+split kernel's generated test folds 3 splits in float64: tests/kernels.)"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kgen import numpy_ref as ref
+from kgen.ir.geometry import key_partials
+from kgen.testing import rng
+
+pytestmark = pytest.mark.gpu
+RTOL, ATOL = 2e-4, 2e-5
+
+
+def _rand(g, *shape):
+    return g.standard_normal(shape).astype(np.float32)
+
+
+def _pairs() -> list[tuple[str, str]]:
+    """(whole, split) of every dense split twin."""
+    from kgen.runtime.select import generated, split_twin
+
+    pool = generated()
+    return [(k.name, t[0].name) for k, _ in pool if k.position.value == "host"
+            for t in [split_twin(k, pool)] if t is not None]
+
+
+def _kernel(name: str):
+    from kgen.runtime.select import generated
+
+    return next((k, f) for k, f in generated() if k.name == name)
+
+
+@pytest.mark.parametrize("whole, split", _pairs(), ids=[s for _, s in _pairs()])
+def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
+    """A chunk after a context: the split kernel at 1 split + the combine kernel vs the
+    whole kernel, bit for bit; at 5 splits + the combine within float64 tolerance."""
+    import cupy as cp
+
+    from kgen.runtime.kv import KVCache
+
+    kw, fw = _kernel(whole)
+    ks, fs = _kernel(split)
+    g, seed = rng()
+    hd = min(kw.max_head_dim, 128)
+    hk, G, n, ctx = 2, 4, 37, 300
+    cache = KVCache(hk, hd, ctx + n, kv=kw.kv.value)
+    k_all, v_all = _rand(g, ctx + n, hk, hd), _rand(g, ctx + n, hk, hd)
+    cache.append(cp.asarray(k_all), cp.asarray(v_all), 0)
+    q = _rand(g, n, hk * G, hd)
+    qd = cp.asarray(q)
+    _, fc = cache.kernels.get("combine")
+    out = cp.full((n, hk * G, hd), np.nan, cp.float32)
+    fw(qd, cache.k, cache.v, out, pos0=ctx)
+    outs = {}
+    for S in (1, 5):
+        heads = n * hk * G
+        m, l = (cp.full(heads * S, np.nan, cp.float32) for _ in range(2))
+        acc = cp.full(heads * S * hd, np.nan, cp.float32)
+        fs(qd, cache.k, cache.v, m, l, acc, pos0=ctx, n_splits=S)
+        o = cp.full((heads, hd), np.nan, cp.float32)
+        fc(m, l, acc, o, n_splits=S)
+        outs[S] = o.get().reshape(n, hk * G, hd)
+    a = out.get()
+    assert not np.isnan(a).any(), f"{whole}: NaN left, seed={seed}"
+    assert np.array_equal(outs[1].view(np.uint32), a.view(np.uint32)), \
+        f"{split} at 1 split vs {whole}, seed={seed}"
+    host = ref.HostCache.empty(cache.pair, hk, ctx + n, hd, 0, 0)
+    ref.append(k_all, v_all, host, 0)
+    want = ref.prefill_attention_cache(q, host, G, ctx, 0, 0, 0, 0, 1 / math.sqrt(hd),
+                                       tile=ks.tile_keys, full=ks.mask.value == "full")
+    np.testing.assert_allclose(outs[5], want, rtol=RTOL, atol=ATOL,
+                               err_msg=f"{split} at 5 splits, seed={seed}")
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16", "q8_0", "fp8_e4m3", "bf16"])
+def test_a_chunk_that_leaves_sms_idle_runs_split(kv):
+    """128 rows after 1920 keys at 32/8 heads, head_dim 128 (64 blocks): on a device
+    with more than 32 SMs the cache splits the chunk; against float64 for every row, and
+    one paged request of the same rows gives the dense bits."""
+    import cupy as cp
+
+    from kgen.runtime.kv import KVCache
+    from kgen.runtime.paged import PagedKVCache
+    from kgen.runtime.select import generated
+
+    g, seed = rng()
+    hd, hk, H, rows, ctx = 128, 8, 32, 128, 1920
+    dense = KVCache(hk, hd, ctx + rows, kv=kv)
+    paged = PagedKVCache(hk * 33, 64, hk, hd, kv=kv)
+    sid = paged.add()
+    k_all, v_all = _rand(g, ctx + rows, hk, hd), _rand(g, ctx + rows, hk, hd)
+    q0 = cp.asarray(_rand(g, ctx, H, hd))
+    dense.prefill(q0, cp.asarray(k_all[:ctx]), cp.asarray(v_all[:ctx]), pos0=0)
+    paged.prefill([sid], q0, cp.asarray(k_all[:ctx]), cp.asarray(v_all[:ctx]), [ctx])
+    q = _rand(g, rows, H, hd)
+    b = dense.prefill(cp.asarray(q), cp.asarray(k_all[ctx:]), cp.asarray(v_all[ctx:]),
+                      pos0=ctx).get()
+    a = paged.prefill([sid], cp.asarray(q), cp.asarray(k_all[ctx:]), cp.asarray(v_all[ctx:]),
+                      [rows]).get()
+    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    k = next(x for x, _ in generated() if x.name == (dense.last_prefill_split
+                                                      or dense.last_prefill))
+    if sms > 32:  # two resident blocks an SM: 64 blocks leave SMs idle
+        assert key_partials(k) and dense.last_prefill_splits > 1, dense.last_prefill
+    assert paged.last_prefill_splits == dense.last_prefill_splits
+    host = ref.HostCache.empty(dense.pair, hk, ctx + rows, hd, 0, 0)
+    ref.append(k_all, v_all, host, 0)
+    want = ref.prefill_attention_cache(q, host, H // hk, ctx, 0, 0, 0, 0, 1 / math.sqrt(hd),
+                                       tile=k.tile_keys)
+    np.testing.assert_allclose(b, want, rtol=RTOL, atol=ATOL,
+                               err_msg=f"{kv} {dense.last_prefill} x "
+                               f"{dense.last_prefill_splits}, seed={seed}")
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+        f"{kv} paged ({paged.last_prefill}) vs dense ({dense.last_prefill}), seed={seed}"
