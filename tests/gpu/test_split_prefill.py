@@ -81,10 +81,13 @@ def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16", "q8_0", "fp8_e4m3", "bf16"])
-def test_a_chunk_that_leaves_sms_idle_runs_split(kv):
+@pytest.mark.parametrize("opt", [{}, {"window": (700, 0), "softcap": 4.0, "sinks": True}],
+                         ids=["plain", "options"])
+def test_a_chunk_that_leaves_sms_idle_runs_split(kv, opt):
     """128 rows after 1920 keys at 32/8 heads, head_dim 128 (64 blocks): on a device
-    with more than 32 SMs the cache splits the chunk; against float64 for every row, and
-    one paged request of the same rows gives the dense bits."""
+    with more than 32 SMs the cache splits the chunk (with an exact window, soft-cap and
+    sinks too: split 0 folds the sinks); against float64 for every row, and one paged
+    request of the same rows gives the dense bits."""
     import cupy as cp
 
     from kgen.runtime.kv import KVCache
@@ -101,10 +104,12 @@ def test_a_chunk_that_leaves_sms_idle_runs_split(kv):
     dense.prefill(q0, cp.asarray(k_all[:ctx]), cp.asarray(v_all[:ctx]), pos0=0)
     paged.prefill([sid], q0, cp.asarray(k_all[:ctx]), cp.asarray(v_all[:ctx]), [ctx])
     q = _rand(g, rows, H, hd)
+    sinks = g.standard_normal(H).astype(np.float32) if opt.get("sinks") else None
+    kw = {**opt, "sinks": None if sinks is None else cp.asarray(sinks)}
     b = dense.prefill(cp.asarray(q), cp.asarray(k_all[ctx:]), cp.asarray(v_all[ctx:]),
-                      pos0=ctx).get()
+                      pos0=ctx, **kw).get()
     a = paged.prefill([sid], cp.asarray(q), cp.asarray(k_all[ctx:]), cp.asarray(v_all[ctx:]),
-                      [rows]).get()
+                      [rows], **kw).get()
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     k = next(x for x, _ in generated() if x.name == (dense.last_prefill_split
                                                       or dense.last_prefill))
@@ -114,7 +119,8 @@ def test_a_chunk_that_leaves_sms_idle_runs_split(kv):
     host = ref.HostCache.empty(dense.pair, hk, ctx + rows, hd, 0, 0)
     ref.append(k_all, v_all, host, 0)
     want = ref.prefill_attention_cache(q, host, H // hk, ctx, 0, 0, 0, 0, 1 / math.sqrt(hd),
-                                       tile=k.tile_keys)
+                                       tile=k.tile_keys, window=opt.get("window"),
+                                       softcap=opt.get("softcap", 0.0), sinks=sinks)
     np.testing.assert_allclose(b, want, rtol=RTOL, atol=ATOL,
                                err_msg=f"{kv} {dense.last_prefill} x "
                                f"{dense.last_prefill_splits}, seed={seed}")
