@@ -41,9 +41,12 @@ def _kernel(name: str):
 @pytest.mark.parametrize("whole, split", _pairs(), ids=[s for _, s in _pairs()])
 def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
     """A chunk after a context: the split kernel at 1 split + the combine kernel vs the
-    whole kernel, bit for bit; at 5 splits + the combine within float64 tolerance."""
+    whole kernel, bit for bit (an options kernel with an exact window and soft-cap, its
+    sinks -inf: split 0 folds a finite sink in another order); at 5 splits + the combine
+    (finite sinks) against float64."""
     import cupy as cp
 
+    from kgen.ir.axes import Sinks
     from kgen.runtime.kv import KVCache
 
     kw, fw = _kernel(whole)
@@ -51,23 +54,35 @@ def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
     g, seed = rng()
     hd = min(kw.max_head_dim, 128)
     hk, G, n, ctx = 2, 4, 37, 300
+    H = hk * G
     cache = KVCache(hk, hd, ctx + n, kv=kw.kv.value)
     k_all, v_all = _rand(g, ctx + n, hk, hd), _rand(g, ctx + n, hk, hd)
     cache.append(cp.asarray(k_all), cp.asarray(v_all), 0)
-    q = _rand(g, n, hk * G, hd)
+    q = _rand(g, n, H, hd)
     qd = cp.asarray(q)
     _, fc = cache.kernels.get("combine")
-    out = cp.full((n, hk * G, hd), np.nan, cp.float32)
-    fw(qd, cache.k, cache.v, out, pos0=ctx)
+    learned = kw.sinks is Sinks.LEARNED
+    sinks = g.standard_normal(H).astype(np.float32)
+    window = (200, 0) if kw.window.value == "exact" else None
+    softcap = 3.0 if kw.softcap.value == "tanh" else 0.0
+    opt = {**({"win_left": window[0], "win_right": window[1]} if window else {}),
+           **({"softcap": softcap} if softcap else {})}
+
+    def with_sinks(values):
+        return {"sinks": cp.asarray(values)} if learned else {}
+
+    out = cp.full((n, H, hd), np.nan, cp.float32)
+    fw(qd, cache.k, cache.v, out, pos0=ctx, **opt, **with_sinks(np.full(H, -np.inf, np.float32)))
     outs = {}
     for S in (1, 5):
-        heads = n * hk * G
+        heads = n * H
         m, l = (cp.full(heads * S, np.nan, cp.float32) for _ in range(2))
         acc = cp.full(heads * S * hd, np.nan, cp.float32)
-        fs(qd, cache.k, cache.v, m, l, acc, pos0=ctx, n_splits=S)
+        fs(qd, cache.k, cache.v, m, l, acc, pos0=ctx, n_splits=S, **opt,
+           **with_sinks(np.full(H, -np.inf, np.float32) if S == 1 else sinks))
         o = cp.full((heads, hd), np.nan, cp.float32)
         fc(m, l, acc, o, n_splits=S)
-        outs[S] = o.get().reshape(n, hk * G, hd)
+        outs[S] = o.get().reshape(n, H, hd)
     a = out.get()
     assert not np.isnan(a).any(), f"{whole}: NaN left, seed={seed}"
     assert np.array_equal(outs[1].view(np.uint32), a.view(np.uint32)), \
@@ -75,7 +90,9 @@ def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
     host = ref.HostCache.empty(cache.pair, hk, ctx + n, hd, 0, 0)
     ref.append(k_all, v_all, host, 0)
     want = ref.prefill_attention_cache(q, host, G, ctx, 0, 0, 0, 0, 1 / math.sqrt(hd),
-                                       tile=ks.tile_keys, full=ks.mask.value == "full")
+                                       tile=ks.tile_keys, full=ks.mask.value == "full",
+                                       window=window, softcap=softcap,
+                                       sinks=sinks if learned else None)
     np.testing.assert_allclose(outs[5], want, rtol=RTOL, atol=ATOL,
                                err_msg=f"{split} at 5 splits, seed={seed}")
 
