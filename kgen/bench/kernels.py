@@ -10,6 +10,9 @@ default bench-out/):
               8 q heads per kv head), as ratios to the kernel KVCache chooses;
 * paged_goals -- paged decode (32 sequences x 4k keys), paged varlen prefill and the
               chunked prefill of every format against the roofline and SGEMM;
+* prefill_split -- a prefill chunk of 1 to 512 rows after a 4k context: the block_tile
+              prefill, the query tile whole and its split twin at 2 to 16 splits
+              (KGEN_BENCH_PREFILL_SPLITS), the plan's count marked;
 * launch   -- host cost of one decode step: a raw CuPy launch with prepared
               arguments, the kgen launcher, KVCache.decode, and a CUDA graph.
 
@@ -841,6 +844,78 @@ ROWS_SWEEP = tuple(int(x) for x in os.environ.get("KGEN_BENCH_ROWS", "1,4,16,64,
                    .split(","))  # query rows of a chunk after a context
 
 
+SPLIT_SWEEP = tuple(int(x) for x in os.environ.get("KGEN_BENCH_PREFILL_SPLITS",
+                                                  "1,2,4,8,16").split(","))
+
+
+def prefill_split_table(cp, g) -> list[dict]:
+    """The query-tile prefill whole and split over keys (its split twin at SPLIT_SWEEP
+    splits, then the combine) beside the block_tile one, for chunks of ROWS_SWEEP rows at
+    the end of a SEQ-key context (head_dim, q and kv heads PAGED_SHAPE; KGEN_BENCH_KV
+    formats with a split twin), in TFLOP/s against SGEMM: where the plan's split count
+    (kgen.runtime.plan.prefill_splits, marked [default]) stands among the others. Each
+    arm checked against float64 first (the chunk's last row)."""
+    from kgen import numpy_ref as ref
+    from kgen.ir.geometry import prefill_grid
+    from kgen.runtime.calls import Calls
+    from kgen.runtime.planner import split_plan
+    from kgen.runtime.select import generated, split_twin
+
+    sgemm = _sgemm(cp)
+    _, sgemm_tf = _limits(cp, sgemm)
+    hd, n_head, n_kv = PAGED_SHAPE
+    G = n_head // n_kv
+    rows = [{"arm": "limits", "sgemm_TFLOPs": sgemm_tf}]
+    for kv in _goal_kvs():
+        cache, host = filled_cache(cp, g, kv, hd, n_kv=n_kv)
+        kp, fn = cache.kernels.get("prefill", G)
+        twin = split_twin(kp, generated())
+        if twin is None:
+            del cache, host
+            continue
+        kb, fb = tiled_kernel(cache.kernels._role("prefill"), hd, G)
+        _, fc = cache.kernels.get("combine")
+        for n in ROWS_SWEEP:
+            q = g.standard_normal((n, n_head, hd), dtype=np.float32)
+            qd = cp.asarray(q)
+            want = ref.prefill_attention_cache(q[-1:], host, G, SEQ - 1, 0, 0, 0, 0,
+                                               1 / math.sqrt(hd))
+            plan = split_plan(twin[0], hd, G, prefill_grid(kp, n, G, n_kv)[0] * n_kv)
+            arms, names = {}, {}
+            for s in ("tiled", *SPLIT_SWEEP):
+                out = cp.full(qd.shape, np.nan, cp.float32)
+                calls = Calls()
+                if s == "tiled":
+                    calls.add(fb, qd, cache.k, cache.v, *cache.shadows, out, pos0=SEQ - n,
+                              **cache._shadow_args)
+                    names[s] = kb.name
+                elif s == 1:
+                    calls.add(fn, qd, cache.k, cache.v, out, pos0=SEQ - n)
+                    names[s] = kp.name
+                else:
+                    heads = n * n_head
+                    m, l = cp.empty(heads * s, cp.float32), cp.empty(heads * s, cp.float32)
+                    acc = cp.empty(heads * s * hd, cp.float32)
+                    calls.add(twin[1], qd, cache.k, cache.v, m, l, acc, pos0=SEQ - n,
+                              n_splits=s)
+                    calls.add(fc, m, l, acc, out.reshape(heads, hd), n_splits=s)
+                    names[s] = f"{twin[0].name} x {s}"
+                arms[s] = replay(calls.run())
+                cp.cuda.runtime.deviceSynchronize()
+                _check(f"{names[s]} {n} rows {kv}", out.get()[-1:], want)
+            t = bench(cp, arms)
+            flops = 4.0 * hd * n_head * n * (SEQ - n + (n + 1) / 2)
+            for s, ms in t.items():
+                rows.append({"kv": kv, "rows": n, "splits": s, "kernel": names[s],
+                             "us": ms * 1e3, "of_sgemm": flops / (ms * 1e-3) / 1e12 / sgemm_tf,
+                             "default": s == plan})
+                mark = " [default]" if s == plan else ""
+                print(f"prefill_split {kv} {n:>4} rows {names[s]:<28} {ms * 1e3:9.1f} us "
+                      f"{100 * rows[-1]['of_sgemm']:5.1f}% of SGEMM{mark}", flush=True)
+        del cache, host
+    return rows
+
+
 def prefill_rows_table(cp, g) -> list[dict]:
     """The query-tile prefill beside the block_tile one, for chunks of ROWS_SWEEP rows at
     the end of a SEQ-key context (head_dim, q and kv heads PAGED_SHAPE; KGEN_BENCH_KV
@@ -1215,7 +1290,8 @@ def main() -> int:
     sections = (("heads", heads_table), ("variants", variants_table),
                 ("prefill_long", prefill_long_table), ("decode_long", decode_long_table),
                 ("decode_goals", decode_goals_table), ("paged_goals", paged_goals_table),
-                ("prefill_rows", prefill_rows_table), ("mla_goals", mla_goals_table),
+                ("prefill_rows", prefill_rows_table), ("prefill_split", prefill_split_table),
+                ("mla_goals", mla_goals_table),
                 ("launch", launch_table))
     only = set(filter(None, os.environ.get("KGEN_BENCH_ONLY", "").split(",")))
     for name, fn in sections:
@@ -1296,6 +1372,15 @@ def main() -> int:
             mark = " [default]" if r["default"] else ""
             print(f"  {r['kv']:<8} {r['rows']:>4} rows {r['what']:<10} {r['us']:10.1f} us  "
                   f"{r['vs_tiled']:5.2f}x the tiled  {r['kernel']}{mark}")
+    if "prefill_split" in record:
+        hd, n_head, n_kv = PAGED_SHAPE
+        print(f"\nprefill_split: a chunk of n rows after {SEQ} - n keys, head_dim {hd}, "
+              f"{n_head}/{n_kv} heads, vs SGEMM {record['prefill_split'][0]['sgemm_TFLOPs']:.1f} "
+              "TFLOP/s ([default]: the plan's split count)")
+        for r in record["prefill_split"][1:]:
+            mark = " [default]" if r["default"] else ""
+            print(f"  {r['kv']:<8} {r['rows']:>4} rows {r['kernel']:<28} {r['us']:10.1f} us  "
+                  f"{100 * r['of_sgemm']:5.1f}% of SGEMM{mark}")
     if "mla_goals" in record:
         lim = record["mla_goals"][0]
         print(f"\nmla_goals: the MLA split decode (default split count, LSE written) over "

@@ -107,21 +107,22 @@ def rank(k: Kernel) -> tuple:
             -tile_threads(k), padded(k))
 
 
-# A query_tile prefill pays once a kv head's rows fill this many of its tiles: below,
-# its few blocks each walk the whole context, where the block_tile form has a block per
-# query row. On the H200 (make bench-kernels, prefill_rows: head_dim 128, 32/8 heads,
-# chunks after a 4k context, the five formats with query tiles) the query tile ran at
-# 0.72-0.98x the block_tile speed at one tile of 64 rows (16 query rows), 0.90-1.17x at
-# four, 1.11-1.33x at eight (128 rows) and 2.85-3.79x at 32 (512 rows).
-MIN_QUERY_TILES = 8
+# A query_tile prefill pays once a kv head's rows fill this many of its tiles; below,
+# the block_tile form (a block per query row) is chosen. Measured on the H200 (exp sweep
+# and make bench-kernels, prefill_rows: head_dim 128, 32/8 and 16/2 heads, chunks of 4 to
+# 256 rows ending at 4096 keys, every output checked): since the swizzled tile and its
+# split form (key_split = partials, which fills the device with a few tiles' key
+# shares), the query tile wins at every chunk: 4 rows 2.7-3.0 ms block_tile, 0.9-1.2 ms
+# whole query tile, 81-102 us split; 32 rows 2.9-3.8 ms, 0.9-1.2 ms, 93-128 us. Before
+# them the tile ran at 0.72-1.17x the block_tile speed at one to four tiles, hence the
+# rule; it stays for targets where few tiles lose.
+MIN_QUERY_TILES = 0
 
 
 def fills(k: Kernel, rows: int, groups: int) -> bool:
     """Whether a prefill of ``rows`` query rows (a paged batch: its longest request's)
     with ``groups`` q heads per kv head suits ``k``: any kernel but a query tile, which
-    wants MIN_QUERY_TILES of its tiles per kv head. (A query tile of fewer rows but a
-    wider head bound is no remedy: at head_dim 128 the 32-row d256 tile ran at
-    0.69-1.00x the block_tile speed for 64 and 96 rows.)"""
+    wants MIN_QUERY_TILES of its tiles per kv head (with MIN_QUERY_TILES = 0: any rows)."""
     return not query_tiles(k) or rows * groups >= MIN_QUERY_TILES * k.tile_rows
 
 

@@ -259,8 +259,9 @@ def test_the_default_prefill_is_a_query_tile_and_the_paged_one_its_sibling(spec_
     choice, the 64-row tile where it reaches the head size; the paged prefill picks the
     same arithmetic (its sibling: the axes but the position), so one sequence prefills
     bit for bit alike; a batch of fewer rows than MIN_QUERY_TILES tiles takes the
-    block_tile form, contiguous and paged alike. Where none serves (kv with fp16
-    shadows, wider heads) the tiled form is chosen, paged and contiguous alike."""
+    block_tile form, contiguous and paged alike (with MIN_QUERY_TILES = 0, even one row
+    takes the query tile). Where none serves (kv with fp16 shadows, wider heads) the
+    tiled form is chosen, paged and contiguous alike."""
     from kgen.formats import FORMATS
     from kgen.ir.geometry import qtile_vec4, query_tiles
     from kgen.runtime.bind import shape_refusal
@@ -297,10 +298,11 @@ def test_the_default_prefill_is_a_query_tile_and_the_paged_one_its_sibling(spec_
                     few = -(-MIN_QUERY_TILES * dense.tile_rows // groups) - 1
                     for pos in (Position.HOST, Position.PAGED):
                         role = Role(Op.FLASH, pos, Mode.PREFILL, kv)
-                        small, _ = find(role, hd, groups, kernels=pool, rows=few)
-                        enough, _ = find(role, hd, groups, kernels=pool, rows=few + 1)
-                        assert not query_tiles(small) and query_tiles(enough), \
-                            (kv, hd, groups, pos, small.name, enough.name)
+                        enough, _ = find(role, hd, groups, kernels=pool, rows=max(few + 1, 1))
+                        assert query_tiles(enough), (kv, hd, groups, pos, enough.name)
+                        if few >= 1:
+                            small, _ = find(role, hd, groups, kernels=pool, rows=few)
+                            assert not query_tiles(small), (kv, hd, groups, pos, small.name)
     with pytest.raises(ContractError, match="head_dim range"):
         find(Role(Op.FLASH, Position.HOST, Mode.PREFILL, "f32"), 256, 8,
              variant="qt_f32_causal", kernels=pool)
