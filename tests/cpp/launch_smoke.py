@@ -31,13 +31,16 @@ def main(so_path: str, root: str) -> int:
     py, c = KVCache(hk, hd, ms, kv="f32"), KVCache(hk, hd, ms, kv="f32")
     want = py.prefill(q, kn, vn, 0)
     out = cp.full(q.shape, np.nan, np.float32)
+    # The caller's scratch, where the plan splits the prefill's keys (as KVCache's own).
+    m, l_, acc = (cp.empty(n * h * 16, np.float32), cp.empty(n * h * 16, np.float32),
+                  cp.empty(n * h * 16 * hd, np.float32))
     cp.cuda.get_current_stream().synchronize()
 
     def t(a):
         return (a.data.ptr, a.shape)
     fields = {"op": "attention", "kv": "f32", "n_head_kv": hk, "head_dim": hd, "max_seq": ms,
               "k": t(c.k), "v": t(c.v), "q": t(q), "k_new": t(kn), "v_new": t(vn),
-              "out": t(out), "pos": 0}
+              "out": t(out), "pos": 0, "m": t(m), "l": t(l_), "acc": t(acc)}
     print("kgen smoke: calling kgen_ops_call", file=sys.stderr, flush=True)
     code, reply = call(so, fields, 1, cp.cuda.get_current_stream().ptr)
     print(f"kgen smoke: returned {code} {reply!r}", file=sys.stderr, flush=True)

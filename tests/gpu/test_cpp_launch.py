@@ -152,8 +152,11 @@ def test_dense_prefill_and_decode_match_python(lib, kv, opt):
     except ContractError as exc:
         pytest.skip(f"no {kv} kernels with {opt}: {exc}")
     out = cp.full(q.shape, np.nan, np.float32)
+    # The caller's scratch, where the plan splits the prefill's keys (as KVCache's own).
+    m, l_, acc = (cp.empty(n * H * 16, np.float32), cp.empty(n * H * 16, np.float32),
+                  cp.empty(n * H * 16 * HD, np.float32))
     run(lib, {"op": "attention", **base, "q": T(q), "k_new": T(kn), "v_new": T(vn),
-              "out": T(out), "pos": 0})
+              "out": T(out), "pos": 0, "m": T(m), "l": T(l_), "acc": T(acc)})
     same_bits(want, out, f"{kv} {opt} prefill out (seed={seed})")
     same_bits(py_cache.k, c_cache.k, f"{kv} prefill K cache")
     same_bits(py_cache.v, c_cache.v, f"{kv} prefill V cache")
@@ -227,9 +230,13 @@ def test_paged_store_prefill_and_decode_match_python(lib, kv, opt):
     same_bits(py_cache.v, c_cache.v, f"{kv} store V cache")
     qsl = cp.asarray(np.concatenate([[0], np.cumsum(rows)]).astype(np.int32))
     out = cp.full(q.shape, np.nan, np.float32)
+    m, l_, acc = (cp.empty(sum(rows) * H * 16, np.float32),
+                  cp.empty(sum(rows) * H * 16, np.float32),
+                  cp.empty(sum(rows) * H * 16 * HD, np.float32))  # a split prefill's
     run(lib, {"op": "paged_attention", **cache, **c_kw, "q": T(q), "out": T(out),
               "block_table": T(table), "seq_lens": T(lens), "query_start_loc": T(qsl),
-              "max_query_len": max(rows), "max_seq_len": int(lens.get().max())})
+              "max_query_len": max(rows), "max_seq_len": int(lens.get().max()),
+              "m": T(m), "l": T(l_), "acc": T(acc)})
     same_bits(want, out, f"{kv} {opt} paged prefill (seed={seed})")
     R = len(sids)
     m, l_, acc = (cp.empty(R * H * 1024, np.float32), cp.empty(R * H * 1024, np.float32),
