@@ -521,7 +521,10 @@ def _slot_call(slots_cp, lib, k, case, mode, plan, change=None) -> str | None:
         q = FakeArray((n, n_head, hd))
         kn, vn = FakeArray((n, hk, hd)), FakeArray((n, hk, hd))
         f = {**base, **named, "slot": u, "q": q, "k_new": kn, "v_new": vn,
-             "out": FakeArray((n, n_head, hd)), "pos": change.get("pos", 0)}
+             "out": FakeArray((n, n_head, hd)), "pos": change.get("pos", 0),
+             # a split prefill's partials (up to 16 splits a row; Python: the cache's own)
+             "m": FakeArray((n * n_head * 16,)), "l": FakeArray((n * n_head * 16,)),
+             "acc": FakeArray((n * n_head * 16 * hd,))}
         run = lambda: cache.prefill(u, q, kn, vn, f["pos"])  # noqa: E731
     n0 = len(slots_cp.launched)
     try:

@@ -265,8 +265,8 @@ def _dense_case(cp, lib, kv, hd, hk, g, mode, n, pos, opt, shadows=(0, 0), plan=
     cl = Labels()
     cl.spans = list(labels.spans)
     cl.add("out", out)
-    for s in SCRATCH:
-        a = FakeArray((n_head * 1024 * (hd if s == "acc" else 1),))
+    for s in SCRATCH:  # a decode's partials, or a split prefill's (up to 16 splits a row)
+        a = FakeArray((max(n_head * 1024, n * n_head * 16) * (hd if s == "acc" else 1),))
         f[s] = cl.add(s, a)
     pd = FakeArray((1,), np.int32)
     f["pos_dev"] = cl.add("pos_dev", pd)
@@ -451,6 +451,8 @@ def _paged_case(cp, lib, kv, hd, hk, g, mode, rows, opt, plan=None):
         att["query_start_loc"] = up["query_start_loc"]
         att["sinks"] = labels.add("sinks", sinks)
         cl.spans.insert(0, labels.spans[-1]) if sinks is not None else None
+        for s in SCRATCH:  # a split prefill's partials (up to 16 splits a row)
+            att[s] = cl.add(s, FakeArray((total * n_head * 16 * (hd if s == "acc" else 1),)))
     else:
         if sinks is not None:
             tiled = FakeArray((len(sids), n_head))
