@@ -430,16 +430,27 @@ def _prefill_out(k: Kernel, c: Checker, a: dict, values: dict, rows: int, n_head
         values["out"] = a["out"]
         return 1
     splits = c.integer("n_splits", a["n_splits"], 1)
-    heads = rows * n_head
-    for name in ("m_out", "l_out", "acc_out"):
-        c.array(name, a[name], np.float32)
-    c.require(a["m_out"].size >= heads * splits and a["l_out"].size >= heads * splits,
-              "partials size", lambda: f"m_out/l_out need {heads * splits} floats "
-              f"({heads} heads x {splits} splits)")
-    c.require(a["acc_out"].size >= heads * splits * hd, "partials size",
-              lambda: f"acc_out needs {heads * splits * hd} floats")
+    _partials(c, a, PARTIALS_OUT, rows * n_head, splits, hd, detail=True)
     values.update(m_out=a["m_out"], l_out=a["l_out"], acc_out=a["acc_out"], n_splits=splits)
     return splits
+
+
+PARTIALS_OUT = ("m_out", "l_out", "acc_out")  # a split kernel's partials
+PARTIALS_IN = ("m_in", "l_in", "acc_in")      # the combine's
+
+
+def _partials(c: Checker, a: dict, names: tuple[str, str, str], heads: int, width: int,
+              hd: int, detail: bool = False) -> None:
+    """Split partials (m, l, acc: ``names``) of ``heads`` heads x ``width`` splits: float32
+    arrays of at least heads * width floats (acc: x head_dim)."""
+    m, l, acc = names  # noqa: E741
+    for name in names:
+        c.array(name, a[name], np.float32)
+    c.require(a[m].size >= heads * width and a[l].size >= heads * width, "partials size",
+              lambda: f"{m}/{l} need {heads * width} floats"
+              + (f" ({heads} heads x {width} splits)" if detail else ""))
+    c.require(a[acc].size >= heads * width * hd, "partials size",
+              lambda: f"{acc} needs {heads * width * hd} floats")
 
 
 def _flash(k: Kernel, c: Checker, a: dict):
@@ -519,14 +530,8 @@ def _flash(k: Kernel, c: Checker, a: dict):
             grid = (cap, n_head_kv, 1)
             if host is not None:  # partials are strided by the live plan's n_splits
                 width = decode_plan(int(host[0]) + 1, kps, cap, k.tile_keys).n_splits
-    for name in ("m_out", "l_out", "acc_out"):
-        c.array(name, a[name], np.float32)
     # Partials are strided by the live split count; size them for the widest.
-    c.require(a["m_out"].size >= heads * width and a["l_out"].size >= heads * width,
-              "partials size", lambda: f"m_out/l_out need {heads * width} floats "
-              f"({heads} heads x {width} splits)")
-    c.require(a["acc_out"].size >= heads * width * hd, "partials size",
-              lambda: f"acc_out needs {heads * width * hd} floats")
+    _partials(c, a, PARTIALS_OUT, heads, width, hd, detail=True)
     values.update(m_out=a["m_out"], l_out=a["l_out"], acc_out=a["acc_out"])
     return grid, (block_threads(k, hd), 1, 1), smem, values
 
@@ -592,10 +597,7 @@ def _combine(k: Kernel, c: Checker, a: dict):
         host = _positions(k, c, a, 1, INT_MAX, rows=1, wrap=True)
         if host is not None:  # the live plan: partials are strided by its n_splits
             width = decode_plan(int(host[0]) + 1, values["kps"], width, k.tile_keys).n_splits
-    c.require(a["m_in"].size >= heads * width and a["l_in"].size >= heads * width,
-              "partials size", lambda: f"m_in/l_in need {heads * width} floats")
-    c.require(a["acc_in"].size >= heads * width * hd, "partials size",
-              lambda: f"acc_in needs {heads * width * hd} floats")
+    _partials(c, a, PARTIALS_IN, heads, width, hd)
     return (heads, 1, 1), (hd, 1, 1), 0, values
 
 
@@ -866,12 +868,7 @@ def _paged_flash(k: Kernel, c: Checker, a: dict):
     # Every request's plan has at most min(ceil(bound / kps), cap) splits: the width.
     width = min(max(-(-bound // kps), 1), cap)
     heads = reqs * n_head
-    for name in ("m_out", "l_out", "acc_out"):
-        c.array(name, a[name], np.float32)
-    c.require(a["m_out"].size >= heads * width and a["l_out"].size >= heads * width,
-              "partials size", lambda: f"m_out/l_out need {heads * width} floats")
-    c.require(a["acc_out"].size >= heads * width * hd, "partials size",
-              lambda: f"acc_out needs {heads * width * hd} floats")
+    _partials(c, a, PARTIALS_OUT, heads, width, hd)
     values.update(m_out=a["m_out"], l_out=a["l_out"], acc_out=a["acc_out"],
                   block_table=a["block_table"], seq_lens=a["seq_lens"], max_blocks=mb,
                   kps=kps, splits_cap=cap)

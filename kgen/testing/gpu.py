@@ -30,6 +30,7 @@ from kgen.testing.keywords import (
     ref_options,
     shadow_args,
     sink_logits,
+    split_outputs,
 )
 
 
@@ -171,10 +172,9 @@ def run_prefill(k: Kernel, fn, case: Case, q, cache, sinks=None, raw: bool = Fal
     partials as written, m, l and acc one after another)."""
     n, n_head, hd = q.shape
     parts = prefill_outputs(k, n, n_head, hd, poisoned)
-    outs = [v for name, v in parts.items() if name != "n_splits"]
-    extra = {"sinks": dev(sinks)} if k.sinks is Sinks.LEARNED else {}
-    if "n_splits" in parts:
-        extra["n_splits"] = parts["n_splits"]
+    outs, extra = split_outputs(parts)
+    if k.sinks is Sinks.LEARNED:
+        extra["sinks"] = dev(sinks)
     fn(dev(q), *_upload(cache), *outs, pos0=case.pos0, attn_sink=case.attn_sink,
        **options(k, case), **shadow_args(k, case), **extra)
     if raw and key_partials(k):

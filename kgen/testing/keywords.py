@@ -68,6 +68,13 @@ def prefill_outputs(k: Kernel, rows: int, n_head: int, hd: int, alloc) -> dict:
             "acc_out": alloc((heads * hd,), np.float32), "n_splits": PREFILL_TEST_SPLITS}
 
 
+def split_outputs(parts: dict) -> tuple[list, dict]:
+    """``prefill_outputs``' values as a launcher takes them: the output arrays in order
+    (positional), and n_splits where the kernel takes it (keyword)."""
+    arrays = [v for name, v in parts.items() if name != "n_splits"]
+    return arrays, ({"n_splits": parts["n_splits"]} if "n_splits" in parts else {})
+
+
 def combined(k: Kernel, parts: dict, rows: int, n_head: int, hd: int) -> np.ndarray:
     """A prefill's output from what ``prefill_outputs`` gave the launch (device arrays,
     filled): out itself, or the partials folded by the float64 combine."""

@@ -19,6 +19,7 @@ from kgen.testing.keywords import (
     ref_options,
     shadow_args,
     sink_logits,
+    split_outputs,
 )
 
 
@@ -101,8 +102,7 @@ def check(k: Kernel, fn, case: Case) -> None:
         sinks = sink_logits(g, case, case.n_head)
         extra = {"sinks": dev(sinks)} if k.sinks is Sinks.LEARNED else {}
         parts = prefill_outputs(k, rows, case.n_head, case.head_dim, poisoned)
-        outs = [v for n, v in parts.items() if n != "n_splits"]
-        splits = {"n_splits": parts["n_splits"]} if "n_splits" in parts else {}
+        outs, splits = split_outputs(parts)
         # The host's bound on one request's rows, as PagedKVCache passes it.
         fn(dev(q), dev(pages.k), dev(pages.v), *outs, **extra, **idx,
            query_start_loc=dev(lay["query_start_loc"]),

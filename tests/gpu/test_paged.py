@@ -369,6 +369,7 @@ def test_paged_query_tile_grid_bound_changes_no_bit(name):
         prefill_outputs,
         ref_options,
         shadow_args,
+        split_outputs,
     )
     from kgen.testing.paged import _fill, layout
 
@@ -390,8 +391,7 @@ def test_paged_query_tile_grid_bound_changes_no_bit(name):
     for bound in (longest, None):  # a split form's partials, then folded in float64
         parts = prefill_outputs(k, rows, case.n_head, hd,
                                 lambda s, d: cp.full(s, np.nan, d))
-        arrays = [v for n, v in parts.items() if n != "n_splits"]
-        extra = {"n_splits": parts["n_splits"]} if "n_splits" in parts else {}
+        arrays, extra = split_outputs(parts)
         fn(cp.asarray(q), cp.asarray(pages.k), cp.asarray(pages.v), *arrays,
            max_query_len=bound, **extra, **args)
         bits = [a.get().view(np.uint32) for a in arrays]
@@ -410,8 +410,8 @@ def test_paged_query_tile_grid_bound_changes_no_bit(name):
                                                **ref_options(k, case))
             np.testing.assert_allclose(outs[0][lo:lo + qlen], want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{name} request {r}, seed={seed}")
-    parts = prefill_outputs(k, rows, case.n_head, hd, lambda s, d: cp.full(s, np.nan, d))
+    arrays, extra = split_outputs(prefill_outputs(k, rows, case.n_head, hd,
+                                                  lambda s, d: cp.full(s, np.nan, d)))
     with pytest.raises(ContractError, match="max_query_len"):
-        fn(cp.asarray(q), cp.asarray(pages.k), cp.asarray(pages.v),
-           *(v for n, v in parts.items() if n != "n_splits"), max_query_len=longest - 1,
-           **({"n_splits": parts["n_splits"]} if "n_splits" in parts else {}), **args)
+        fn(cp.asarray(q), cp.asarray(pages.k), cp.asarray(pages.v), *arrays,
+           max_query_len=longest - 1, **extra, **args)
