@@ -242,6 +242,7 @@ class KVCache:
                                 "every row of its batch, so it runs in one launch: at most "
                                 f"{self.max_prefill_chunk()} rows with this window ring")
         calls, out = Calls(), empty(q.shape)
+        ran = (kp, 1)  # (the kernel, its splits) of the last chunk; no rows: no launch
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             self._append_calls(calls, k_new[lo:hi], v_new[lo:hi], pos0 + lo)

@@ -50,7 +50,10 @@ def split_plan(k: Kernel, head_dim: int, groups: int, blocks: int) -> int:
     """Key splits for a prefill of ``blocks`` blocks with the split kernel ``k`` on the
     current device (kgen.runtime.plan.prefill_splits), weighing the most registers of
     its split-plan family, so its dense and paged forms, and its forms with and without
-    the options, split alike (the same bits)."""
+    the options, split alike (the same bits). No blocks (no rows): 1, and the launch's
+    own contracts refuse what needs refusing."""
+    if blocks < 1:
+        return 1
     import kgen_kernels
 
     root = str(kgen_kernels.ROOT)

@@ -183,3 +183,25 @@ def test_partials_too_small_are_refused_before_the_launch(monkeypatch):
     fn(q, kc, kc, *(cp.empty((n,)) for n in (384, 384, 384 * 128)), pos0=0, n_splits=3)
     assert cp.launched[-1][1] == (-(-16 * 4 // k.tile_rows) * 3, 2, 1)
     np.testing.assert_equal(len(cp.launched), n0 + 1)
+
+
+@needs_build
+def test_no_rows_plan_no_split(monkeypatch):
+    """A prefill of no rows: the dense cache appends and launches nothing and returns an
+    empty out; the paged one refuses as before (no query rows), the plan asked nothing."""
+    from kgen.runtime.contracts import ContractError
+    from kgen.runtime.kv import KVCache
+    from kgen.runtime.paged import PagedKVCache
+
+    cp = _install(monkeypatch, H200)
+    c = KVCache(2, 128, 160, kv="f16")
+    n0 = len(cp.launched)
+    out = c.prefill(cp.empty((0, 8, 128)), cp.empty((0, 2, 128)), cp.empty((0, 2, 128)), 0)
+    assert out.shape == (0, 8, 128) and len(cp.launched) == n0
+    assert c.last_prefill_splits == 1 and c.last_prefill_split is None
+    p = PagedKVCache(16, 16, 2, 128, kv="f16")
+    sid = p.add()
+    with pytest.raises(ContractError, match="no query rows"):
+        p.prefill([sid], cp.empty((0, 8, 128)), cp.empty((0, 2, 128)), cp.empty((0, 2, 128)),
+                  [0])
+    assert len(cp.launched) == n0
