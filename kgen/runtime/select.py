@@ -108,9 +108,9 @@ def rank(k: Kernel) -> tuple:
 
 
 # A query_tile prefill pays once a kv head's rows fill this many of its tiles; below,
-# the block_tile form (a block per query row) is chosen. Measured on the H200 (exp sweep
-# and make bench-kernels, prefill_rows: head_dim 128, 32/8 and 16/2 heads, chunks of 4 to
-# 256 rows ending at 4096 keys, every output checked): since the swizzled tile and its
+# the block_tile form (a block per query row) is chosen. Measured on the H200 (make
+# bench-kernels, prefill_split: head_dim 128, 32/8 heads, and 16/2 alike, chunks of 1 to
+# 512 rows ending at 4096 keys, every output checked): since the swizzled tile and its
 # split form (key_split = partials, which fills the device with a few tiles' key
 # shares), the query tile wins at every chunk: 4 rows 2.7-3.0 ms block_tile, 0.9-1.2 ms
 # whole query tile, 81-102 us split; 32 rows 2.9-3.8 ms, 0.9-1.2 ms, 93-128 us. Before
