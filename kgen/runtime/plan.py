@@ -82,10 +82,10 @@ def default_plan(device: Target, n_head_kv: int, block_threads: int, registers: 
 # combine folds them. Measured on the H200 (make bench-kernels, prefill_split: 1-16
 # splits, head_dim 128, 32/8 heads, chunks ending at 4096 keys, every output checked):
 # the best split count was the one wave's in every case -- 16 at 32 rows (16 blocks), 8
-# at 64, 4 at 128, 2 at 256 (f32 34.9, 42.8, 47.9, 50.7% of SGEMM; f16, q8_0 and fp8_e4m3 alike) -- and twice
-# the splits cost 4-21%. On a 13-SM K80 die (two such blocks an SMX) the 128-row
-# chunk's 64 blocks already fill 2.5 waves: one split, the whole kernel. At most
-# PREFILL_MAX_SPLITS (the combine folds them one after another).
+# at 64, 4 at 128, 2 at 256 (f32 34.9, 42.8, 47.9, 50.7% of SGEMM; f16, q8_0 and
+# fp8_e4m3 alike) -- and twice the splits cost 4-21%. On a 13-SM K80 die (two such
+# blocks an SMX) the 128-row chunk's 64 blocks already fill 2.5 waves: one split, the
+# whole kernel. At most PREFILL_MAX_SPLITS (the combine folds them one after another).
 PREFILL_MAX_SPLITS = 16
 
 
