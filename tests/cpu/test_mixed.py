@@ -144,9 +144,11 @@ def test_a_mixed_cache_runs_its_pair_kernels(cp, kv, v_kv):
         c.prefill(cp.empty((n, H, HD)), cp.empty((n, HK, HD)), cp.empty((n, HK, HD)),
                   pos0=c.length)
         names = _launched(cp)
-        assert names and c.last_prefill in names
+        assert names and (c.last_prefill_split or c.last_prefill) in names
         by = {k.name: k for k, _ in generated()}
-        assert all((by[x].kv.value, by[x].v_kv.value) == (kv, v_kv) for x in names), names
+        cache_ops = [x for x in names if by[x].op in (Op.FLASH, Op.KV_APPEND)]
+        # (a split prefill's combine reads f32 partials: no cache format)
+        assert all((by[x].kv.value, by[x].v_kv.value) == (kv, v_kv) for x in cache_ops), names
         tiles = not p.shadows  # any batch takes the query tile (MIN_QUERY_TILES = 0)
         assert by[c.last_prefill].schedule.value == ("query_tile" if tiles else
                                                      "block_tile"), c.last_prefill
