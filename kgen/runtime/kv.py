@@ -18,6 +18,8 @@ stored (``kgen.runtime.tuned``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kgen.formats import FORMATS, as_pair, pair
@@ -66,6 +68,28 @@ class Scratch:
             return got[i]
         return tuple(Pending((n,), np.float32, lambda i=i: part(i))
                      for i, n in enumerate((need, need, need * hd)))
+
+
+def attend_calls(calls: Calls, kernels: CacheKernels, scratch: Scratch, kp, fn, inputs: tuple,
+                 out, blocks: int, groups: int, kw: dict) -> tuple:
+    """Add the launches of a prefill with the whole kernel ``kp`` (launcher ``fn``) over
+    ``inputs`` (q and the cache arrays, the arrays before its output) into ``out``
+    [rows][n_head][head_dim], ``blocks`` blocks of ``groups`` q heads per kv head: ``kp``
+    itself, or, where its query tiles leave the device's SMs idle
+    (kgen.runtime.plan.prefill_splits) and it has a split twin, the twin over that many
+    key splits into ``scratch`` and the combine into ``out``. Returns (the kernel that
+    attends, its splits)."""
+    rows, n_head, hd = (int(x) for x in out.shape)
+    split = kernels.split(kp)
+    splits = 1 if split is None else split_plan(split[0][0], hd, groups, blocks)
+    if splits == 1:
+        calls.add(fn, *inputs, out, **kw)
+        return kp, 1
+    (ks, fs), (_, fc) = split
+    m, l, acc = scratch.pending(rows * n_head, splits, hd)
+    calls.add(fs, *inputs, m, l, acc, n_splits=splits, **kw)
+    calls.add(fc, m, l, acc, out.reshape(rows * n_head, hd), n_splits=splits)
+    return ks, splits
 
 
 def cache_formats(who: str, kv, v_kv):
@@ -255,26 +279,14 @@ class KVCache:
         return out.made()
 
     def _attend(self, calls: Calls, q, out, pos0: int, kp, fn, opts: Options) -> tuple:
-        """Add the launches that attend q's rows at positions pos0.. into ``out``: the
-        whole prefill ``kp``, or, where its query tiles leave the device's SMs idle
-        (kgen.runtime.plan.prefill_splits) and it has a split twin, the twin over that
-        many key splits and the combine. Returns (the kernel, its splits)."""
+        """Add the launches that attend q's rows at positions pos0.. into ``out`` with the
+        prefill ``kp`` (attend_calls). Returns (the kernel, its splits)."""
         n, n_head, hd = (int(x) for x in q.shape)
-        kw = dict(pos0=pos0, **self._shadow_args, **opts.kwargs(kp, n_head))
-        split = self.kernels.split(kp)
-        splits = 1
-        if split is not None:
-            G = n_head // self.n_head_kv
-            blocks = prefill_grid(kp, n, G, self.n_head_kv)
-            splits = split_plan(split[0][0], hd, G, blocks[0] * blocks[1])
-        if splits == 1:
-            calls.add(fn, q, self.k, self.v, *self.shadows, out, **kw)
-            return kp, 1
-        (ks, fs), (_, fc) = split
-        m, l, acc = self.prefill_scratch.pending(n * n_head, splits, hd)
-        calls.add(fs, q, self.k, self.v, *self.shadows, m, l, acc, n_splits=splits, **kw)
-        calls.add(fc, m, l, acc, out.reshape(n * n_head, hd), n_splits=splits)
-        return ks, splits
+        G = n_head // self.n_head_kv
+        return attend_calls(calls, self.kernels, self.prefill_scratch, kp, fn,
+                            (q, self.k, self.v, *self.shadows), out,
+                            math.prod(prefill_grid(kp, n, G, self.n_head_kv)), G,
+                            dict(pos0=pos0, **self._shadow_args, **opts.kwargs(kp, n_head)))
 
     def _check_decode(self, q, k_new, v_new) -> int:
         self._check_q(q, 2)

@@ -24,6 +24,8 @@ blocks it needs before it takes a block, advances a length or launches anything
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kgen.ir.geometry import paged_prefill_grid
@@ -31,10 +33,10 @@ from kgen.runtime import device
 from kgen.runtime.blocks import PagedBlocks
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.kv import DEFAULT_KV, Scratch, cache_formats
+from kgen.runtime.kv import DEFAULT_KV, Scratch, attend_calls, cache_formats
 from kgen.runtime.options import Options, count, groups, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
-from kgen.runtime.planner import kernel_plan, split_plan
+from kgen.runtime.planner import kernel_plan
 from kgen.runtime.roles import CacheKernels
 
 WHO = "PagedKVCache"  # how its refusals name it
@@ -170,28 +172,18 @@ class PagedKVCache(PagedBlocks):
         rows, tables = self._append_calls(calls, sids, k_new, v_new, counts)
         qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
         out = empty(q.shape)
-        n_rows, n_head, hd = (int(x) for x in q.shape)
-        kw = dict(**self._uploads(sids, rows, tables), query_start_loc=upload(qsl),
-                  max_query_len=max(rows), **self._scales, **opts.kwargs(kp, n_head),
-                  validate_pos=False)
-        # As KVCache._attend: the split twin where the tiles leave SMs idle (one request
-        # splits as the dense cache's prefill of its rows: the same bits).
-        split = self.kernels.split(kp)
-        splits = 1
-        if split is not None:
-            grid = paged_prefill_grid(kp, n_rows, max(rows), G, self.n_head_kv, len(rows))
-            splits = split_plan(split[0][0], hd, G, grid[0] * grid[1] * grid[2])
-        if splits == 1:
-            calls.add(fn, q, self.k, self.v, out, **kw)
-        else:
-            (ks, fs), (_, fc) = split
-            m, l, acc = self.prefill_scratch.pending(n_rows * n_head, splits, hd)
-            calls.add(fs, q, self.k, self.v, m, l, acc, n_splits=splits, **kw)
-            calls.add(fc, m, l, acc, out.reshape(n_rows * n_head, hd), n_splits=splits)
+        grid = paged_prefill_grid(kp, int(q.shape[0]), max(rows), G, self.n_head_kv, len(rows))
+        # One request splits as the dense cache's prefill of its rows (the same bits).
+        ran, splits = attend_calls(
+            calls, self.kernels, self.prefill_scratch, kp, fn, (q, self.k, self.v), out,
+            math.prod(grid), G, dict(**self._uploads(sids, rows, tables),
+                                     query_start_loc=upload(qsl), max_query_len=max(rows),
+                                     **self._scales, **opts.kwargs(kp, q.shape[1]),
+                                     validate_pos=False))
         calls.run(stream)
         self._commit(sids, rows, tables)
         self.last_prefill = kp.name
-        self.last_prefill_split = None if splits == 1 else split[0][0].name
+        self.last_prefill_split = None if splits == 1 else ran.name
         self.last_prefill_splits = splits
         return out.made()
 
