@@ -44,11 +44,16 @@ class PlanRule:
 # fill the waves by themselves: the paged decode of 32 sequences x 4k keys (head_dim
 # 128, 8 kv heads; bench paged_goals) took 320 us at 16 splits, 354 at 32, 431 at 64
 # (f32; f16 301, 335, 412), so a batch shares the cap down to 16 splits. The cap
-# rounds down, so the blocks of a long context fill whole waves. Both numbers are
+# rounds down, so the blocks of a long context fill whole waves. The quads decodes
+# (dq_*) made a key cheap enough that a split's fixed cost (its step setup, its partial
+# and the combine's serial fold over the splits) outweighs keys below 128 a split: at 4k
+# keys, head_dim 128, 32 splits (128 keys each) beat 64 by 1.09-1.19x (f16, q8_0,
+# fp8_e4m3; 32/8 and 16/2 heads, one make bench-kernels run), so min_kps is 128 (64
+# before them); long contexts still run at the cap. Both numbers are
 # launch arguments, so the device-position kernels follow the context the same way in
 # a graph replay; a single split (batch-invariant runs) is splits_cap = 1.
 PLAN_RULES = {Schedule.BLOCK_TILE: PlanRule(16, threads_per_sm=1024),
-              Schedule.WARP_STREAM: PlanRule(64, max_splits=128, batch_floor=16)}
+              Schedule.WARP_STREAM: PlanRule(128, max_splits=128, batch_floor=16)}
 
 
 def default_plan(device: Target, n_head_kv: int, block_threads: int, registers: int,

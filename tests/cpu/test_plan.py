@@ -48,10 +48,11 @@ def test_the_stream_cap_follows_the_blocks_a_multiprocessor_holds():
     heads), 166 at 256 threads hold 1 (16 splits); at 2 kv heads the cap is the
     combine's bound."""
     stream = Schedule.WARP_STREAM
-    assert default_plan(H200, 8, 128, 128, 4224, stream) == (64, 66)
-    assert default_plan(H200, 8, 256, 166, 8448, stream) == (64, 16)
-    assert default_plan(H200, 2, 128, 128, 4224, stream) == (64, PLAN_RULES[stream].max_splits)
-    assert default_plan(K80, 8, 128, 128, 4224, stream) == (64, 13)
+    kps = PLAN_RULES[stream].min_kps
+    assert default_plan(H200, 8, 128, 128, 4224, stream) == (kps, 66)
+    assert default_plan(H200, 8, 256, 166, 8448, stream) == (kps, 16)
+    assert default_plan(H200, 2, 128, 128, 4224, stream) == (kps, PLAN_RULES[stream].max_splits)
+    assert default_plan(K80, 8, 128, 128, 4224, stream) == (kps, 13)
 
 
 @pytest.mark.parametrize("device", [K80, H200], ids=["k80", "h200"])
@@ -71,7 +72,8 @@ def test_a_batch_shares_the_cap_down_to_its_floor(device):
                    for c, b in zip(caps, (1, 2, 4, 32, 1000), strict=True))
         assert caps[-1] == min(one[1], floor)
     # The H200's 32 paged sequences at head_dim 128 over 8 kv heads: 66 for one, 16 each.
-    assert default_plan(H200, 8, 128, 128, 4224, stream, batch=32) == (64, 16)
+    kps = PLAN_RULES[stream].min_kps
+    assert default_plan(H200, 8, 128, 128, 4224, stream, batch=32) == (kps, 16)
 
 
 @pytest.mark.parametrize("bad", [(0, 8, 128, 1), (13, 0, 128, 1), (13, 8, 0, 1),
