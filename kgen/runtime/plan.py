@@ -47,9 +47,10 @@ class PlanRule:
 # rounds down, so the blocks of a long context fill whole waves. The quads decodes
 # (dq_*) made a key cheap enough that a split's fixed cost (its step setup, its partial
 # and the combine's serial fold over the splits) outweighs keys below 128 a split: at 4k
-# keys, head_dim 128, 32 splits (128 keys each) beat 64 by 1.09-1.19x (f16, q8_0,
-# fp8_e4m3; 32/8 and 16/2 heads, one make bench-kernels run), so min_kps is 128 (64
-# before them); long contexts still run at the cap. Both numbers are
+# keys, head_dim 128, 32/8 heads, 32 splits (128 keys each) beat 64 by 1.11x (f16) and
+# 1.09x (q8_0) in one make bench-kernels run, so min_kps is 128 (64 before them); with
+# it the default was within 1.00-1.07x of the best plan at 1k, 4k and 32k keys (f16,
+# q8_0; 32/8 and 16/2 heads). Long contexts still run at the cap. Both numbers are
 # launch arguments, so the device-position kernels follow the context the same way in
 # a graph replay; a single split (batch-invariant runs) is splits_cap = 1.
 PLAN_RULES = {Schedule.BLOCK_TILE: PlanRule(16, threads_per_sm=1024),
