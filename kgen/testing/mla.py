@@ -151,12 +151,14 @@ def layout(case: Case, g: np.random.Generator | None = None) -> dict:
 
 def store_slots(case: Case, g: np.random.Generator | None = None) -> tuple[np.ndarray, int]:
     """(slot_mapping int64 [S], num_blocks): distinct slots over the pages (random, some
-    -1, with ``g``; else 0..S-1)."""
+    -1, with ``g``; else 0..S-1). The last slot of the last page is never drawn: a store
+    that wrote a -1 slot's row would land there (as Python's index -1 does), so the row
+    it leaves stays the pages' old one, and such a fault always shows."""
     S = case.slots or case.n
     nb = -(-2 * S // case.block_size) + 1
     if g is None:
         return np.arange(S, dtype=np.int64), nb
-    slots = g.permutation(nb * case.block_size)[:S].astype(np.int64)
+    slots = g.permutation(nb * case.block_size - 1)[:S].astype(np.int64)
     slots[g.random(S) < 0.2] = -1
     return slots, nb
 
