@@ -119,8 +119,10 @@ def cp(monkeypatch):
 
 
 def _pairs(position: str) -> list[tuple[str, str]]:
+    """The mixed pairs a cache can hold at ``position``: those with an append there (a
+    build may carry a pair's decode alone; a cache of it is refused, no kernel serving)."""
     return sorted({(k.kv.value, k.v_kv.value) for k, _ in generated()
-                   if k.mixed and k.position.value == position})
+                   if k.mixed and k.op is Op.KV_APPEND and k.position.value == position})
 
 
 def _launched(cp) -> list[str]:

@@ -40,17 +40,19 @@ def test_one_head_dim_and_the_group_bound(quads):
 
 
 def test_the_default_decode_is_the_quads_form_where_one_serves(quads):
-    """For every shape a quads decode serves, the default choice is a quads decode, the
-    one of the tightest group bound among them."""
-    served = {(k.kv.value, k.position, stream_head_dim(k)) for k in quads}
+    """For every shape a quads decode serves (its K and V formats, position and head_dim),
+    the default choice is a quads decode, the one of the tightest group bound among them."""
+    def shape(k):
+        return k.kv.value, k.v_kv.value, k.position, stream_head_dim(k)
+
     pool = generated()
-    for kv, position, hd in sorted(served, key=str):
-        role = Role(Op.FLASH, position, Mode.DECODE, kv)
+    for kv, v_kv, position, hd in sorted({shape(k) for k in quads}, key=str):
+        role = Role(Op.FLASH, position, Mode.DECODE, kv, v_kv=v_kv)
         for groups in (1, 4, 8):
-            mine = [k for k in quads if (k.kv.value, k.position, stream_head_dim(k)) ==
-                    (kv, position, hd) and shape_refusal(k, hd, groups) is None]
+            mine = [k for k in quads if shape(k) == (kv, v_kv, position, hd)
+                    and shape_refusal(k, hd, groups) is None]
             if not mine:
                 continue
             k, _ = find(role, hd, groups, kernels=pool)
-            assert stream_quads(k), (kv, position, hd, groups, k.name)
+            assert stream_quads(k), (kv, v_kv, position, hd, groups, k.name)
             assert k.max_groups == min(m.max_groups for m in mine), (kv, hd, groups, k.name)
