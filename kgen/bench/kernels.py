@@ -18,7 +18,8 @@ default bench-out/):
 
 Rounds interleave the arms and report medians, each round timing a burst of
 launches with CUDA events; kernels are bound once (contracts checked) and then
-replayed raw, so kernel times are the kernels', not the launcher's. Every timed
+replayed raw from a CUDA graph of the burst, so kernel times are the kernels', not
+the launcher's (launch reports the host's costs). Every timed
 kernel's output is compared with the float64 NumPy reference first (a benchmark
 of a wrong kernel is worthless). On anything but a K80 the driver JIT-compiles
 the sm_37 PTX: absolute times say little about Kepler, ratios more.
@@ -57,15 +58,36 @@ def _time(cp, fn, burst: int, stream=None) -> float:
     return cp.cuda.get_elapsed_time(start, stop) / burst  # ms
 
 
+def _graphed(cp, fn):
+    """(run, stream): a CUDA graph of BURST calls of ``fn`` (a replay arm: kernel launches
+    only), captured once, and the stream it launches on. Timed, it gives the kernels'
+    time without the host's cost of each launch between them, as an engine replaying its
+    captured decode step sees it (a raw launch from Python costs microseconds, more than a
+    short decode kernel runs)."""
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        try:
+            for _ in range(BURST):
+                fn()
+        finally:
+            graph = s.end_capture()
+    return (lambda: graph.launch(s)), s
+
+
 def bench(cp, arms: dict) -> dict[str, float]:
-    """Median ms per call of each arm, over interleaved rounds."""
-    for fn in arms.values():
+    """Median ms per call of each arm, over interleaved rounds: a replay arm as a CUDA
+    graph of a burst of its calls (:func:`_graphed`), any other arm as a burst of calls."""
+    runs = {name: _graphed(cp, fn) if getattr(fn, "graphable", False) else (fn, None)
+            for name, fn in arms.items()}
+    for run, _ in runs.values():
         for _ in range(WARMUP):
-            fn()
+            run()
     times: dict[str, list[float]] = {k: [] for k in arms}
     for _ in range(ROUNDS):
-        for name, fn in arms.items():
-            times[name].append(_time(cp, fn, BURST))
+        for name, (run, stream) in runs.items():
+            times[name].append(_time(cp, run, BURST) if stream is None else
+                               _time(cp, run, 1, stream) / BURST)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -85,6 +107,7 @@ def replay(bound: list[tuple]) -> callable:
     def run():
         for f, b in calls:
             f(b.grid, b.block, b.args, shared_mem=b.shared_bytes)
+    run.graphable = True  # kernel launches only: bench() times it as a CUDA graph
     return run
 
 

@@ -138,6 +138,7 @@ def _needs(kernels: list[KernelView], templates: Path) -> dict:
         "dflash": any(k.op in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION) for k in kernels),
         "paged": any(k.paged and k.op is Op.FLASH for k in kernels),
         "combine_sinks": any(k.op is Op.DECODE_COMBINE and k.learned_sinks for k in kernels),
+        "combine_staged": any(k.combine_staged for k in kernels),
         "exact_window": any(k.op is Op.FLASH and k.exact_window for k in kernels),
         "plan": any(k.position is not Position.HOST and k.op in (Op.FLASH, Op.DECODE_COMBINE)
                     for k in kernels),

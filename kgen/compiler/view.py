@@ -275,6 +275,15 @@ class KernelView:
         return self.k.lse is Lse.WRITE
 
     @property
+    def combine_staged(self) -> dict | None:
+        """decode_combine, combine = staged: its compile-time geometry (kgen.ir.geometry,
+        one home); None for the serial form."""
+        g = geometry
+        if not g.combine_staged(self.k):
+            return None
+        return {"threads": g.COMBINE_THREADS}
+
+    @property
     def merge_rows(self) -> int:
         """merge_attn_states: (token, head) rows of a block, a warp each."""
         return MERGE_ROWS

@@ -154,6 +154,15 @@ class KeySplit(StrEnum):
     #                        partial, folded by the decode combine (one head a (row, q head))
 
 
+class Combine(StrEnum):
+    SERIAL = "serial"  # decode_combine: a block per head, a thread per dim folding the splits
+    #                    in one loop (a load, an exp and two FMAs an iteration, serially)
+    STAGED = "staged"  # a warp per 32 dims of a head: it loads a chunk of 32 splits' partials
+    #                    at once (the next chunk's while one folds), each split's weight
+    #                    computed once and shuffled; the fold keeps the serial form's order,
+    #                    so its bits
+
+
 class Lse(StrEnum):
     NONE = "none"    # the merge writes the output only (the engine's output_lse = none)
     WRITE = "write"  # it also writes the merged log-sum-exp, [n_head][n_tokens]
@@ -293,6 +302,9 @@ KEYS: dict[str, Key] = {
     "key_split": Key(KeySplit, KeySplit.WHOLE, FLASH, "query_tile prefill: a block walks "
                      "all its tile's keys (whole), or one of n_splits even shares of them and "
                      "writes (m, l, acc) partials for the decode combine (partials)"),
+    "combine": Key(Combine, Combine.SERIAL, frozenset({Op.DECODE_COMBINE}), "decode_combine: "
+                   "a thread per dim folds the splits one load at a time (serial), or a warp "
+                   "per 32 dims loads 32 splits at once (staged; the same bits)"),
     "lse": Key(Lse, Lse.NONE, frozenset({Op.MERGE_ATTN_STATES, Op.MLA_COMBINE,
                                          Op.MLA_PREFILL}), "whether the (merged) "
                "log-sum-exp is written too (output_lse, lse), or not (none)"),

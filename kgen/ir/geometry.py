@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgen.ir.axes import (
+    Combine,
     KeySplit,
     KStage,
     KvReads,
@@ -331,6 +332,31 @@ def score_scatter(k: Kernel) -> ScoreScatter:
     bl = min(bp, nr)
     return ScoreScatter(bp, n, nr, ns, bl, nr // bl, offs[:cut], offs[cut:],
                         tuple((1 << ns) << e for e in range(6) if 1 << e < bp // bl))
+
+
+# ---- op = decode_combine (templates/kernels/decode_combine.cu.j2, lib/combine.cuh.j2) --
+# serial: a block per head (row of the partials), a thread per output dim, head_dim
+# threads. staged: a block of COMBINE_THREADS threads per COMBINE_THREADS dims of a head,
+# each warp on its own 32 dims (no barrier, no shared memory): the splits go by in
+# chunks of a warp's width, every lane loading its dim of a chunk's acc rows at once (the
+# next chunk's while one folds), each split's weight computed once, by its lane, and
+# shuffled; the fold keeps split order -- the serial form's arithmetic, its bits.
+COMBINE_THREADS = 128
+
+
+def combine_staged(k: Kernel) -> bool:
+    return k.op is Op.DECODE_COMBINE and k.combine is Combine.STAGED
+
+
+def combine_threads(k: Kernel, head_dim: int) -> int:
+    """Threads of a combine block: head_dim (serial), COMBINE_THREADS (staged)."""
+    return COMBINE_THREADS if combine_staged(k) else head_dim
+
+
+def combine_grid(k: Kernel, heads: int, head_dim: int) -> tuple[int, int, int]:
+    """The grid of a combine of ``heads`` rows of partials (n_head, or nslots x n_head):
+    a block per head (serial), per COMBINE_THREADS of its dims (staged)."""
+    return (heads, -(-head_dim // COMBINE_THREADS) if combine_staged(k) else 1, 1)
 
 
 # ---- op = merge_attn_states (templates/kernels/merge_attn_states.cu.j2) --------------

@@ -12,6 +12,7 @@ from kgen.compiler.spec.ast import ExpectRelation, ExpectResource
 from kgen.errors import SourcePos
 from kgen.formats import KvFormat, KvFormatName, KvPair
 from kgen.ir.axes import (
+    Combine,
     IoDtype,
     KeySource,
     KeySplit,
@@ -79,6 +80,7 @@ class Kernel:
     lane_dims: LaneDims
     prefetch: Prefetch
     key_split: KeySplit
+    combine: Combine
     lse: Lse
     seq_starts: SeqStarts
     key_source: KeySource

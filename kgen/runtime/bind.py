@@ -41,6 +41,9 @@ from kgen.ir.geometry import (
     MLA_STORE_THREADS,
     MLA_THREADS,
     block_threads,
+    combine_grid,
+    combine_staged,
+    combine_threads,
     dense_grid,
     dense_threads,
     dflash_grid,
@@ -572,9 +575,13 @@ def _sinks(c: Checker, a: dict, heads: int):
 
 
 def check_combine_shape(k: Kernel, c: Checker, hd: int) -> None:
-    """A combine block is head_dim threads, with the registers they need."""
-    _head_dim(k, c, hd, rows=False)
-    _block_registers(k, c, hd, hd)
+    """A serial combine block is head_dim threads, a staged one COMBINE_THREADS (a block
+    per 32 dims, any head_dim), with the registers they need."""
+    if combine_staged(k):  # any head_dim: a block per COMBINE_THREADS dims (grid y, checked)
+        c.require(hd >= 1, "shape", lambda: f"head_dim = {hd}: nothing to combine")
+    else:
+        _head_dim(k, c, hd, rows=False)
+    _block_registers(k, c, combine_threads(k, hd), hd)
 
 
 def _combine(k: Kernel, c: Checker, a: dict):
@@ -598,7 +605,7 @@ def _combine(k: Kernel, c: Checker, a: dict):
         if host is not None:  # the live plan: partials are strided by its n_splits
             width = decode_plan(int(host[0]) + 1, values["kps"], width, k.tile_keys).n_splits
     _partials(c, a, PARTIALS_IN, heads, width, hd)
-    return (heads, 1, 1), (hd, 1, 1), 0, values
+    return combine_grid(k, heads, hd), (combine_threads(k, hd), 1, 1), 0, values
 
 
 # ---- merge_attn_states -------------------------------------------------------------

@@ -37,24 +37,26 @@ class PlanRule:
 # threads an SM (within 1.03x of its best plan on geometric mean, 1.18x at worst). A
 # hoisted warp_stream decode is fastest with one full wave of its resident blocks
 # (head_dim 128: 4 blocks an SM, so 64 splits at 8 kv heads and 128 at 2 on 132 SMs;
-# head_dim 256: 1, so 16 and 64), the combine's serial fold bounding it at 128 splits;
-# a fixed 256 threads an SM was 1.29-1.50x off the best at head_dim 128 with 8 kv heads
-# and 32k keys. On a K80 die (13 SMs, 128K registers an SM) the same rule gives
+# head_dim 256: 1, so 16 and 64), at most 128 splits (256 lost at 32k keys: 45.3 against
+# 30.5 us at 16/2 heads, f16, a split's fixed cost outgrowing its keys); a fixed 256
+# threads an SM was 1.29-1.50x off the best at head_dim 128 with 8 kv heads and 32k
+# keys. On a K80 die (13 SMs, 128K registers an SM) the same rule gives
 # head_dim 128's 8 blocks an SM 13 splits at 8 kv heads. Many sequences in one launch
 # fill the waves by themselves: the paged decode of 32 sequences x 4k keys (head_dim
 # 128, 8 kv heads; bench paged_goals) took 320 us at 16 splits, 354 at 32, 431 at 64
 # (f32; f16 301, 335, 412), so a batch shares the cap down to 16 splits. The cap
-# rounds down, so the blocks of a long context fill whole waves. The quads decodes
-# (dq_*) made a key cheap enough that a split's fixed cost (its step setup, its partial
-# and the combine's serial fold over the splits) outweighs keys below 128 a split: at 4k
-# keys, head_dim 128, 32/8 heads, 32 splits (128 keys each) beat 64 by 1.11x (f16) and
-# 1.09x (q8_0) in one make bench-kernels run, so min_kps is 128 (64 before them); with
-# it the default was within 1.00-1.07x of the best plan at 1k, 4k and 32k keys (f16,
-# q8_0; 32/8 and 16/2 heads). Long contexts still run at the cap. Both numbers are
-# launch arguments, so the device-position kernels follow the context the same way in
-# a graph replay; a single split (batch-invariant runs) is splits_cap = 1.
+# rounds down, so the blocks of a long context fill whole waves. Below the cap a split
+# of the quads decodes (dq_*) is a chain of dependent steps, so short splits win: with
+# the staged combine (its cost no longer grows a load a split) and the bench timing CUDA
+# graphs of the launches (as an engine replays its step; raw launches from Python cost
+# more than the kernels run), at head_dim 128 the best plan had 32-64 keys a split at 1k
+# and 4k keys (f16 32/8: 1k 10.5 us at 32 splits against 13.6 at 8; 4k 14.1 at 64
+# against 15.3 at 32; q8_0 and 16/2 heads alike), so min_kps is 32 (128 before, measured
+# with the serial combine and raw launches). Long contexts still run at the cap. Both
+# numbers are launch arguments, so the device-position kernels follow the context the
+# same way in a graph replay; a single split (batch-invariant runs) is splits_cap = 1.
 PLAN_RULES = {Schedule.BLOCK_TILE: PlanRule(16, threads_per_sm=1024),
-              Schedule.WARP_STREAM: PlanRule(128, max_splits=128, batch_floor=16)}
+              Schedule.WARP_STREAM: PlanRule(32, max_splits=128, batch_floor=16)}
 
 
 def default_plan(device: Target, n_head_kv: int, block_threads: int, registers: int,

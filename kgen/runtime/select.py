@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kgen.ir.axes import KEYS, KStage, Mode, Op, Position, QStage, Schedule
 from kgen.ir.geometry import (
+    combine_staged,
     key_partials,
     padded,
     qtile_swizzle,
@@ -95,9 +96,10 @@ def rank(k: Kernel) -> tuple:
     tile is chosen by `kgen tune` or by name), then the widest tile (the most of the
     block scoring keys: fewer tile steps), then a block with no idle threads. The
     dense, per-slot and paged forms rank alike, so one shape gets the same arithmetic
-    in each (the paged form bit for bit the dense)."""
-    if k.op is not Op.FLASH:
-        return (options(k),)
+    in each (the paged form bit for bit the dense). Among combines, the staged form
+    (its loads in flight at once; the serial form's bits) before the serial one."""
+    if k.op is not Op.FLASH:  # a combine: the staged form (the serial one's bits) first
+        return (options(k), k.op is Op.DECODE_COMBINE and not combine_staged(k))
     lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
     fast = k.mode is Mode.DECODE and stream_hoisted(k)
     rows = query_tiles(k) and not qtile_vec4(k)  # a query tile, dense or paged

@@ -25,6 +25,7 @@ from kgen.ir.axes import (
 )
 from kgen.ir.geometry import (
     block_threads,
+    combine_staged,
     flash_shared_bytes,
     head_dim_step,
     min_head_dim,
@@ -342,7 +343,8 @@ MUTATIONS: dict[str, Mutation] = {
     "head_dim_over_block": Mutation("block size", lambda k: k.op not in (Op.QZ_SPLIT, _MERGE,
                                                                          _DFLASH, *MLA_OPS,
                                                                          Op.DENSE_ATTENTION)
-                                    and not (_flash(k) and query_tiles(k)), _big_head_dim),
+                                    and not (_flash(k) and query_tiles(k))
+                                    and not combine_staged(k), _big_head_dim),
     "head_dim_over_tile": Mutation(
         "head_dim range", lambda k: _over_tile_width(k) is not None,
         lambda k, c: host_args(k, c.with_(head_dim=_over_tile_width(k), n_head=2,
