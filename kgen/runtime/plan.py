@@ -49,10 +49,12 @@ class PlanRule:
 # of the quads decodes (dq_*) is a chain of dependent steps, so short splits win: with
 # the staged combine (its cost no longer grows a load a split) and the bench timing CUDA
 # graphs of the launches (as an engine replays its step; raw launches from Python cost
-# more than the kernels run), at head_dim 128 the best plan had 32-64 keys a split at 1k
-# and 4k keys (f16 32/8: 1k 10.5 us at 32 splits against 13.6 at 8; 4k 14.1 at 64
-# against 15.3 at 32; q8_0 and 16/2 heads alike), so min_kps is 32 (128 before, measured
-# with the serial combine and raw launches). Long contexts still run at the cap. Both
+# more than the kernels run), at head_dim 128 the best plan had 32-128 keys a split at
+# 1k and 4k keys, so min_kps is 32 (128 before, measured with the serial combine and raw
+# launches): f16 32/8 at 1k keys 11.0 us at 32 splits against 13.9 at 8 (min_kps 128's
+# plan); in one run the default was within 1.00-1.10x of the best plan at 1k, 4k and 32k
+# keys (f16, q8_0, fp8_e4m3; 32/8 and 16/2 heads; 1.10x at 16/2, 4k keys: 128 splits
+# against 64). Long contexts still run at the cap. Both
 # numbers are launch arguments, so the device-position kernels follow the context the
 # same way in a graph replay; a single split (batch-invariant runs) is splits_cap = 1.
 PLAN_RULES = {Schedule.BLOCK_TILE: PlanRule(16, threads_per_sm=1024),
