@@ -2,8 +2,8 @@
 
 Every test runs with KGEN_* settings pointing into its own tmp_path, so nothing
 here writes the repo's generated/ or golden/ or the user's cache. Tests that
-are not about the cache share one session cache, so only the first build of a
-session compiles for real (~5 s cold, ~0.5 s warm).
+are not about the cache share one session cache, seeded with a copy of the store
+the repo's build filled, so builds compile only the kernels a test changes.
 """
 
 from __future__ import annotations
@@ -16,13 +16,22 @@ from pathlib import Path
 import pytest
 from tc_helpers import OUTPUT_KEYS, REPO, SETTINGS_ENV, Workspace, scratch_settings
 
-from kgen.config import DEFAULTS
+from kgen.config import DEFAULTS, Settings
 from kgen.toolchain.locate import find_toolchain
 
 
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("kgen-cache")
+    """A copy of the store the repo's own build filled (make build runs before the
+    tests), so builds of unchanged kernels are hits and only what a test changes
+    compiles; entries in the middle of a write (dot names) are left behind. Empty
+    where no build ran. Tests write this copy, never the user's store."""
+    root = tmp_path_factory.mktemp("kgen-cache")
+    store = Settings.load(REPO).cache_dir
+    if store.is_dir():
+        shutil.copytree(store, root, dirs_exist_ok=True, symlinks=True,
+                        ignore=shutil.ignore_patterns(".*"))
+    return root
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from tc_helpers import REPO, TINY_CU, cache_temp_dirs, finish, kgen_process
+from tc_helpers import TINY_CU, cache_temp_dirs, covering_specs, finish, kgen_process
 
 from kgen.compiler.atomic import read_tree
 from kgen.toolchain import compile
@@ -197,7 +197,7 @@ def test_put_replaces_a_damaged_entry_and_keeps_a_good_one(tmp_path):
 @toolchain
 def test_two_builds_share_one_cache_at_once(tmp_path):
     cache_dir = tmp_path / "cache"
-    procs = [kgen_process("build", "-q", str(REPO / "specs"), scratch=tmp_path / f"out{i}",
+    procs = [kgen_process("build", "-q", *covering_specs(), scratch=tmp_path / f"out{i}",
                           cache_dir=cache_dir, generated=tmp_path / f"gen{i}")
              for i in (1, 2)]
     for p in procs:
