@@ -129,12 +129,23 @@ def covering_specs() -> list[str]:
     return [str(REPO / p) for p in sorted(chosen)]
 
 
-def finish(proc: subprocess.Popen, timeout: float = 1200) -> Run:
-    # Cold builds of the covering specs run side by side here (a minute or two on a
-    # two-core runner). These tests check outputs, not speed (make bench-build); the
-    # bound only stops a hang.
-    out, err = proc.communicate(timeout=timeout)
-    return Run(proc.returncode, out, err)
+def finish(procs: list[subprocess.Popen], timeout: float = 1200) -> list[Run]:
+    """Each process's outcome, in order. Cold builds of the covering specs run side by
+    side here (a minute or two on a two-core runner); these tests check outputs, not
+    speed (make bench-build), and the bound only stops a hang: past it every process
+    still running is killed (none is left to load the tests after it) and the test
+    fails."""
+    runs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            runs.append(Run(proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+        raise AssertionError(f"kgen runs still going after {timeout:.0f} s: killed") from None
+    return runs
 
 
 def cache_temp_dirs(cache_dir: Path) -> list[Path]:

@@ -40,8 +40,7 @@ def test_two_fresh_builds_are_byte_identical(tmp_path, ws, monkeypatch):
                           cache_dir=tmp_path / f"cache{i}", generated=tmp_path / f"gen{i}",
                           templates=ws.templates)
              for i in (1, 2)]
-    for p in procs:
-        r = finish(p)
+    for r in finish(procs):
         assert r.rc == 0, r.text
     a, b = read_tree(tmp_path / "gen1"), read_tree(tmp_path / "gen2")
     assert a and sorted(a) == sorted(b)

@@ -200,8 +200,7 @@ def test_two_builds_share_one_cache_at_once(tmp_path):
     procs = [kgen_process("build", "-q", *covering_specs(), scratch=tmp_path / f"out{i}",
                           cache_dir=cache_dir, generated=tmp_path / f"gen{i}")
              for i in (1, 2)]
-    for p in procs:
-        r = finish(p)
+    for r in finish(procs):
         assert r.rc == 0, r.text
     a, b = read_tree(tmp_path / "gen1"), read_tree(tmp_path / "gen2")
     assert a and a == b
