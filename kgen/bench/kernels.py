@@ -385,6 +385,7 @@ def prefill_long_table(cp, g) -> list[dict]:
     reports TFLOP/s and its fraction of the SGEMM's."""
     from kgen import numpy_ref as ref
     from kgen.ir.axes import Mode, Op, Position
+    from kgen.ir.geometry import key_partials
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.kv import KVCache
     from kgen.runtime.select import generated
@@ -413,6 +414,8 @@ def prefill_long_table(cp, g) -> list[dict]:
                     and k.mask.value == "causal"):
                 continue
             if match and not re.search(match, k.name):
+                continue
+            if key_partials(k):  # a split twin writes partials (prefill_split runs them)
                 continue
             if cache.fmt.shadows and (k.ring_rows, k.sink_rows) != (cache.RING_ROWS,
                                                                     cache.SINK_ROWS):

@@ -16,6 +16,7 @@ import jinja2
 from kgen import __version__
 from kgen.compiler.view import KernelView
 from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS, Op, Position
+from kgen.ir.geometry import quad_reads
 from kgen.ir.kernel import Kernel
 from kgen.ir.spellings import NEG_INF, convert
 
@@ -92,8 +93,9 @@ def pos_off(k, pos: str, row: str, side=None) -> str:
 
 def _uses(k: KernelView) -> dict[str, set[str]]:
     """Which of its formats' device helpers a kernel calls, per format: the append
-    quantizer, the one-element reader (K tile staging, global V reads) and the
-    lane-chunk reader (register K). A format's lib file emits only the helpers in use."""
+    quantizer, the one-element reader (K tile staging, global V reads), the
+    lane-chunk reader (register K) and the quad reader (geometry.quad_reads). A
+    format's lib file emits only the helpers in use."""
     kf, vf = k.fmt.name, k.v_fmt.name
     if k.op is Op.KV_APPEND:
         return {kf: {"quant"}, vf: {"quant"}}
@@ -104,6 +106,9 @@ def _uses(k: KernelView) -> dict[str, set[str]]:
         out.setdefault(vf, set()).add("elem")
     else:
         out.setdefault(vf, set())
+    if quad_reads(k.k):  # K and V a quad a load (the formats' quad readers)
+        out[kf].add("quad")
+        out[vf].add("quad")
     return out
 
 

@@ -181,4 +181,4 @@ FORMAT = _Q4(
     "sink rows and a recent-window ring", ctype="unsigned char", dtype="uint8",
     block=BLOCK, block_width=BLOCK_BYTES, shadows=True, append_wraps=False,
     append_staging=True, register_k_lanes=BLOCK // 2, register_k_chunk_multiple=2,
-    raw_v_tile=True, fp16=True, exact_elements=False)
+    raw_v_tile=True, fp16=True, exact_elements=False, block_align=2)

@@ -448,3 +448,35 @@ def test_q8_0_device_byte_permute_decode_matches_the_cast_on_every_code() -> Non
     got = ((np.uint32(0x4B000000) | (c ^ 0x80)).view(np.float32)
            - np.float32(8388736.0)).astype(np.float32)
     assert np.array_equal(got, c.astype(np.uint8).view(np.int8).astype(np.float32))
+
+
+def _byte_perm(x: int, y: int, s: int) -> int:
+    """CUDA's __byte_perm(x, y, s) (default mode): result byte n is byte s's nibble n of
+    the eight bytes x (0-3) then y (4-7)."""
+    src = (x | (y << 32)).to_bytes(8, "little")
+    return int.from_bytes(bytes(src[(s >> (4 * n)) & 7] for n in range(4)), "little")
+
+
+def test_q4_device_quad_decode_matches_the_format_on_every_code_word() -> None:
+    """templates/lib/q4.cuh.j2's kgen_q4_quad: the code bytes of elements [E, E + 4) of a
+    Q4_0 block, as the word two 16-bit loads give (kv/q4.j2, load_quad_raw), shifted to
+    the quad's nibble (E & 16) and masked; each code the low byte of 2^23's bits, minus
+    2^23 + 8, times d: exactly what q4.dequantize_rows gives, for every code in either
+    nibble and every place of the quad in its block."""
+    g = np.random.default_rng(7)
+    scale = np.float16(-0.37)
+    d = np.float32(scale)
+    rows = g.integers(0, 256, size=(64, q4_model.BLOCK_BYTES), dtype=np.uint8)
+    rows[:, 0:2] = np.frombuffer(scale.tobytes(), np.uint8)  # little-endian fp16 scale
+    rows[:16, 2:] = (np.arange(16, dtype=np.uint8) * 0x11)[:, None]  # every code, both nibbles
+    want = q4_model.dequantize_rows(rows)
+    for r, row in enumerate(rows):
+        for e in range(0, q4_model.BLOCK, 4):
+            lo = 2 + (e & 15)
+            c01 = int(row[lo]) | int(row[lo + 1]) << 8
+            c23 = int(row[lo + 2]) | int(row[lo + 3]) << 8
+            u = ((c01 | c23 << 16) >> ((e & 16) >> 2)) & 0x0F0F0F0F
+            for i in range(4):
+                bits = _byte_perm(u, 0x4B000000, 0x7540 | i)
+                v = np.uint32(bits).view(np.float32) - np.float32(8388616.0)
+                assert np.float32(v * d) == want[r, e + i], (r, e, i)

@@ -47,6 +47,7 @@ from kgen.ir.geometry import (
     row_lanes,
     stream_head_dim,
     stream_hoisted,
+    stream_quads,
     streams,
     tile_threads,
 )
@@ -388,8 +389,8 @@ STREAM_KEYS = ("keys_per_step", "stream_loads", "stream_steps", "lane_dims", "pr
 def _check_lane_quads(k: Kernel, ctx: _Ctx) -> None:
     """lane_dims = quads: a lane's dims are whole float4s at compile-time places (one
     head_dim: stream_loads = hoisted; kreg_max_chunk a multiple of 4), q read a float4 a
-    load (q_stage = f32), K and V by the formats' quad readers, which a format with fp16
-    window shadows does not have (a key's value there depends on the row's position)."""
+    load (q_stage = f32), K and V by the formats' quad readers (a format with fp16
+    window shadows picks a key's row there by the block's one query row)."""
     if not stream_hoisted(k):
         raise ctx.error(_blame(k, "lane_dims", "stream_loads"), "lane_dims = quads needs "
                         "stream_loads = hoisted (one head_dim: a lane's quads at "
@@ -401,10 +402,6 @@ def _check_lane_quads(k: Kernel, ctx: _Ctx) -> None:
     if k.q_stage is not QStage.F32:
         raise ctx.error(_blame(k, "lane_dims", "q_stage"), "lane_dims = quads reads the q "
                         "group a float4 at a time: q_stage = f32")
-    if k.pair.shadows:
-        raise ctx.error(k.where(_shadow_key(k)), f"lane_dims = quads does not support "
-                        f"{_kv_said(k)}: its keys read through fp16 shadows, not a quad "
-                        "reader")
 
 
 # The keys only a query_tile kernel reads (the tile shape and the head_dim bound of a
@@ -567,17 +564,19 @@ def check_register_k(k: Kernel, ctx: _Ctx) -> None:
                         f"{k.kreg_max_chunk} must be >= {need}, head_dim / dot_lanes at the "
                         f"smallest head_dim a block runs with ({min_head_dim(k)})")
     fmt = k.fmt
-    if fmt.register_k_lanes is not None and k.dot_lanes != fmt.register_k_lanes:
+    # The format's lane dequant's layout (lane_dims = quads reads through its quad reader)
+    lanes, multiple = ((None, 1) if stream_quads(k) else
+                       (fmt.register_k_lanes, fmt.register_k_chunk_multiple))
+    if lanes is not None and k.dot_lanes != lanes:
         raise ctx.error(k.where("dot_lanes"), f"register K over {fmt.name} needs dot_lanes = "
-                        f"{fmt.register_k_lanes} (the format's lane dequant is laid out for "
-                        "it)")
-    if k.kreg_max_chunk % fmt.register_k_chunk_multiple:
+                        f"{lanes} (the format's lane dequant is laid out for it)")
+    if k.kreg_max_chunk % multiple:
         raise ctx.error(k.where("kreg_max_chunk"), f"register K over {fmt.name} needs "
-                        f"kreg_max_chunk a multiple of {fmt.register_k_chunk_multiple} (one "
-                        "scale serves that many chunks)")
+                        f"kreg_max_chunk a multiple of {multiple} (one scale serves that "
+                        "many chunks)")
     widest = max_head_dim_launched(k)
     most = -(-widest // k.dot_lanes)
-    most = -(-most // fmt.register_k_chunk_multiple) * fmt.register_k_chunk_multiple
+    most = -(-most // multiple) * multiple
     if k.kreg_max_chunk > most:
         raise ctx.error(k.where("kreg_max_chunk"), f"register K: kreg_max_chunk = "
                         f"{k.kreg_max_chunk} exceeds {most}, head_dim / dot_lanes at the widest "
