@@ -7,8 +7,12 @@ manifest's), every bound derived from the kernel and its format."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from kgen.compiler import pipeline
+from kgen.compiler.render import render_units
 from kgen.ir.axes import Mode, Op
 from kgen.ir.geometry import quad_reads, stream_head_dim, stream_hoisted, stream_quads
 from kgen.runtime.bind import shape_refusal
@@ -16,6 +20,7 @@ from kgen.runtime.select import Role, find, generated
 from kgen.testing.built import needs_build
 
 pytestmark = needs_build
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +61,20 @@ def test_the_default_decode_is_the_quads_form_where_one_serves(quads):
             k, _ = find(role, hd, groups, kernels=pool)
             assert stream_quads(k), (kv, v_kv, position, hd, groups, k.name)
             assert k.max_groups == min(m.max_groups for m in mine), (kv, hd, groups, k.name)
+
+
+def test_the_first_loads_leave_before_q_is_staged_and_a_thread_ends_each_head():
+    """Rendered from the specs, every quads decode issues its first step's K and V loads
+    (into the raw arrays kr0 / vr0) before it stages q and waits at the barrier, so the
+    two latencies overlap; and each head's max and merged sum at the end is one thread's
+    (tid < G), not thread 0's for every head in turn."""
+    kernels = [k for k in pipeline.checked(pipeline.parse([ROOT / "specs"], ROOT))
+               if k.op is Op.FLASH and stream_quads(k)]
+    assert kernels
+    for u in render_units(kernels, ROOT / "templates", ROOT):
+        body = u.source[u.source.index(f"__global__ void {u.name}("):]
+        stage = body.index("q_s[(size_t)g * head_dim + tid] =")
+        assert body.index("kr0[qd]") < stage and body.index("vr0[qd]") < stage, u.name
+        assert body.index("__syncthreads()") > stage, u.name
+        end = body[body.index("The split's partial"):]
+        assert "if (tid < G)" in end and "tid == 0" not in end, u.name
