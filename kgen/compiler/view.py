@@ -281,7 +281,7 @@ class KernelView:
         g = geometry
         if not g.combine_staged(self.k):
             return None
-        return {"threads": g.COMBINE_THREADS}
+        return {"threads": g.COMBINE_THREADS, "dims": g.COMBINE_DIMS}
 
     @property
     def merge_rows(self) -> int:

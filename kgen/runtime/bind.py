@@ -576,8 +576,8 @@ def _sinks(c: Checker, a: dict, heads: int):
 
 def check_combine_shape(k: Kernel, c: Checker, hd: int) -> None:
     """A serial combine block is head_dim threads, a staged one COMBINE_THREADS (a block
-    per 32 dims, any head_dim), with the registers they need."""
-    if combine_staged(k):  # any head_dim: a block per COMBINE_THREADS dims (grid y, checked)
+    per COMBINE_DIMS dims, any head_dim), with the registers they need."""
+    if combine_staged(k):  # any head_dim: a block per COMBINE_DIMS dims (grid y, checked)
         c.require(hd >= 1, "shape", lambda: f"head_dim = {hd}: nothing to combine")
     else:
         _head_dim(k, c, hd, rows=False)

@@ -38,7 +38,11 @@ class PlanRule:
 # hoisted warp_stream decode is fastest with one full wave of its resident blocks
 # (head_dim 128: 4 blocks an SM, so 64 splits at 8 kv heads and 128 at 2 on 132 SMs;
 # head_dim 256: 1, so 16 and 64), at most 128 splits (256 lost at 32k keys: 45.3 against
-# 30.5 us at 16/2 heads, f16, a split's fixed cost outgrowing its keys); a fixed 256
+# 30.5 us at 16/2 heads, f16, a split's fixed cost outgrowing its keys; with the shared-
+# memory staged combine still 35.3 against 26.5, and twice the default cap lost 1.03-1.51x
+# wherever the context had keys for it -- f32, f16, q8_0, fp8_e4m3 and q4, head_dim 128
+# and 256, 32/8 and 16/2 heads, 1k-32k keys -- but in one row, q4 at head_dim 128, 32/8
+# heads and 32k keys, 98 splits against 49: 83.0 against 91.5 us); a fixed 256
 # threads an SM was 1.29-1.50x off the best at head_dim 128 with 8 kv heads and 32k
 # keys. On a K80 die (13 SMs, 128K registers an SM) the same rule gives
 # head_dim 128's 8 blocks an SM 13 splits at 8 kv heads. Many sequences in one launch

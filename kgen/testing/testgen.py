@@ -90,8 +90,8 @@ COMBINE = [
     Case("h16_s5", n_head=16, head_dim=256, n_splits=5, seq_len=300, kps=64, cap=8),
     Case("h3_s1_hd64", n_head=3, head_dim=64, n_splits=1, seq_len=10, kps=64, cap=8),
     Case("h8_s8", n_head=8, head_dim=128, n_splits=8, seq_len=1000, kps=64, cap=8),
-    # more splits than a staged combine's chunks of 32 and a head_dim that is no whole
-    # number of its 32-dim warps
+    # more splits than two of a staged combine's stages (the last one part full) and a
+    # head_dim that is no whole number of its 32-dim blocks
     Case("h5_s300_hd72", n_head=5, head_dim=72, n_splits=300, seq_len=40000, kps=128,
          cap=300),
     # wider than a block of head_dim threads: the staged combine's alone
