@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from kgen.ir.axes import MLA_OPS, KStage, Op, VStage
 from kgen.ir.geometry import (
     block_threads,
+    combine_threads,
     dense_threads,
     dflash_threads,
     flash_shared_bytes,
@@ -59,18 +60,23 @@ OCCUPANCY_HEAD_DIMS = (64, 128, 256, 512)  # the sizes `kgen list --json` report
 
 
 def occupancy(k: Kernel, resources: dict, dims: list[int]) -> dict:
-    """sm_37 occupancy of a flash kernel at the head sizes it serves among
-    OCCUPANCY_HEAD_DIMS (its smallest if none), each at the most groups it allows:
-    threads, shared bytes, and blocks and warps resident per multiprocessor, from
-    ptxas's registers and static shared memory and the launch geometry."""
+    """sm_37 occupancy of a flash or decode-combine kernel at the head sizes it serves
+    among OCCUPANCY_HEAD_DIMS (its smallest if none), a flash kernel's at the most groups
+    it allows: threads, shared bytes, and blocks and warps resident per multiprocessor,
+    from ptxas's registers and static shared memory and the launch geometry."""
     out = {}
     for hd in [d for d in OCCUPANCY_HEAD_DIMS if d in dims] or dims[:1]:
-        g = groups_by_head_dim(k, [hd])[hd]
-        threads = block_threads(k, hd)
-        shared = flash_shared_bytes(k, g, hd) + resources.get("static_smem", 0)
+        shared = resources.get("static_smem", 0)
+        if k.op is Op.FLASH:
+            g = groups_by_head_dim(k, [hd])[hd]
+            threads = block_threads(k, hd)
+            shared += flash_shared_bytes(k, g, hd)
+            row = {"groups": g}
+        else:  # decode_combine: no dynamic shared memory
+            threads, row = combine_threads(k, hd), {}
         blocks, warps = TARGET.occupancy(threads, resources["registers"], shared)
-        out[str(hd)] = {"groups": g, "threads": threads, "shared_bytes": shared,
-                        "blocks_per_sm": blocks, "warps_per_sm": warps}
+        out[str(hd)] = row | {"threads": threads, "shared_bytes": shared,
+                              "blocks_per_sm": blocks, "warps_per_sm": warps}
     return out
 
 
@@ -93,7 +99,7 @@ def limits(k: Kernel, resources: dict | None = None) -> dict:
     if resources is not None:
         sm = {"registers": resources["registers"], "stack_frame": resources["stack_frame"],
               "spill_stores": resources["spill_stores"]}
-        if k.op is Op.FLASH and dims:
+        if k.op in (Op.FLASH, Op.DECODE_COMBINE) and dims:
             sm["occupancy"] = occupancy(k, resources, dims)
         out["sm_37"] = sm
     return out

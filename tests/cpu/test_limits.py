@@ -121,3 +121,27 @@ def test_static_shared_memory_on_top_of_the_widest_launch():
     why = block_misfit(k, _res(56, 1024))
     assert why == ("50132 bytes of shared memory a block at head_dim 512, kv_groups 7 (1024 "
                    "static, 49108 dynamic); sm_37 allows 49152 a block")
+
+
+def test_the_listing_gives_a_combine_its_sm37_occupancy_from_its_own_geometry():
+    """`kgen list --json --resources`: a decode combine's occupancy is its block's (a
+    staged one COMBINE_THREADS threads and its static stage at any head_dim, a serial one
+    head_dim threads), not left out as it was for every op but flash."""
+    from kgen.compiler.coverage import OCCUPANCY_HEAD_DIMS, limits
+    from kgen.ir.axes import Op
+    from kgen.ir.geometry import COMBINE_THREADS, combine_staged
+    from kgen.ir.target import TARGET
+
+    files = pipeline.parse([ROOT / "specs"], ROOT)
+    combines = [k for k in pipeline.checked(files) if k.op is Op.DECODE_COMBINE]
+    assert any(combine_staged(k) for k in combines) and not all(map(combine_staged, combines))
+    for k in combines:
+        res = {"registers": 69, "stack_frame": 0, "spill_stores": 0, "static_smem": 17424}
+        occ = limits(k, res)["sm_37"]["occupancy"]
+        assert sorted(occ, key=int) == [str(d) for d in OCCUPANCY_HEAD_DIMS]
+        for hd, row in occ.items():
+            threads = COMBINE_THREADS if combine_staged(k) else int(hd)
+            blocks, warps = TARGET.occupancy(threads, 69, 17424)
+            assert row == {"threads": threads, "shared_bytes": 17424,
+                           "blocks_per_sm": blocks, "warps_per_sm": warps}
+            assert blocks >= 1
