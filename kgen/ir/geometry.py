@@ -341,9 +341,8 @@ def score_scatter(k: Kernel) -> ScoreScatter:
 # stage's acc rows at once (the next stage's while one folds) and each thread one split's
 # m and l and weight; the stage lands in shared memory and one warp folds it in split
 # order -- the serial form's arithmetic, its bits. Shared memory: a stage's acc rows
-# (COMBINE_THREADS x COMBINE_DIMS floats) and (weight, l) pairs, 17 KB, so a K80 SMX holds
-# 6 such blocks. On the H200 a stage cost about one load's latency where a warp walking
-# the splits 32 at a time waited one per 32 (combine alone, 128 splits: 3.9 against 7.5 us).
+# (COMBINE_THREADS x COMBINE_DIMS floats) and (weight, l) pairs (ptxas's static shared
+# memory; its sm_37 occupancy in `kgen list --json --resources`, its speed in the README).
 COMBINE_THREADS = 128
 COMBINE_DIMS = 32
 
