@@ -78,3 +78,23 @@ def test_the_first_loads_leave_before_q_is_staged_and_a_thread_ends_each_head():
         assert body.index("__syncthreads()") > stage, u.name
         end = body[body.index("The split's partial"):]
         assert "if (tid < G)" in end and "tid == 0" not in end, u.name
+
+
+def test_a_step_branches_on_no_head_and_skips_a_rescale_no_max_needs():
+    """Rendered from the specs, a quads decode's key loop scores and folds every head up
+    to its group bound with no branch per head, rescales acc only under a warp vote that
+    some head's lagging max moved, and its end stores each unit's true max with the sum
+    taken to it (so the partial is the split's max, sum and acc)."""
+    kernels = [k for k in pipeline.checked(pipeline.parse([ROOT / "specs"], ROOT))
+               if k.op is Op.FLASH and stream_quads(k)]
+    assert kernels
+    for u in render_units(kernels, ROOT / "templates", ROOT):
+        body = u.source[u.source.index(f"__global__ void {u.name}("):]
+        loop = body[body.index("for (int base = "):body.index("A head's l is the sum")]
+        assert "if (g < G)" not in loop, u.name
+        assert loop.count("if (__any_sync(0xffffffffu, moved))") >= 1, u.name
+        assert "mx > m_own[q] + RESCALE_SLACK ? mx : m_own[q]" in loop, u.name
+        assert "m_top[q] = fmaxf(m_top[q], mx);" in loop, u.name
+        merge = body[body.index("Merge the units in unit order"):]
+        assert "m_s[unit * G + g] = m_top_run[g];" in merge, u.name
+        assert "l_run[g] * expf(m_run[g] - fmaxf(m_top_run[g]" in merge, u.name
