@@ -76,17 +76,27 @@ def environment(templates: Path, cache_dir: Path | None = None) -> jinja2.Enviro
         bytecode_cache=jinja2.FileSystemBytecodeCache(str(bytecode)),
     )
     env.filters["signature"] = signature
-    env.globals.update(convert=convert, NEG_INF=NEG_INF, pos_off=pos_off)
+    env.globals.update(convert=convert, NEG_INF=NEG_INF, pos_off=pos_off, mapped=Mapped)
     return env
+
+
+class Mapped(str):
+    """A key position a skeleton has already mapped to its physical row (paged: through
+    the request's page-table row, as kgen_page_pos_by does), so pos_off maps it no
+    more; a contiguous cache's positions are their rows, and a skeleton passes them
+    plain."""
 
 
 def pos_off(k, pos: str, row: str, side=None) -> str:
     """The element offset of key position ``pos``'s row from a kv head's base: ``pos``
     rows of ``row`` elements in a contiguous cache; through the request's page-table
     row in a paged one (a position's rows of every kv head are adjacent there, a stride
-    of ``side``'s rows: view.Side, by default the kernel's one stride ``pstride``)."""
+    of ``side``'s rows: view.Side, by default the kernel's one stride ``pstride``), unless
+    the skeleton mapped it already (``Mapped``)."""
     if k.position is Position.PAGED:
         stride = side.pstride if side is not None else "pstride"
+        if isinstance(pos, Mapped):
+            return f"(size_t)({pos}) * {stride}"
         return f"(size_t)kgen_page_pos(page_row, {pos}, block_size) * {stride}"
     return f"(size_t){pos} * {row}"
 

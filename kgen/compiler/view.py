@@ -162,8 +162,8 @@ class KernelView:
 
     @property
     def prefetch(self) -> bool:
-        """prefetch = next_step (lane_dims = quads only, check_schedule): loads a step
-        ahead."""
+        """prefetch = next_step (lane_dims = quads or qtile_loads = swizzle,
+        check_schedule): loads a step (a tile) ahead."""
         return self.k.prefetch is Prefetch.NEXT_STEP
 
     @property

@@ -141,9 +141,12 @@ class LaneDims(StrEnum):
 
 
 class Prefetch(StrEnum):
-    NONE = "none"            # lane_dims = quads: a step issues its own loads, then uses them
+    NONE = "none"            # lane_dims = quads: a step issues its own loads, then uses them;
+    #                          qtile_loads = swizzle: a tile's loads, then their stores
     NEXT_STEP = "next_step"  # lane_dims = quads: a step issues the next step's loads before
-    #                          it scores its own (read a step ahead, twice the K/V registers)
+    #                          it scores its own (read a step ahead, twice the K/V registers);
+    #                          qtile_loads = swizzle: the next K tile's loads under P.V, a V
+    #                          tile's under its S patch (a tile's quads in registers)
 
 
 class KeySplit(StrEnum):
@@ -274,7 +277,10 @@ KEYS: dict[str, Key] = {
                      "a dot lane owns (strided: one element a lane per dot_lanes; quads: a "
                      "float4 of dims per dot_lanes quads, read a quad a load)"),
     "prefetch": Key(Prefetch, Prefetch.NONE, FLASH, "lane_dims = quads: whether a step's "
-                    "K/V loads are issued a step ahead (next_step) or in the step (none)"),
+                    "K/V loads are issued a step ahead (next_step) or in the step (none); "
+                    "qtile_loads = swizzle: whether a K tile's loads are issued a tile "
+                    "ahead and a V tile's under its S patch (next_step) or each where it is "
+                    "stored (none)"),
     "tile_keys": Key(int, 16, PLAN_OPS | DENSE, "keys per tile (and split rounding; "
                       "dense_attention, kv_reads = shared_tile: keys of a staged K/V tile)"),
     "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),

@@ -129,15 +129,19 @@ def family_registers(kernels) -> dict[tuple, int]:
     return out
 
 
-# The option axes a split prefill's plan ignores: a call with neutral options (another
-# kernel, the same arithmetic) must split as the plain call does, to keep its bits.
-SPLIT_PLAN_OPTIONS = ("window", "softcap", "sinks")
+# The axes a split prefill's plan ignores: the options (a call with neutral options,
+# another kernel of the same arithmetic, must split as the plain call does, to keep its
+# bits) and prefetch (where a tile's loads are issued, which the specs set per form by
+# its registers: the dense and paged forms, with and without the options, still split
+# alike).
+SPLIT_PLAN_OPTIONS = ("window", "softcap", "sinks", "prefetch")
 
 
 def split_family_registers(kernels) -> dict[tuple, int]:
     """The most registers a thread the build recorded in each split-plan family: the
-    plan families (family_registers) with the option axes merged, so a split prefill
-    and its option-carrying sibling plan alike (:func:`split_registers`)."""
+    plan families (family_registers) with SPLIT_PLAN_OPTIONS merged, so a split prefill
+    and its option-carrying or in-place-loading sibling plan alike
+    (:func:`split_registers`)."""
     out: dict[tuple, int] = {}
     for key, regs in family_registers(kernels).items():
         merged = tuple(kv for kv in key if kv[0] not in SPLIT_PLAN_OPTIONS)

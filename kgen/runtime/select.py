@@ -131,19 +131,22 @@ def fills(k: Kernel, rows: int, groups: int) -> bool:
 def split_twin(k: Kernel, kernels: list[tuple[Kernel, Callable]]
                ) -> tuple[Kernel, Callable] | None:
     """The split form (key_split = partials) of the whole query-tile prefill ``k``: the
-    generated kernel with every other axis of ``k``'s, if there is one."""
+    generated kernel with every other axis of ``k``'s but prefetch (where a tile's loads
+    are issued, which the specs set per form by its registers: the same arithmetic),
+    the one with ``k``'s prefetch first; None if there is none."""
     from kgen.runtime.record import axes_of
 
     def rest(x: Kernel) -> dict:
         axes = axes_of(x)
-        for key in ("key_split", "doc", "module"):
+        for key in ("key_split", "doc", "module", "prefetch"):
             axes.pop(key)
         return axes
 
     if not query_tiles(k) or key_partials(k):
         return None
     want = rest(k)
-    return next(((x, f) for x, f in kernels if key_partials(x) and rest(x) == want), None)
+    twins = [(x, f) for x, f in kernels if key_partials(x) and rest(x) == want]
+    return min(twins, key=lambda t: t[0].prefetch is not k.prefetch, default=None)
 
 
 def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,

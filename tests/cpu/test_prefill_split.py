@@ -85,27 +85,30 @@ def _chunk(cp, kv="f16", hd=128, n_kv=8, G=4, rows=128, ctx=3968, **kw):
 
 
 @needs_build
-def test_a_chunk_that_leaves_sms_idle_runs_split_and_combined(monkeypatch):
+@pytest.mark.parametrize("kv", ["f16", "f32", "q8_0"])
+def test_a_chunk_that_leaves_sms_idle_runs_split_and_combined(monkeypatch, kv):
     """128 rows after 3968 keys at 32/8 heads: 8 query tiles x 8 kv heads = 64 blocks.
     On the H200's 132 SMs the chunk runs as 4 key splits (grid x 8 * 4) and the combine
-    over its 128 * 32 (row, q head) heads; the paged cache splits one request alike."""
+    over its 128 * 32 (row, q head) heads; the paged cache splits one request alike
+    (for f32 and q8_0 too, whose paged split forms load each tile in place: the twin and
+    the plan ignore where a tile's loads are issued)."""
     from kgen.runtime.paged import PagedKVCache
 
     cp = _install(monkeypatch, H200)
-    cache, launched = _chunk(cp)
+    cache, launched = _chunk(cp, kv=kv)
     names = [n for n, *_ in launched]
     assert cache.last_prefill_splits == 4 and cache.last_prefill_split == names[-2], names
     split = next(k for k, _ in generated() if k.name == names[-2])
-    assert key_partials(split) and split.kv.value == "f16"
+    assert key_partials(split) and split.kv.value == kv
     assert names[-1] == cache.kernels.get("combine")[0].name, names
     assert launched[-2][1] == (8 * 4, 8, 1) and launched[-1][1][0] == 128 * 32, launched[-2:]
 
-    paged = PagedKVCache(8 * 65, 64, 8, 128, kv="f16")
+    paged = PagedKVCache(8 * 65, 64, 8, 128, kv=kv)
     sid = paged.add()
     q = cp.empty((4096, 32, 128))
     paged.prefill([sid], q, cp.empty((4096, 8, 128)), cp.empty((4096, 8, 128)), [3968 + 128])
     assert paged.last_prefill_splits == 1  # 4096 rows: 2048 blocks fill the device
-    paged2 = PagedKVCache(8 * 65, 64, 8, 128, kv="f16")
+    paged2 = PagedKVCache(8 * 65, 64, 8, 128, kv=kv)
     sid = paged2.add()
     paged2.prefill([sid], cp.empty((3968, 32, 128)), cp.empty((3968, 8, 128)),
                    cp.empty((3968, 8, 128)), [3968])
@@ -205,3 +208,24 @@ def test_no_rows_plan_no_split(monkeypatch):
         p.prefill([sid], cp.empty((0, 8, 128)), cp.empty((0, 2, 128)), cp.empty((0, 2, 128)),
                   [0])
     assert len(cp.launched) == n0
+
+
+@needs_build
+def test_a_split_forms_dense_paged_and_option_siblings_plan_alike():
+    """The split plan weighs the most registers of a family that ignores the position,
+    the options and prefetch: every split form of one arithmetic (dense or paged, with
+    or without the options, loading a tile ahead or in place) weighs the same registers,
+    so each splits as the others on any device (the same bits)."""
+    from kgen.runtime.plan import split_family_registers, split_registers
+    from kgen.runtime.record import axes_of
+
+    pool = [k for k, _ in generated() if key_partials(k)]
+    table = split_family_registers(pool)
+    groups: dict[tuple, set[int]] = {}
+    for k in pool:
+        axes = axes_of(k)
+        for key in ("position", "doc", "module", "window", "softcap", "sinks", "prefetch"):
+            axes.pop(key)
+        groups.setdefault(tuple(sorted(axes.items())), set()).add(split_registers(k, table))
+    assert any(len({x.prefetch for x in pool if x.kv is k.kv}) > 1 for k in pool)
+    assert all(len(regs) == 1 for regs in groups.values()), groups

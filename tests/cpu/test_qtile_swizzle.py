@@ -8,10 +8,14 @@ and the kernel."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from kgen.ir.axes import Mode, Op, Position
+from kgen.compiler import pipeline
+from kgen.compiler.render import render_units
+from kgen.ir.axes import Mode, Op, Position, Prefetch
 from kgen.ir.geometry import (
     flash_shared_bytes,
     head_dim_step,
@@ -138,3 +142,31 @@ def test_the_default_prefill_is_the_swizzled_tile_where_one_serves(swizzled):
         # device where its tiles are few).
         few, _ = find(role, hd, 4, kernels=pool, rows=1)
         assert few == got, (k.name, few.name)
+
+
+def test_a_tile_loads_ahead_where_its_spec_says_and_pages_map_by_a_multiply():
+    """Rendered from the specs: a swizzled query tile stages q a float4 at a time with
+    its loads in flight before their stores; with prefetch = next_step a V tile's loads
+    are issued before the S patch and the next K tile's before P.V (none: each tile's
+    loads just before their stores); a paged one maps every key with block_size's
+    divider, never a division per key."""
+    root = Path(__file__).resolve().parents[2]
+    kernels = [k for k in pipeline.checked(pipeline.parse([root / "specs"], root))
+               if k.op is Op.FLASH and qtile_swizzle(k)]
+    assert any(k.prefetch is Prefetch.NEXT_STEP for k in kernels)
+    assert any(k.prefetch is Prefetch.NONE for k in kernels)
+    for u, k in zip(render_units(kernels, root / "templates", root), kernels, strict=True):
+        body = u.source[u.source.index(f"__global__ void {u.name}("):]
+        stage = body[body.index("Stage the q tile"):body.index("The thread's rows")]
+        assert "__ldg(reinterpret_cast<const float4 *>(src))" in stage, u.name
+        loop = body[body.index("for (int j0 = j_lo;"):]
+        s_patch, pv = loop.index("S patch: rows"), loop.index("O += P.V")
+        v_load, v_store = loop.index("v_raw[s] = {};"), loop.index("kv_s4[idx] = st;")
+        if k.prefetch is Prefetch.NEXT_STEP:
+            assert v_load < s_patch < v_store, u.name
+            assert v_store < loop.index("if (k_raw_j0 < j_hi)") < pv, u.name
+        else:
+            assert s_patch < v_load < v_store < pv and "k_raw_j0" not in body, u.name
+        if k.position is Position.PAGED:
+            assert "kgen_make_divider(block_size)" in body, u.name
+            assert "kgen_page_pos(" not in body and "kgen_page_pos_by(" in loop, u.name

@@ -123,13 +123,30 @@ def _bit_exact_shapes():
             if pair(**_formats(kv)).accepts_head_dim(hd) for G in (4, 8)]
 
 
+def _prefill_both(g, kv: str, hd: int, G: int, paged, sid: int, n: int, scales: dict):
+    """n random rows prefilled into a dense cache (from position 0) and into ``paged``'s
+    sequence ``sid``: (q, k_new, v_new, the dense cache, the paged output, the dense
+    output); skips where no dense prefill serves the shape."""
+    import cupy as cp
+
+    from kgen.runtime.kv import KVCache
+
+    dense = KVCache(HK, hd, 256, **_formats(kv), **scales)
+    q, kn, vn = _rand(g, n, HK * G, hd), _rand(g, n, HK, hd), _rand(g, n, HK, hd)
+    try:
+        b = dense.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
+    except ContractError as exc:
+        pytest.skip(f"no dense {kv} prefill at head_dim {hd}, {G} groups: {exc}")
+    a = paged.prefill([sid], cp.asarray(q), cp.asarray(kn), cp.asarray(vn), [n]).get()
+    return q, kn, vn, dense, a, b
+
+
 @pytest.mark.parametrize("kv, hd, G", _bit_exact_shapes())
 def test_paged_is_bit_exact_with_dense_on_one_sequence(kv, hd, G):
     """The gate: pages in a shuffled order, one sequence, the same rows: prefill and
     decode (a given plan, and each cache's default plan) give the dense kernels' bits."""
     import cupy as cp
 
-    from kgen.runtime.kv import KVCache
     from kgen.runtime.paged import PagedKVCache
 
     g, seed = rng()
@@ -137,14 +154,8 @@ def test_paged_is_bit_exact_with_dense_on_one_sequence(kv, hd, G):
     paged = PagedKVCache(32, 16, HK, hd, **_formats(kv), **scales)
     paged.free_blocks = list(g.permutation(32).tolist())  # scattered physical blocks
     sid = paged.add()
-    dense = KVCache(HK, hd, 256, **_formats(kv), **scales)
     n, H = 70, HK * G
-    q, kn, vn = _rand(g, n, H, hd), _rand(g, n, HK, hd), _rand(g, n, HK, hd)
-    try:
-        b = dense.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=0).get()
-    except ContractError as exc:
-        pytest.skip(f"no dense {kv} prefill at head_dim {hd}, {G} groups: {exc}")
-    a = paged.prefill([sid], cp.asarray(q), cp.asarray(kn), cp.asarray(vn), [n]).get()
+    _, _, _, dense, a, b = _prefill_both(g, kv, hd, G, paged, sid, n, scales)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
         f"{kv} hd{hd} G{G} prefill ({dense.last_prefill}), seed={seed}"
     for pos, plan in ((n, {"kps": 32, "splits_cap": 4}), (n + 1, {})):
@@ -155,6 +166,39 @@ def test_paged_is_bit_exact_with_dense_on_one_sequence(kv, hd, G):
                          **plan).get()
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
             f"{kv} hd{hd} G{G} decode {plan or 'default plan'}, seed={seed}"
+
+
+@pytest.mark.parametrize("kv", _paged_formats())
+@pytest.mark.parametrize("block_size", [1, 7, 48])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_pages_of_any_size_give_the_dense_prefill_bits(kv, block_size, hd):
+    """A varlen prefill maps each key through its page by block_size's divider (a
+    multiply, not a division): pages of 1, 7 and 48 positions, shuffled, a sequence
+    long enough to cross many of them (and a query tile's keys spanning several), give
+    the dense prefill's bits."""
+    from kgen.runtime.paged import PagedKVCache
+    from kgen.runtime.select import generated
+
+    g, seed = rng()
+    scales = _scales(kv)
+    n, G = 150, 4
+    blocks = -(-n // block_size) + 2
+    paged = PagedKVCache(blocks, block_size, HK, hd, **_formats(kv),
+                         max_blocks_per_seq=blocks, **scales)
+    paged.free_blocks = list(g.permutation(blocks).tolist())
+    sid = paged.add()
+    q, kn, vn, dense, a, b = _prefill_both(g, kv, hd, G, paged, sid, n, scales)
+    host = ref.HostCache.empty(dense.pair, HK, 256, hd, dense.RING_ROWS, dense.SINK_ROWS,
+                               **scales)
+    ref.append(kn, vn, host, 0)
+    kp = next(k for k, _ in generated() if k.name == dense.last_prefill)
+    want = ref.prefill_attention_cache(q, host, G, 0, 0, 0, 0, 0, 1 / math.sqrt(hd),
+                                       tile=kp.tile_keys)
+    np.testing.assert_allclose(a, want, rtol=RTOL, atol=ATOL,
+                               err_msg=f"{kv} hd{hd} block_size {block_size} "
+                               f"({paged.last_prefill}), seed={seed}")
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+        f"{kv} hd{hd} block_size {block_size} ({paged.last_prefill}), seed={seed}"
 
 
 GRAPH_OPTIONS = [{}, {"window": (23, 0), "softcap": 1.5}, {"sinks": True}]

@@ -343,7 +343,7 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
                                 "query_tile only")
     if k.schedule is Schedule.QUERY_TILE:
         for key in STREAM_KEYS:
-            if key in k.explicit_keys:
+            if key in k.explicit_keys and key not in QUERY_TILE_STREAM_KEYS:
                 raise ctx.error(k.where(key), f"{key} applies to schedule = warp_stream only")
         _check_query_tile(k, ctx)
         return
@@ -382,8 +382,10 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
                         "registers)")
 
 
-# The keys only a warp_stream kernel reads.
+# The keys only a warp_stream kernel reads, and those of them a query_tile kernel reads
+# too (the swizzled tile's prefetch).
 STREAM_KEYS = ("keys_per_step", "stream_loads", "stream_steps", "lane_dims", "prefetch")
+QUERY_TILE_STREAM_KEYS = ("prefetch",)
 
 
 def _check_lane_quads(k: Kernel, ctx: _Ctx) -> None:
@@ -470,6 +472,10 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
                         f"{k.pair.block} values")
     if qtile_swizzle(k):
         _check_swizzle(k, ctx)
+    elif k.prefetch is not Prefetch.NONE:
+        raise ctx.error(_blame(k, "prefetch", "qtile_loads"), f"prefetch = "
+                        f"{k.prefetch.value} on a query tile needs qtile_loads = swizzle (the "
+                        "format's raw quad loads are what run a tile ahead)")
     if k.key_split is KeySplit.PARTIALS:
         _check_key_split(k, ctx)
     if qtile_vec4(k) and (k.k_pad % 4 or k.tile_keys % 4):
