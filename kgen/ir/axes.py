@@ -347,4 +347,9 @@ SETS: dict[str, BuiltinSet] = {
 }
 
 
+# Axes that place a kernel's loads, not its arithmetic: kernels that differ only in them
+# give the same bits, so the runtime treats them as one form (a whole prefill's split
+# twin, a split plan's family) and a spec may set them per form by its registers.
+LOAD_PLACEMENT = ("prefetch",)
+
 RESOURCES = ("registers", "stack_frame", "spill_stores", "spill_loads", "static_smem")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.ir.axes import Schedule
+from kgen.ir.axes import LOAD_PLACEMENT, Schedule
 from kgen.ir.kernel import Kernel
 from kgen.ir.target import TARGET, Target
 
@@ -131,20 +131,18 @@ def family_registers(kernels) -> dict[tuple, int]:
 
 # The axes a split prefill's plan ignores: the options (a call with neutral options,
 # another kernel of the same arithmetic, must split as the plain call does, to keep its
-# bits) and prefetch (where a tile's loads are issued, which the specs set per form by
-# its registers: the dense and paged forms, with and without the options, still split
-# alike).
-SPLIT_PLAN_OPTIONS = ("window", "softcap", "sinks", "prefetch")
+# bits) and the load placement (kgen.ir.axes.LOAD_PLACEMENT: the same arithmetic).
+SPLIT_PLAN_IGNORES = ("window", "softcap", "sinks", *LOAD_PLACEMENT)
 
 
 def split_family_registers(kernels) -> dict[tuple, int]:
     """The most registers a thread the build recorded in each split-plan family: the
-    plan families (family_registers) with SPLIT_PLAN_OPTIONS merged, so a split prefill
-    and its option-carrying or in-place-loading sibling plan alike
+    plan families (family_registers) with SPLIT_PLAN_IGNORES merged, so a split prefill
+    and its siblings with other options or load placement plan alike
     (:func:`split_registers`)."""
     out: dict[tuple, int] = {}
     for key, regs in family_registers(kernels).items():
-        merged = tuple(kv for kv in key if kv[0] not in SPLIT_PLAN_OPTIONS)
+        merged = tuple(kv for kv in key if kv[0] not in SPLIT_PLAN_IGNORES)
         out[merged] = max(out.get(merged, 0), regs)
     return out
 
@@ -155,7 +153,7 @@ def split_registers(k: Kernel, table: dict[tuple, int]) -> int:
     per-thread bound where the build recorded none."""
     from kgen.runtime.record import forms_key
 
-    key = tuple(kv for kv in forms_key(k) if kv[0] not in SPLIT_PLAN_OPTIONS)
+    key = tuple(kv for kv in forms_key(k) if kv[0] not in SPLIT_PLAN_IGNORES)
     return table.get(key, TARGET.registers_per_thread)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.ir.axes import KEYS, KStage, Mode, Op, Position, QStage, Schedule
+from kgen.ir.axes import KEYS, LOAD_PLACEMENT, KStage, Mode, Op, Position, QStage, Schedule
 from kgen.ir.geometry import (
     combine_staged,
     key_partials,
@@ -131,22 +131,25 @@ def fills(k: Kernel, rows: int, groups: int) -> bool:
 def split_twin(k: Kernel, kernels: list[tuple[Kernel, Callable]]
                ) -> tuple[Kernel, Callable] | None:
     """The split form (key_split = partials) of the whole query-tile prefill ``k``: the
-    generated kernel with every other axis of ``k``'s but prefetch (where a tile's loads
-    are issued, which the specs set per form by its registers: the same arithmetic),
-    the one with ``k``'s prefetch first; None if there is none."""
+    generated kernel with every other axis of ``k``'s but the load placement
+    (LOAD_PLACEMENT: the same arithmetic), the one placing its loads as ``k`` does
+    first; None if there is none."""
     from kgen.runtime.record import axes_of
 
     def rest(x: Kernel) -> dict:
         axes = axes_of(x)
-        for key in ("key_split", "doc", "module", "prefetch"):
+        for key in ("key_split", "doc", "module", *LOAD_PLACEMENT):
             axes.pop(key)
         return axes
+
+    def placed(x: Kernel) -> tuple:
+        return tuple(getattr(x, key) for key in LOAD_PLACEMENT)
 
     if not query_tiles(k) or key_partials(k):
         return None
     want = rest(k)
     twins = [(x, f) for x, f in kernels if key_partials(x) and rest(x) == want]
-    return min(twins, key=lambda t: t[0].prefetch is not k.prefetch, default=None)
+    return min(twins, key=lambda t: placed(t[0]) != placed(k), default=None)
 
 
 def find(role: Role, head_dim: int, groups: int = 1, variant: str | None = None,
