@@ -34,6 +34,8 @@ from kgen.ir.geometry import (
     DENSE_ROWS,
     DFLASH_ROWS,
     MERGE_ROWS,
+    QK_KEY_GROUPS,
+    QK_ROW_GROUPS,
     Region,
     ScoreScatter,
     dflash_chunks,
@@ -41,6 +43,7 @@ from kgen.ir.geometry import (
     key_partials,
     out_cols,
     p_stride,
+    qk_patch,
     qtile_swizzle,
     qtile_vec4,
     row_groups,
@@ -200,6 +203,15 @@ class KernelView:
     @property
     def swizzle_stride(self) -> int:
         return swizzle_stride(self.k)
+
+    @property
+    def qk_patch(self) -> tuple[int, int]:
+        return qk_patch(self.k)
+
+    @property
+    def qk_lanes(self) -> tuple[int, int]:
+        """qk_split > 1: a warp's lanes along the rows and along the keys."""
+        return QK_ROW_GROUPS, QK_KEY_GROUPS
 
     @property
     def slots(self) -> bool:

@@ -302,6 +302,10 @@ KEYS: dict[str, Key] = {
                      "block's query tile"),
     "micro_rows": Key(int, 2, FLASH, "query_tile: rows of a thread's score and output patch"),
     "micro_keys": Key(int, 4, FLASH, "query_tile: keys of a thread's score patch"),
+    "qk_split": Key(int, 1, FLASH, "query_tile, qtile_loads = swizzle: shares of head_dim "
+                    "that S = q.K^T is split into, one a warp (1: a thread sums its patch over "
+                    "every dim; the block's warps: each warp sums the whole S tile over its "
+                    "share in 8 x 4 lanes, and the shares meet in shared memory)"),
     "qtile_loads": Key(QtileLoads, QtileLoads.SCALAR, FLASH, "query_tile: the width of "
                        "its shared-memory loads (scalar; vec4: float4 along head_dim; "
                        "swizzle: float4 over swizzled rows, P by shuffles)"),

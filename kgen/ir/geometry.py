@@ -108,6 +108,19 @@ def swizzle_stride(k: Kernel) -> int:
     return -(-k.max_head_dim // group) * group
 
 
+# qk_split > 1: a warp sums the block's whole S tile over its share of head_dim, its lanes
+# QK_ROW_GROUPS along the rows (rows g + 8 i: their q loads hit 8 distinct swizzles, a
+# bank each) by QK_KEY_GROUPS along the keys (keys g + 4 j: 4 distinct swizzles).
+QK_ROW_GROUPS = SWIZZLE_QUADS
+QK_KEY_GROUPS = TARGET.warp // QK_ROW_GROUPS
+
+
+def qk_patch(k: Kernel) -> tuple[int, int]:
+    """query_tile, qk_split > 1: the rows and keys of a lane's patch of its warp's share
+    of S (tile_rows / 8 x tile_keys / 4)."""
+    return k.tile_rows // QK_ROW_GROUPS, k.tile_keys // QK_KEY_GROUPS
+
+
 def row_lanes(k: Kernel) -> int:
     """query_tile: the lanes sharing one row (tile_keys / micro_keys)."""
     return k.tile_keys // k.micro_keys

@@ -74,6 +74,7 @@ class Kernel:
     tile_rows: int
     micro_rows: int
     micro_keys: int
+    qk_split: int
     qtile_loads: QtileLoads
     stream_loads: StreamLoads
     stream_steps: StreamSteps

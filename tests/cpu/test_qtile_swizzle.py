@@ -20,6 +20,7 @@ from kgen.ir.geometry import (
     flash_shared_bytes,
     head_dim_step,
     qtile_swizzle,
+    qtile_threads,
     quad_reads,
     row_lanes,
     swizzle_stride,
@@ -160,7 +161,7 @@ def test_a_tile_loads_ahead_where_its_spec_says_and_pages_map_by_a_multiply():
         stage = body[body.index("Stage the q tile"):body.index("The thread's rows")]
         assert "__ldg(reinterpret_cast<const float4 *>(src))" in stage, u.name
         loop = body[body.index("for (int j0 = j_lo;"):]
-        s_patch, pv = loop.index("S patch: rows"), loop.index("O += P.V")
+        s_patch, pv = loop.index("/* S patch"), loop.index("O += P.V")
         v_load, v_store = loop.index("v_raw[s] = {};"), loop.index("kv_s4[idx] = st;")
         if k.prefetch is Prefetch.NEXT_STEP:
             assert v_load < s_patch < v_store, u.name
@@ -170,3 +171,32 @@ def test_a_tile_loads_ahead_where_its_spec_says_and_pages_map_by_a_multiply():
         if k.position is Position.PAGED:
             assert "kgen_make_divider(block_size)" in body, u.name
             assert "kgen_page_pos(" not in body and "kgen_page_pos_by(" in loop, u.name
+
+
+def test_a_split_s_tile_meets_in_the_k_tiles_place_after_every_warp_is_done_with_it():
+    """Rendered from the specs: where qk_split > 1 (some kernels, and never the q8_0 K
+    forms, which keep the whole tile), each warp sums its share of the dims; a barrier
+    (every warp done with K) comes before the first share is stored in K's place, another
+    before a thread sums its patch's shares, and a third before V replaces them; and the
+    kernels a spec declares bit-exact with each other split alike."""
+    root = Path(__file__).resolve().parents[2]
+    kernels = [k for k in pipeline.checked(pipeline.parse([root / "specs"], root))
+               if k.op is Op.FLASH and qtile_swizzle(k)]
+    split = [k for k in kernels if k.qk_split > 1]
+    assert split and any(k.qk_split == 1 for k in kernels)
+    assert all(k.qk_split == qtile_threads(k) // TARGET.warp for k in split)
+    assert not any(k.kv.value == "q8_0" for k in split)
+    by_name = {k.name: k for k in kernels}
+    for k in kernels:
+        for r in k.relations:
+            if r.kind == "bit_exact" and r.other in by_name:
+                assert by_name[r.other].qk_split == k.qk_split, (k.name, r.other)
+    for u in render_units(split, root / "templates", root):
+        loop = u.source[u.source.index("for (int j0 = j_lo;"):]
+        shares = loop[loop.index("S patch by shares"):loop.index("Online softmax")]
+        first_store = shares.index("qk_own[")
+        barriers = [i for i in range(len(shares)) if shares.startswith("__syncthreads()", i)]
+        assert len(barriers) == 2, u.name
+        assert barriers[0] < first_store < barriers[1] < shares.index("sc[i][j] = s;"), u.name
+        after = loop[loop.index("Online softmax"):]
+        assert after.index("__syncthreads()") < after.index("kv_s4[idx] = st;"), u.name

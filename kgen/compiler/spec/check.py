@@ -31,6 +31,8 @@ from kgen.ir.axes import (
     VStage,
 )
 from kgen.ir.geometry import (
+    QK_KEY_GROUPS,
+    QK_ROW_GROUPS,
     accumulators,
     dense_shared_bytes,
     dflash_chunks,
@@ -38,6 +40,7 @@ from kgen.ir.geometry import (
     flash_shared_bytes,
     max_head_dim_launched,
     min_head_dim,
+    qk_patch,
     qtile_swizzle,
     qtile_threads,
     qtile_vec4,
@@ -49,6 +52,7 @@ from kgen.ir.geometry import (
     stream_hoisted,
     stream_quads,
     streams,
+    swizzle_stride,
     tile_threads,
 )
 from kgen.ir.kernel import Kernel
@@ -409,7 +413,7 @@ def _check_lane_quads(k: Kernel, ctx: _Ctx) -> None:
 # The keys only a query_tile kernel reads (the tile shape and the head_dim bound of a
 # thread's output patch); max_head_dim is also the append kernels' staging bound.
 QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim", "qtile_loads",
-                   "key_split")
+                   "key_split", "qk_split")
 # Options a query_tile kernel does not have yet (the vec4 loads: none of the engine's),
 # and the staging axes it fixes itself.
 QUERY_TILE_NOT_YET = ("ring_floor",)
@@ -476,6 +480,8 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(_blame(k, "prefetch", "qtile_loads"), f"prefetch = "
                         f"{k.prefetch.value} on a query tile needs qtile_loads = swizzle (the "
                         "format's raw quad loads are what run a tile ahead)")
+    if k.qk_split != 1:
+        _check_qk_split(k, ctx)
     if k.key_split is KeySplit.PARTIALS:
         _check_key_split(k, ctx)
     if qtile_vec4(k) and (k.k_pad % 4 or k.tile_keys % 4):
@@ -517,6 +523,44 @@ def _check_swizzle(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(_blame(k, "micro_keys", "tile_keys"), f"qtile_loads = swizzle: "
                         f"tile_keys / micro_keys = {row_lanes(k)} lanes a row must be a "
                         f"multiple of {SWIZZLE_ROWS} (a thread's keys share one swizzle)")
+
+
+def _check_qk_split(k: Kernel, ctx: _Ctx) -> None:
+    """qk_split > 1: the swizzled query tile (its q and K rows) with one share of head_dim
+    a warp, the shares in whole swizzle groups; a warp's 8 x 4 lanes divide the tile
+    and land on the thread patches (row_groups a multiple of 8, row_lanes of 4); the
+    warps' partial scores fit in the K tile they replace; a lane's patch of them fits
+    its registers beside its output floats."""
+    where = k.where("qk_split")
+    if not qtile_swizzle(k):
+        raise ctx.error(_blame(k, "qk_split", "qtile_loads"), "qk_split splits the swizzled "
+                        "query tile's S (qtile_loads = swizzle) only")
+    warps = qtile_threads(k) // TARGET.warp
+    if k.qk_split != warps:
+        raise ctx.error(where, f"qk_split = {k.qk_split}: one share of head_dim a warp, and "
+                        f"the block has {warps} (qk_split = 1 or {warps})")
+    quads = swizzle_stride(k) // 4
+    if quads % (k.qk_split * SWIZZLE_ROWS):
+        raise ctx.error(where, f"qk_split = {k.qk_split} shares of {quads} float4s a row: "
+                        f"each must be whole swizzle groups of {SWIZZLE_ROWS} (raise "
+                        "max_head_dim)")
+    if (k.tile_rows % QK_ROW_GROUPS or k.tile_keys % QK_KEY_GROUPS
+            or row_groups(k) % QK_ROW_GROUPS or row_lanes(k) % QK_KEY_GROUPS):
+        raise ctx.error(_blame(k, "qk_split", "tile_rows"), f"qk_split: a warp's "
+                        f"{QK_ROW_GROUPS} x {QK_KEY_GROUPS} lanes divide the tile's rows and keys "
+                        f"(tile_rows a multiple of {QK_ROW_GROUPS}, tile_keys of "
+                        f"{QK_KEY_GROUPS}), and the row groups ({row_groups(k)}) and a row's "
+                        f"lanes ({row_lanes(k)}) are multiples of them")
+    if k.qk_split * k.tile_rows > swizzle_stride(k):
+        raise ctx.error(where, f"qk_split = {k.qk_split}: the warps' partial scores "
+                        f"({k.qk_split} x {k.tile_rows} x {k.tile_keys} floats) must fit in "
+                        f"the K tile they replace ({k.tile_keys} x {swizzle_stride(k)})")
+    rows, keys = qk_patch(k)
+    if accumulators(k) + rows * keys > TARGET.registers_per_thread:
+        raise ctx.error(where, f"qk_split: a lane's {rows} x {keys} partial scores and "
+                        f"{accumulators(k)} output floats in registers: "
+                        f"{accumulators(k) + rows * keys}, and a thread has "
+                        f"{TARGET.registers_per_thread}")
 
 
 def _check_key_split(k: Kernel, ctx: _Ctx) -> None:
