@@ -191,20 +191,27 @@ def test_a_mixed_paged_cache_runs_its_pair_kernels(cp, kv, v_kv):
 
 
 @needs_build
+@pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("kv, v_kv", _pairs("paged"))
-def test_a_pageable_pair_prefills_through_the_swizzled_tile_dense_and_paged_alike(cp, kv, v_kv):
-    """A pair without shadows takes the swizzled query tile, as its formats alone do, with
-    the same tile dense and over pages (so one sequence gets the dense bits); the pair has
-    no split form, so a chunk after a context runs whole in both."""
+def test_a_pageable_pair_prefills_through_the_swizzled_tile_dense_and_paged_alike(cp, kv, v_kv,
+                                                                                   hd):
+    """A pair without shadows takes the swizzled query tile, as its formats alone do, at
+    the tightest head bound that serves its head_dim, with the same tile dense and over
+    pages (so one sequence gets the dense bits); the pair has no split form, so a chunk
+    after a context runs whole in both."""
     by = {k.name: k for k, _ in generated()}
-    d = KVCache(HK, HD, 4096, kv=kv, v_kv=v_kv)
-    d.prefill(cp.empty((8, H, HD)), cp.empty((8, HK, HD)), cp.empty((8, HK, HD)), pos0=2048)
-    p = PagedKVCache(512, 16, HK, HD, kv=kv, v_kv=v_kv)
+    swizzled = [k for k in by.values() if k.mixed and k.qtile_loads.value == "swizzle"
+                and (k.kv.value, k.v_kv.value) == (kv, v_kv)]
+    bound = min(k.max_head_dim for k in swizzled if k.max_head_dim >= hd)
+    d = KVCache(HK, hd, 4096, kv=kv, v_kv=v_kv)
+    d.prefill(cp.empty((8, H, hd)), cp.empty((8, HK, hd)), cp.empty((8, HK, hd)), pos0=2048)
+    p = PagedKVCache(512, 16, HK, hd, kv=kv, v_kv=v_kv)
     a = p.add()
-    p.prefill([a], cp.empty((8, H, HD)), cp.empty((8, HK, HD)), cp.empty((8, HK, HD)), [8])
+    p.prefill([a], cp.empty((8, H, hd)), cp.empty((8, HK, hd)), cp.empty((8, HK, hd)), [8])
     kd, kp = by[d.last_prefill], by[p.last_prefill]
     assert kd.mixed and kp.mixed and kd.qtile_loads.value == "swizzle", d.last_prefill
-    tile = ("tile_rows", "tile_keys", "micro_rows", "micro_keys", "max_head_dim")
+    assert kd.max_head_dim == bound, (hd, d.last_prefill)
+    tile = ("tile_rows", "tile_keys", "micro_rows", "micro_keys", "max_head_dim", "qk_split")
     assert [getattr(kd, t) for t in tile] == [getattr(kp, t) for t in tile]
     assert (d.last_prefill_splits, p.last_prefill_splits) == (1, 1)
 
