@@ -42,8 +42,10 @@ class Module:
 
 
 def signature(k: KernelView, width: int = 96) -> str:
-    """``__global__ void name(params...)`` with whole parameters packed per line."""
-    head = f"__global__ void {k.name}("
+    """``__global__ void name(params...)`` with whole parameters packed per line (a
+    kernel with ``min_blocks`` names its launch bounds before its name)."""
+    bounds = f"__launch_bounds__({k.block_threads}, {k.min_blocks}) " if k.min_blocks else ""
+    head = f"__global__ void {bounds}{k.name}("
     indent = " " * len(head)
     decls = [p.decl + ("," if i < len(k.params) - 1 else ")") for i, p in enumerate(k.params)]
     lines, cur = [], head

@@ -45,6 +45,7 @@ from kgen.ir.geometry import (
     p_stride,
     qk_patch,
     qtile_swizzle,
+    qtile_threads,
     qtile_vec4,
     row_groups,
     row_lanes,
@@ -203,6 +204,11 @@ class KernelView:
     @property
     def swizzle_stride(self) -> int:
         return swizzle_stride(self.k)
+
+    @property
+    def block_threads(self) -> int:
+        """query_tile: the block's threads (fixed by its tile shape)."""
+        return qtile_threads(self.k)
 
     @property
     def qk_patch(self) -> tuple[int, int]:

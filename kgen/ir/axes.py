@@ -302,6 +302,12 @@ KEYS: dict[str, Key] = {
                      "block's query tile"),
     "micro_rows": Key(int, 2, FLASH, "query_tile: rows of a thread's score and output patch"),
     "micro_keys": Key(int, 4, FLASH, "query_tile: keys of a thread's score patch"),
+    "min_blocks": Key(int, 0, FLASH, "query_tile: blocks an SM that the kernel's registers "
+                      "must allow (__launch_bounds__ with the block's threads; 0: no bound): "
+                      "a bound for every target the PTX is compiled for, so one whose SMs "
+                      "have fewer registers than sm_37's (a driver's JIT of the PTX) keeps "
+                      "that many blocks; on sm_37 it binds only past 128K registers an SM",
+                      lo=0),
     "qk_split": Key(int, 1, FLASH, "query_tile, qtile_loads = swizzle: shares of head_dim "
                     "that S = q.K^T is split into, one a warp (1: a thread sums its patch over "
                     "every dim; the block's warps: each warp sums the whole S tile over its "

@@ -75,6 +75,7 @@ class Kernel:
     micro_rows: int
     micro_keys: int
     qk_split: int
+    min_blocks: int
     qtile_loads: QtileLoads
     stream_loads: StreamLoads
     stream_steps: StreamSteps

@@ -157,7 +157,7 @@ def test_a_tile_loads_ahead_where_its_spec_says_and_pages_map_by_a_multiply():
     assert any(k.prefetch is Prefetch.NEXT_STEP for k in kernels)
     assert any(k.prefetch is Prefetch.NONE for k in kernels)
     for u, k in zip(render_units(kernels, root / "templates", root), kernels, strict=True):
-        body = u.source[u.source.index(f"__global__ void {u.name}("):]
+        body = u.source[u.source.index(f" {u.name}(", u.source.index("__global__ void")):]
         stage = body[body.index("Stage the q tile"):body.index("The thread's rows")]
         assert "__ldg(reinterpret_cast<const float4 *>(src))" in stage, u.name
         loop = body[body.index("for (int j0 = j_lo;"):]
@@ -200,3 +200,20 @@ def test_a_split_s_tile_meets_in_the_k_tiles_place_after_every_warp_is_done_with
         assert barriers[0] < first_store < barriers[1] < shares.index("sc[i][j] = s;"), u.name
         after = loop[loop.index("Online softmax"):]
         assert after.index("__syncthreads()") < after.index("kv_s4[idx] = st;"), u.name
+
+
+def test_a_kernel_names_launch_bounds_exactly_where_its_spec_sets_min_blocks():
+    """Rendered from the specs: a query tile with min_blocks > 0 is declared
+    ``__launch_bounds__(its threads, min_blocks)`` (a register bound for every target
+    its PTX is compiled for); every other kernel carries none."""
+    root = Path(__file__).resolve().parents[2]
+    kernels = [k for k in pipeline.checked(pipeline.parse([root / "specs"], root))
+               if k.op is Op.FLASH and qtile_swizzle(k)]
+    assert any(k.min_blocks for k in kernels) and any(not k.min_blocks for k in kernels)
+    for u, k in zip(render_units(kernels, root / "templates", root), kernels, strict=True):
+        bound = f"__global__ void __launch_bounds__({qtile_threads(k)}, {k.min_blocks}) {u.name}("
+        if k.min_blocks:
+            assert bound in u.source, u.name
+        else:
+            assert f"__global__ void {u.name}(" in u.source, u.name
+            assert "__launch_bounds__" not in u.source, u.name

@@ -413,7 +413,7 @@ def _check_lane_quads(k: Kernel, ctx: _Ctx) -> None:
 # The keys only a query_tile kernel reads (the tile shape and the head_dim bound of a
 # thread's output patch); max_head_dim is also the append kernels' staging bound.
 QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim", "qtile_loads",
-                   "key_split", "qk_split")
+                   "key_split", "qk_split", "min_blocks")
 # Options a query_tile kernel does not have yet (the vec4 loads: none of the engine's),
 # and the staging axes it fixes itself.
 QUERY_TILE_NOT_YET = ("ring_floor",)
@@ -430,7 +430,8 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
     learned sinks (with scalar loads; vec4 loads the tile-granular window only); f32
     tiles in shared memory (the staging axes at their defaults); micro-tiles that
     divide the tile, a row's lanes inside one warp (its max and sum reduce by
-    shuffles), whole warps, and an output patch that fits the registers."""
+    shuffles), whole warps, an output patch that fits the registers, and min_blocks
+    blocks that fit an SM's threads."""
     where = k.where("schedule")
     if k.mode is not Mode.PREFILL or k.position not in (Position.HOST, Position.PAGED):
         raise ctx.error(where, "schedule = query_tile "
@@ -482,6 +483,9 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
                         "format's raw quad loads are what run a tile ahead)")
     if k.qk_split != 1:
         _check_qk_split(k, ctx)
+    if k.min_blocks * threads > TARGET.threads_per_sm:
+        raise ctx.error(k.where("min_blocks"), f"min_blocks = {k.min_blocks} blocks of "
+                        f"{threads} threads: an SM holds {TARGET.threads_per_sm} threads")
     if k.key_split is KeySplit.PARTIALS:
         _check_key_split(k, ctx)
     if qtile_vec4(k) and (k.k_pad % 4 or k.tile_keys % 4):
