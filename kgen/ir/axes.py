@@ -306,7 +306,8 @@ KEYS: dict[str, Key] = {
                       "must allow (__launch_bounds__ with the block's threads; 0: no bound): "
                       "a bound for every target the PTX is compiled for, so one whose SMs "
                       "have fewer registers than sm_37's (a driver's JIT of the PTX) keeps "
-                      "that many blocks; on sm_37 it binds only past 128K registers an SM",
+                      "that many blocks; on sm_37 (128K registers an SM) it holds a thread "
+                      "under 255 registers only where min_blocks x threads x 255 exceed them",
                       lo=0),
     "qk_split": Key(int, 1, FLASH, "query_tile, qtile_loads = swizzle: shares of head_dim "
                     "that S = q.K^T is split into, one a warp (1: a thread sums its patch over "

@@ -483,9 +483,10 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
                         "format's raw quad loads are what run a tile ahead)")
     if k.qk_split != 1:
         _check_qk_split(k, ctx)
-    if k.min_blocks * threads > TARGET.threads_per_sm:
+    if k.min_blocks * threads > TARGET.threads_per_sm or k.min_blocks > TARGET.blocks_per_sm:
         raise ctx.error(k.where("min_blocks"), f"min_blocks = {k.min_blocks} blocks of "
-                        f"{threads} threads: an SM holds {TARGET.threads_per_sm} threads")
+                        f"{threads} threads: an SM holds {TARGET.threads_per_sm} threads and "
+                        f"{TARGET.blocks_per_sm} blocks")
     if k.key_split is KeySplit.PARTIALS:
         _check_key_split(k, ctx)
     if qtile_vec4(k) and (k.k_pad % 4 or k.tile_keys % 4):
