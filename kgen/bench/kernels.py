@@ -8,11 +8,23 @@ default bench-out/):
               kernels KVCache chooses: time, and decode's cache bandwidth;
 * variants -- every prefill variant serving the reference's shape (head_dim 256,
               8 q heads per kv head), as ratios to the kernel KVCache chooses;
+* prefill_long -- causal prefill of 8192 rows, every format, head_dim 64, 128 and 256, GQA
+              4 and 8: every kernel serving the shape beside torch SDPA (its default
+              backend and the math path) and SGEMM with TF32 off, as % of SGEMM;
+* decode_long -- f32 decode at 32k keys (head_dim 256, 8 q heads per kv head) in GB/s
+              against a device-to-device copy;
+* decode_goals -- split decode + combine at 1k, 4k and 32k keys, every format, head_dim
+              128 and 256, GQA 4 and 8: the default plan and the swept best against the
+              roofline (copy bandwidth and SGEMM rate timed in the same run);
 * paged_goals -- paged decode (32 sequences x 4k keys), paged varlen prefill and the
               chunked prefill of every format against the roofline and SGEMM;
+* prefill_rows -- the query-tile prefill beside the block_tile one for chunks of 1 to 512
+              rows after a context, and which of them KVCache picks;
 * prefill_split -- a prefill chunk of 1 to 512 rows after a 4k context: the block_tile
               prefill, the query tile whole and its split twin at 2 to 16 splits
               (KGEN_BENCH_PREFILL_SPLITS), the plan's count marked;
+* mla_goals -- the MLA decode and prefill at the engine's shapes against their roofline
+              and SGEMM;
 * launch   -- host cost of one decode step: a raw CuPy launch with prepared
               arguments, the kgen launcher, KVCache.decode, and a CUDA graph.
 
@@ -358,11 +370,6 @@ def _sdpa(q_np, k_np, v_np, G):
     return arms
 
 
-def _bench_kvs() -> tuple[str, ...]:
-    """prefill_long's formats: KGEN_BENCH_KV (comma-separated, e.g. f32), else f32, q4."""
-    return tuple(filter(None, os.environ.get("KGEN_BENCH_KV", "f32,q4").split(",")))
-
-
 def _bench_head_dims() -> tuple[int, ...]:
     """prefill_long's head_dims: KGEN_BENCH_HEAD_DIMS (comma-separated), else 64, 128, 256."""
     return tuple(int(x) for x in os.environ.get("KGEN_BENCH_HEAD_DIMS", "64,128,256").split(",")
@@ -376,7 +383,7 @@ def causal_tflops(n: int, hd: int, n_head: int, ms: float) -> float:
 
 
 def prefill_long_table(cp, g) -> list[dict]:
-    """Causal prefill of LONG_N rows from position 0 (f32 and q4 -- KGEN_BENCH_KV --,
+    """Causal prefill of LONG_N rows from position 0 (every format -- KGEN_BENCH_KV --,
     head_dim 64, 128 and 256 -- KGEN_BENCH_HEAD_DIMS --, 16/2 and 32/8 q/kv heads --
     KGEN_BENCH_LONG_SHAPES --): every
     causal prefill kernel serving the shape (the query_tile ones among them; a regex
@@ -394,7 +401,7 @@ def prefill_long_table(cp, g) -> list[dict]:
     sgemm = _sgemm(cp)
     sgemm_flops = 2.0 * SGEMM_N ** 3
     rows = []
-    for (H, HK), kv, hd in itertools.product(LONG_SHAPES, _bench_kvs(), _bench_head_dims()):
+    for (H, HK), kv, hd in itertools.product(LONG_SHAPES, _goal_kvs(), _bench_head_dims()):
         cache = KVCache(HK, hd, LONG_N, kv=kv)
         kx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
         vx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
@@ -558,6 +565,8 @@ GOAL_SPLITS = tuple(int(x) for x in os.environ.get(
 
 
 def _goal_kvs() -> tuple[str, ...]:
+    """The formats of the goal tables (prefill_long, decode_goals, paged_goals):
+    KGEN_BENCH_KV (comma-separated, e.g. f32), else every registered format."""
     from kgen.formats import FORMATS
 
     got = os.environ.get("KGEN_BENCH_KV")
