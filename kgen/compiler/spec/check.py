@@ -549,13 +549,11 @@ def _check_qk_split(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(where, f"qk_split = {k.qk_split} shares of {quads} float4s a row: "
                         f"each must be whole swizzle groups of {SWIZZLE_ROWS} (raise "
                         "max_head_dim)")
-    if (k.tile_rows % QK_ROW_GROUPS or k.tile_keys % QK_KEY_GROUPS
-            or row_groups(k) % QK_ROW_GROUPS or row_lanes(k) % QK_KEY_GROUPS):
+    if row_groups(k) % QK_ROW_GROUPS or row_lanes(k) % QK_KEY_GROUPS:
         raise ctx.error(_blame(k, "qk_split", "tile_rows"), f"qk_split: a warp's "
-                        f"{QK_ROW_GROUPS} x {QK_KEY_GROUPS} lanes divide the tile's rows and keys "
-                        f"(tile_rows a multiple of {QK_ROW_GROUPS}, tile_keys of "
-                        f"{QK_KEY_GROUPS}), and the row groups ({row_groups(k)}) and a row's "
-                        f"lanes ({row_lanes(k)}) are multiples of them")
+                        f"{QK_ROW_GROUPS} x {QK_KEY_GROUPS} lanes land on the thread patches: "
+                        f"the row groups ({row_groups(k)}) a multiple of {QK_ROW_GROUPS}, a "
+                        f"row's lanes ({row_lanes(k)}) of {QK_KEY_GROUPS}")
     if k.qk_split * k.tile_rows > swizzle_stride(k):
         raise ctx.error(where, f"qk_split = {k.qk_split}: the warps' partial scores "
                         f"({k.qk_split} x {k.tile_rows} x {k.tile_keys} floats) must fit in "
