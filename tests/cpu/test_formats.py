@@ -441,6 +441,32 @@ def test_fp8_e4m3_decodes_every_byte_and_scales() -> None:
     assert np.array_equal(fmt.dequantize_rows(rows, 0.5), [[1.0, -3.0, 224.0]])
 
 
+def test_fp8_e4m3_device_shift_decode_matches_the_model_on_every_byte() -> None:
+    """templates/lib/fp8_e4m3.cuh.j2 decodes a byte at the top of a word with an
+    arithmetic shift by 4, a mask and a product with 2^120 (denormals kept), and
+    selects the NaN; transcribed here, it gives decode's bits for all 256 bytes, and
+    the four-byte NaN test flags exactly the words holding a NaN byte."""
+    from kgen.formats import fp8_e4m3
+
+    b = np.arange(256, dtype=np.uint32)
+    top = (b << 24).astype(np.uint32).view(np.int32)
+    bits = ((top >> 4) & np.int32(0x87F00000 - (1 << 32))).view(np.float32)
+    got = (bits * np.float32(2.0**120)).astype(np.float32)
+    got = np.where((b & 0x7F) == 0x7F, np.float32(np.nan), got)
+    want = fp8_e4m3.decode(b.astype(np.uint8))
+    assert bits_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    rng = np.random.default_rng(0)
+    words = np.concatenate([rng.integers(0, 2**32, 4096, dtype=np.uint64),
+                            np.arange(256, dtype=np.uint64) << np.uint64(8 * 2)])
+    words = words.astype(np.uint32)
+    flagged = (((words & 0x7F7F7F7F) + 0x01010101) & 0x80808080) != 0
+    has_nan = np.zeros(words.shape, bool)
+    for i in range(4):
+        has_nan |= ((words >> (8 * i)) & 0x7F) == 0x7F
+    assert np.array_equal(flagged, has_nan) and has_nan.any() and not has_nan.all()
+
+
 def test_q8_0_device_byte_permute_decode_matches_the_cast_on_every_code() -> None:
     """templates/lib/q8_0.cuh.j2 turns a code into a float as the low byte of 2^23's
     bits (the code offset by 128) minus 2^23 + 128: exactly (float)code for all 256."""
