@@ -1,9 +1,9 @@
 """Every code of a one-byte-an-element format through the kernels a KVCache chooses: the
 cache's rows are written raw (every code, the NaN codes apart, in a random order), and
 prefill and decode match float64 over the format's own decode of those bytes (the
-format's NumPy model, kgen.formats). A NaN code in V makes exactly its column NaN, in
-the heads that read it. (The generated tests fill caches by quantizing normal draws, so
-they reach few of the large codes and none of the NaNs.)"""
+format's NumPy model, kgen.formats). Where the format has NaN codes, one in V makes
+exactly its column NaN, in the heads that read it. (The generated tests fill caches by
+quantizing normal draws, so they reach few of the large codes and none of the NaNs.)"""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from kgen import numpy_ref as ref
 from kgen.formats import FORMATS
 from kgen.testing import rng
+from kgen.testing.case import normal
 
 pytestmark = pytest.mark.gpu
 RTOL, ATOL = 2e-4, 2e-5
@@ -52,7 +53,6 @@ def test_every_code_reads_as_the_model(kv, hd):
     g, seed = rng()
     fmt = FORMATS[kv]
     finite, nans = _codes(fmt)
-    assert nans.size  # the NaN half of the test below needs one
     hk, G, ctx, n = 2, 4, 300, 24
     H = hk * G
     # Scales that keep the largest codes' scores and values moderate: the kernels' own
@@ -61,7 +61,7 @@ def test_every_code_reads_as_the_model(kv, hd):
     cache = KVCache(hk, hd, ctx + n + 1, kv=kv, k_scale=k_scale, v_scale=v_scale)
     host = ref.HostCache.empty(fmt, hk, ctx + n + 1, hd, k_scale=k_scale, v_scale=v_scale)
     scale = 1 / math.sqrt(hd)
-    kx, vx = (g.standard_normal((ctx, hk, hd)).astype(np.float32) for _ in range(2))
+    kx, vx = normal(g, (ctx, hk, hd)), normal(g, (ctx, hk, hd))
     cache.append(cp.asarray(kx), cp.asarray(vx), 0)
     ref.append(kx, vx, host, 0, 0, 0)
     for host_rows, dev_rows in ((host.k, cache.k), (host.v, cache.v)):
@@ -70,8 +70,7 @@ def test_every_code_reads_as_the_model(kv, hd):
     cp.cuda.runtime.deviceSynchronize()
 
     # prefill: n rows after the raw context
-    q = g.standard_normal((n, H, hd)).astype(np.float32)
-    kn, vn = (g.standard_normal((n, hk, hd)).astype(np.float32) for _ in range(2))
+    q, kn, vn = normal(g, (n, H, hd)), normal(g, (n, hk, hd)), normal(g, (n, hk, hd))
     got = cache.prefill(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), pos0=ctx).get()
     kp = cache.kernels.get("prefill", G)[0]
     ref.append(kn, vn, host, ctx, 0, 0)
@@ -79,24 +78,24 @@ def test_every_code_reads_as_the_model(kv, hd):
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
                                err_msg=f"{kv} hd{hd} prefill ({kp.name}) seed={seed}")
 
-    # decode at ctx + n, with a NaN code in two columns of V (KV head 0, two keys)
+    # decode at ctx + n; a format's NaN codes in two columns of V (KV head 0, two keys)
     pos = ctx + n
-    cols = g.choice(hd, 2, replace=False)
-    keys = g.choice(ctx, 2, replace=False)
-    for code, key, col in zip(np.resize(nans, 2), keys, cols, strict=True):
-        host.v[0, key, col] = code
-        cache.v[0, int(key), int(col)] = int(code)
+    nan_at = np.zeros((H, hd), bool)
+    if nans.size:
+        cols = g.choice(hd, 2, replace=False)
+        keys = g.choice(ctx, 2, replace=False)
+        for code, key, col in zip(np.resize(nans, 2), keys, cols, strict=True):
+            host.v[0, key, col] = code
+            cache.v[0, int(key), int(col)] = int(code)
+        nan_at[:G, cols] = True  # the q heads of KV head 0
     cp.cuda.runtime.deviceSynchronize()
-    qd = g.standard_normal((H, hd)).astype(np.float32)
-    kd, vd = (g.standard_normal((1, hk, hd)).astype(np.float32) for _ in range(2))
+    qd, kd, vd = normal(g, (H, hd)), normal(g, (1, hk, hd)), normal(g, (1, hk, hd))
     got = cache.decode(cp.asarray(qd), cp.asarray(kd), cp.asarray(vd), pos=pos).get()
     kdk = cache.kernels.get("decode", G)[0]
     kps, cap, _ = cache.last_plan
     ref.append(kd, vd, host, pos, 0, 0)
     kr, vr = ref.read_kv_rows(host, pos)
     want = ref.decode_attention(qd, kr, vr, G, pos + 1, kps, cap, 0, 0, scale, tile=kdk.tile_keys)
-    nan_at = np.zeros((H, hd), bool)
-    nan_at[:G, cols] = True  # the q heads of KV head 0
     assert np.array_equal(np.isnan(got), nan_at), f"{kv} hd{hd} decode NaNs, seed={seed}"
     assert np.array_equal(np.isnan(want), nan_at)
     np.testing.assert_allclose(got[~nan_at], want[~nan_at], rtol=RTOL, atol=ATOL,
