@@ -52,6 +52,7 @@ from kgen.ir.geometry import (
     score_scatter,
     stream_full_steps,
     stream_hoisted,
+    stream_merge_units,
     stream_quads,
     swizzle_stride,
 )
@@ -123,6 +124,10 @@ class KernelView:
     @cached_property
     def shared_regions(self) -> tuple[Region, ...]:
         return flash_regions(self.k)
+
+    @cached_property
+    def merge_units(self) -> int:
+        return stream_merge_units(self.k)
 
     @cached_property
     def scatter(self) -> ScoreScatter:

@@ -17,6 +17,7 @@ from kgen.ir.axes import (
     LaneDims,
     Mode,
     Op,
+    Prefetch,
     QtileLoads,
     Schedule,
     StreamLoads,
@@ -200,6 +201,32 @@ def stream_units(k: Kernel, head_dim: int) -> int:
     return block_threads(k, head_dim) // k.dot_lanes
 
 
+# A quads decode (prefetch = next_step) merges its units' accs in phases of
+# stream_merge_units units (templates/kernels/flash_stream.cu.j2): each phase's units
+# store their weighted accs and each thread adds its dim of every head over them in unit
+# order -- the serial merge's sums in its order, so its bits, with a barrier a phase
+# where the serial merge had one a unit and one unit at work between them. A phase's
+# buffer takes at most MERGE_BYTES_PER_THREAD bytes a thread of the block: a K80 SMX has
+# 112 KB of shared memory for its 128K registers (0.875 bytes a register), so a block
+# whose threads hold 110 or more registers (every quads decode: 115-255 on sm_37) keeps
+# the blocks an SMX its registers allow.
+MERGE_BYTES_PER_THREAD = 96
+
+
+def stream_merge_units(k: Kernel) -> int:
+    """Units a phase of a quads decode's merge holds (0: the serial merge of the other
+    warp_stream kernels)."""
+    if not (streams(k) and k.prefetch is not Prefetch.NONE and k.mode is Mode.DECODE):
+        return 0
+    hd = stream_head_dim(k)
+    units = stream_units(k, hd)
+    budget = block_threads(k, hd) * MERGE_BYTES_PER_THREAD
+    p = 1
+    while p * 2 <= units and p * 2 * k.max_groups * hd * 4 <= budget:
+        p *= 2
+    return p
+
+
 def padded(k: Kernel) -> bool:
     return k.threads is Threads.WARPS
 
@@ -288,9 +315,13 @@ def flash_regions(k: Kernel) -> tuple[Region, ...]:
                        lambda G, hd: T * (hd + k.k_pad)),
                 Region("p_s", "float", "", lambda G, hd: k.tile_rows * p_stride(k)))
     out = [Region("q_s", Q_ELEM[k.q_stage], "(size_t)G * head_dim", lambda G, hd: G * hd)]
-    if streams(k):  # q group | the units' merge: acc [G][hd], then m, l [units][G]
+    if streams(k):  # q group | the units' merge: acc [phase units][G][hd], m, l [units][G]
+        P = stream_merge_units(k)
+        acc = (Region("acc_s", "float", "(size_t)MERGE_UNITS * G * head_dim",
+                      lambda G, hd: P * G * hd) if P else
+               Region("acc_s", "float", "(size_t)G * head_dim", lambda G, hd: G * hd))
         return tuple(out + [
-            Region("acc_s", "float", "(size_t)G * head_dim", lambda G, hd: G * hd),
+            acc,
             Region("m_s", "float", "UNITS * G", lambda G, hd: stream_units(k, hd) * G),
             Region("l_s", "float", "UNITS * G", lambda G, hd: stream_units(k, hd) * G)])
     if k.k_stage is not KStage.REGISTERS:

@@ -14,10 +14,21 @@ import pytest
 from kgen.compiler import pipeline
 from kgen.compiler.render import render_units
 from kgen.ir.axes import Mode, Op
-from kgen.ir.geometry import quad_reads, stream_head_dim, stream_hoisted, stream_quads
+from kgen.ir.geometry import (
+    MERGE_BYTES_PER_THREAD,
+    block_threads,
+    flash_shared_bytes,
+    quad_reads,
+    stream_head_dim,
+    stream_hoisted,
+    stream_merge_units,
+    stream_quads,
+    stream_units,
+)
+from kgen.ir.target import TARGET
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.select import Role, find, generated
-from kgen.testing.built import needs_build
+from kgen.testing.built import BUILT, needs_build
 
 pytestmark = needs_build
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +39,16 @@ def quads():
     out = [k for k, _ in generated() if k.op is Op.FLASH and stream_quads(k)]
     assert out, "the build has no quads decode"
     return out
+
+
+@pytest.fixture(scope="module")
+def quad_bodies():
+    """(name, kernel body) of every quads decode, rendered from the specs."""
+    kernels = [k for k in pipeline.checked(pipeline.parse([ROOT / "specs"], ROOT))
+               if k.op is Op.FLASH and stream_quads(k)]
+    assert kernels
+    return [(u.name, u.source[u.source.index(f"__global__ void {u.name}("):])
+            for u in render_units(kernels, ROOT / "templates", ROOT)]
 
 
 def test_quads_read_through_the_quad_reader(quads):
@@ -63,38 +84,59 @@ def test_the_default_decode_is_the_quads_form_where_one_serves(quads):
             assert k.max_groups == min(m.max_groups for m in mine), (kv, hd, groups, k.name)
 
 
-def test_the_first_loads_leave_before_q_is_staged_and_a_thread_ends_each_head():
+def test_the_first_loads_leave_before_q_is_staged_and_a_thread_ends_each_head(quad_bodies):
     """Rendered from the specs, every quads decode issues its first step's K and V loads
     (into the raw arrays kr0 / vr0) before it stages q and waits at the barrier, so the
     two latencies overlap; and each head's max and merged sum at the end is one thread's
     (tid < G), not thread 0's for every head in turn."""
-    kernels = [k for k in pipeline.checked(pipeline.parse([ROOT / "specs"], ROOT))
-               if k.op is Op.FLASH and stream_quads(k)]
-    assert kernels
-    for u in render_units(kernels, ROOT / "templates", ROOT):
-        body = u.source[u.source.index(f"__global__ void {u.name}("):]
+    for name, body in quad_bodies:
         stage = body.index("q_s[(size_t)g * head_dim + tid] =")
-        assert body.index("kr0[qd]") < stage and body.index("vr0[qd]") < stage, u.name
-        assert body.index("__syncthreads()") > stage, u.name
+        assert body.index("kr0[qd]") < stage and body.index("vr0[qd]") < stage, name
+        assert body.index("__syncthreads()") > stage, name
         end = body[body.index("The split's partial"):]
-        assert "if (tid < G)" in end and "tid == 0" not in end, u.name
+        assert "if (tid < G)" in end and "tid == 0" not in end, name
 
 
-def test_a_step_branches_on_no_head_and_skips_a_rescale_no_max_needs():
+def test_a_step_branches_on_no_head_and_skips_a_rescale_no_max_needs(quad_bodies):
     """Rendered from the specs, a quads decode's key loop scores and folds every head up
     to its group bound with no branch per head, rescales acc only under a warp vote that
     some head's lagging max moved, and its end stores each unit's true max with the sum
     taken to it (so the partial is the split's max, sum and acc)."""
-    kernels = [k for k in pipeline.checked(pipeline.parse([ROOT / "specs"], ROOT))
-               if k.op is Op.FLASH and stream_quads(k)]
-    assert kernels
-    for u in render_units(kernels, ROOT / "templates", ROOT):
-        body = u.source[u.source.index(f"__global__ void {u.name}("):]
+    for name, body in quad_bodies:
         loop = body[body.index("for (int base = "):body.index("A head's l is the sum")]
-        assert "if (g < G)" not in loop, u.name
-        assert loop.count("if (__any_sync(0xffffffffu, moved))") >= 1, u.name
-        assert "mx > m_own[q] + RESCALE_SLACK ? mx : m_own[q]" in loop, u.name
-        assert "m_top[q] = fmaxf(m_top[q], mx);" in loop, u.name
+        assert "if (g < G)" not in loop, name
+        assert loop.count("if (__any_sync(0xffffffffu, moved))") >= 1, name
+        assert "mx > m_own[q] + RESCALE_SLACK ? mx : m_own[q]" in loop, name
+        assert "m_top[q] = fmaxf(m_top[q], mx);" in loop, name
         merge = body[body.index("Merge the units in unit order"):]
-        assert "m_s[unit * G + g] = m_top_run[g];" in merge, u.name
-        assert "l_run[g] * expf(m_run[g] - fmaxf(m_top_run[g]" in merge, u.name
+        assert "m_s[unit * G + g] = m_top_run[g];" in merge, name
+        assert "l_run[g] * expf(m_run[g] - fmaxf(m_top_run[g]" in merge, name
+
+
+def test_the_units_merge_in_phases_that_cost_a_k80_no_block(quads):
+    """A quads decode merges its units in phases of stream_merge_units units (a power of
+    two that divides them) whose buffer takes at most MERGE_BYTES_PER_THREAD bytes a
+    thread; with the registers ptxas gave the kernel (the manifest's), that buffer costs
+    it no block on an sm_37 SMX against the one-head-set buffer of the serial merge."""
+    for k in quads:
+        hd, g = stream_head_dim(k), k.max_groups
+        units, p, threads = stream_units(k, hd), stream_merge_units(k), block_threads(k, hd)
+        assert p >= 1 and p & (p - 1) == 0 and units % p == 0, k.name
+        assert p * g * hd * 4 <= threads * MERGE_BYTES_PER_THREAD, k.name
+        regs = int(BUILT.kernels[k.name].resources["registers"])
+        phased = flash_shared_bytes(k, g, hd)
+        serial = phased - (p - 1) * g * hd * 4
+        assert (TARGET.occupancy(threads, regs, phased)[0]
+                == TARGET.occupancy(threads, regs, serial)[0]), (k.name, regs, phased)
+
+
+def test_the_merge_stores_weighted_accs_a_phase_and_adds_them_in_unit_order(quad_bodies):
+    """Rendered from the specs, a quads decode's merge has one barrier a phase (none a
+    unit): a phase's units store w * acc, each thread adds its dim's values unit by unit
+    from 0 -- the serial merge's sums in its order -- and the partial's acc is that sum."""
+    for name, body in quad_bodies:
+        merge = body[body.index("The units' accs in phases"):body.index("The split's partial")]
+        assert "if (unit == u)" not in merge, name
+        assert merge.count("__syncthreads()") == 2, name  # a phase's, and between phases
+        assert "= w[g] * acc[g][i];" in merge and "fold[g] += acc_s[" in merge, name
+        assert "acc_out[po * head_dim + tid] = fold[g];" in body, name
