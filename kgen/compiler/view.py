@@ -126,6 +126,11 @@ class KernelView:
         return flash_regions(self.k)
 
     @cached_property
+    def units(self) -> int:
+        """A hoisted warp_stream kernel's units: its one head_dim fixes its block."""
+        return geometry.stream_units(self.k, geometry.stream_head_dim(self.k))
+
+    @cached_property
     def merge_units(self) -> int:
         return stream_merge_units(self.k)
 

@@ -43,12 +43,14 @@ def quads():
 
 @pytest.fixture(scope="module")
 def quad_bodies():
-    """(name, kernel body) of every quads decode, rendered from the specs."""
+    """(name, kernel body, units) of every quads decode, rendered from the specs."""
     kernels = [k for k in pipeline.checked(pipeline.parse([ROOT / "specs"], ROOT))
                if k.op is Op.FLASH and stream_quads(k)]
     assert kernels
-    return [(u.name, u.source[u.source.index(f"__global__ void {u.name}("):])
+    units = {k.name: stream_units(k, stream_head_dim(k)) for k in kernels}
+    return [(u.name, u.source[u.source.index(f"__global__ void {u.name}("):], units[u.name])
             for u in render_units(kernels, ROOT / "templates", ROOT)]
+
 
 
 def test_quads_read_through_the_quad_reader(quads):
@@ -89,7 +91,7 @@ def test_the_first_loads_leave_before_q_is_staged_and_a_thread_ends_each_head(qu
     (into the raw arrays kr0 / vr0) before it stages q and waits at the barrier, so the
     two latencies overlap; and each head's max and merged sum at the end is one thread's
     (tid < G), not thread 0's for every head in turn."""
-    for name, body in quad_bodies:
+    for name, body, _ in quad_bodies:
         stage = body.index("q_s[(size_t)g * head_dim + tid] =")
         assert body.index("kr0[qd]") < stage and body.index("vr0[qd]") < stage, name
         assert body.index("__syncthreads()") > stage, name
@@ -102,7 +104,7 @@ def test_a_step_branches_on_no_head_and_skips_a_rescale_no_max_needs(quad_bodies
     to its group bound with no branch per head, rescales acc only under a warp vote that
     some head's lagging max moved, and its end stores each unit's true max with the sum
     taken to it (so the partial is the split's max, sum and acc)."""
-    for name, body in quad_bodies:
+    for name, body, _ in quad_bodies:
         loop = body[body.index("for (int base = "):body.index("A head's l is the sum")]
         assert "if (g < G)" not in loop, name
         assert loop.count("if (__any_sync(0xffffffffu, moved))") >= 1, name
@@ -133,8 +135,12 @@ def test_the_units_merge_in_phases_that_cost_a_k80_no_block(quads):
 def test_the_merge_stores_weighted_accs_a_phase_and_adds_them_in_unit_order(quad_bodies):
     """Rendered from the specs, a quads decode's merge has one barrier a phase (none a
     unit): a phase's units store w * acc, each thread adds its dim's values unit by unit
-    from 0 -- the serial merge's sums in its order -- and the partial's acc is that sum."""
-    for name, body in quad_bodies:
+    from 0 -- the serial merge's sums in its order -- and the partial's acc is that sum.
+    Its unit count is a compile-time constant (one head_dim, one block size), so the
+    loops over units unroll."""
+    for name, body, units in quad_bodies:
+        assert f"constexpr int UNITS = {units};" in body, name
+        assert "blockDim.x / DOT_LANES" not in body, name
         merge = body[body.index("The units' accs in phases"):body.index("The split's partial")]
         assert "if (unit == u)" not in merge, name
         assert merge.count("__syncthreads()") == 2, name  # a phase's, and between phases
