@@ -208,8 +208,9 @@ def stream_units(k: Kernel, head_dim: int) -> int:
 # where the serial merge had one a unit and one unit at work between them. A phase's
 # buffer takes at most MERGE_BYTES_PER_THREAD bytes a thread of the block: a K80 SMX has
 # 112 KB of shared memory for its 128K registers (0.875 bytes a register), so a block
-# whose threads hold 110 or more registers (every quads decode: 115-255 on sm_37) keeps
-# the blocks an SMX its registers allow.
+# whose threads hold 110 or more registers (every quads decode: 117-255 on sm_37;
+# tests/cpu/test_stream_quads.py checks each against ptxas's count) keeps the blocks an
+# SMX its registers allow.
 MERGE_BYTES_PER_THREAD = 96
 
 
