@@ -24,7 +24,7 @@ CUPY ?= $(shell m='$(DRIVER_CUDA)'; if [ -z "$$m" ] || [ "$$m" -lt 11 ]; then ec
 CUPY_EXTRAS := cuda11 cuda12 cuda13
 
 .PHONY: setup cuda build verify lint test test-cpu test-toolchain test-gpu dist \
-        bench-build bench-kernels bench-host golden clean FORCE
+        bench-build bench-kernels bench-counters bench-host golden clean FORCE
 
 setup: $(STAMPS)/venv cuda
 
@@ -101,6 +101,11 @@ bench-build: setup
 # On a machine with a GPU (like test-gpu: the committed fatbins, CuPy, NumPy).
 bench-kernels:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m kgen.bench.kernels
+
+# On a machine with a GPU and Nsight Compute (ncu): what bounds each goal shape's default
+# kernel (instruction issue, the FP32 pipe, shared memory, DRAM), from its counters.
+bench-counters:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m kgen.bench.counters
 
 # Anywhere (CuPy replaced by a stand-in): the host-side Python of the launch paths.
 bench-host: setup
