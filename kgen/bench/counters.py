@@ -28,7 +28,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -88,7 +87,6 @@ def busiest(row: dict) -> tuple[str, float]:
 # ---- the launches (run under ncu) ---------------------------------------------------
 
 def _decode_items(cp, g, seqs) -> list[dict]:
-    from kgen import numpy_ref as ref
     from kgen.bench import kernels as bk
     from kgen.formats import FORMATS
     from kgen.runtime.planner import kernel_plan
@@ -101,27 +99,20 @@ def _decode_items(cp, g, seqs) -> list[dict]:
             if not fmt.accepts_head_dim(hd):
                 continue
             for (n_head, n_kv), seq in ((s, n) for s in bk.GOAL_SHAPES for n in seqs):
-                G = n_head // n_kv
-                cache, host = bk.filled_cache(cp, g, kv, hd, seq, n_kv=n_kv)
-                kr, vr = ref.read_kv_rows(host, seq - 1, *bk._shadows(fmt))
-                q1 = cp.asarray(g.standard_normal((n_head, hd), dtype=np.float32))
-                want = ref.decode_attention(q1.get(), kr, vr, G, seq, 256, 16, 0, 0,
-                                            1 / math.sqrt(hd))
-                k, fn = cache.kernels.get("decode", G)
+                cache, q1, want = bk.decode_inputs(cp, g, kv, hd, n_head, n_kv, seq)
+                k, fn = cache.kernels.get("decode", n_head // n_kv)
                 _, fcomb = cache.kernels.get("combine")
                 kps, cap = kernel_plan(k, hd, n_kv)
                 b1, b2, out, plan = bk.split_arm(cp, cache, fn, fcomb, q1, seq, kps, cap,
                                                  k.tile_keys)
-                run = bk.replay([(fn, b1), (fcomb, b2)])
+                run = bk.replay([(fn, b1), (fcomb, b2)])  # the launches hold their arrays
                 run()
                 cp.cuda.runtime.deviceSynchronize()
                 bk._check(f"{k.name} {kv} hd{hd} {n_head}/{n_kv} {seq}", out.get(), want)
                 items.append({"what": "decode", "kv": kv, "head_dim": hd, "n_head": n_head,
                               "n_kv": n_kv, "keys": seq, "splits": plan.n_splits,
                               "bytes": 2 * n_kv * seq * fmt.row_bytes(hd),
-                              "kernels": [b1.kernel, b2.kernel], "run": run,
-                              "keep": cache})
-                del host
+                              "kernels": [b1.kernel, b2.kernel], "run": run})
     return items
 
 
@@ -146,10 +137,8 @@ def _paged_items(cp, g) -> list[dict]:
 
 
 def _prefill_items(cp, g) -> list[dict]:
-    from kgen import numpy_ref as ref
     from kgen.bench import kernels as bk
     from kgen.formats import FORMATS
-    from kgen.runtime.kv import KVCache
 
     N = bk.LONG_N
     items = []
@@ -157,24 +146,16 @@ def _prefill_items(cp, g) -> list[dict]:
                             for hd in bk._bench_head_dims()):
         if not FORMATS[kv].accepts_head_dim(hd):
             continue
-        cache = KVCache(HK, hd, N, kv=kv)
-        kx = g.standard_normal((N, HK, hd), dtype=np.float32)
-        vx = g.standard_normal((N, HK, hd), dtype=np.float32)
-        cache.append(cp.asarray(kx), cp.asarray(vx), pos0=0)
-        host = ref.HostCache.empty(cache.fmt, HK, N, hd, cache.RING_ROWS, cache.SINK_ROWS)
-        ref.append(kx, vx, host, 0)
-        q = g.standard_normal((N, H, hd), dtype=np.float32)
-        qd = cp.asarray(q)
+        cache, q, _, _, want = bk.long_prefill_inputs(cp, g, H, HK, kv, hd)
         k, fn = cache.kernels.get("prefill", H // HK, rows=N)
-        out = cp.full(qd.shape, np.nan, cp.float32)
-        b = fn(qd, cache.k, cache.v, *cache.shadows, out, pos0=0, **cache._shadow_args)
+        out = cp.full(q.shape, np.nan, cp.float32)
+        b = fn(cp.asarray(q), cache.k, cache.v, *cache.shadows, out, pos0=0,
+               **cache._shadow_args)
         cp.cuda.runtime.deviceSynchronize()
-        want = ref.prefill_attention_cache(q[-2:], host, H // HK, N - 2, 0, 0, 0, 0,
-                                           1 / math.sqrt(hd))
         bk._check(f"{k.name} {kv} hd{hd} {H}/{HK}", out.get()[-2:], want)
         items.append({"what": "prefill", "kv": kv, "head_dim": hd, "n_head": H, "n_kv": HK,
                       "rows": N, "flops": 2.0 * N * N * hd * H, "kernels": [b.kernel],
-                      "run": bk.replay([(fn, b)]), "keep": (cache, out)})
+                      "run": bk.replay([(fn, b)])})
     return items
 
 
@@ -201,15 +182,13 @@ def launch(record: Path) -> int:
         items += _paged_items(cp, g)
     if not only or "prefill" in only:
         items += _prefill_items(cp, g)
-    out = []
     cp.cuda.runtime.deviceSynchronize()
     with cupyx.profiler.profile():  # ncu --profile-from-start off: only these launches
         for it in items:
             it["run"]()
             cp.cuda.runtime.deviceSynchronize()
-    for it in items:
-        out.append({k: v for k, v in it.items() if k not in ("run", "keep")})
-    record.write_text(json.dumps(out))
+    record.write_text(json.dumps([{k: v for k, v in it.items() if k != "run"}
+                                  for it in items]))
     return 0
 
 

@@ -149,6 +149,22 @@ def filled_cache(cp, g, kv: str, hd: int, seq: int = SEQ, variants=None, n_kv: i
     return cache, host
 
 
+def decode_inputs(cp, g, kv: str, hd: int, n_head: int, n_kv: int, seq: int):
+    """(cache, q1, want): a cache of ``seq`` positions (filled_cache), one decode query of
+    ``n_head`` heads at its last position, and the float64 reference of the decode there
+    (a goal shape of decode_goals and of kgen.bench.counters)."""
+    from kgen import numpy_ref as ref
+    from kgen.formats import FORMATS
+
+    sink, win = _shadows(FORMATS[kv])
+    cache, host = filled_cache(cp, g, kv, hd, seq, n_kv=n_kv)
+    kr, vr = ref.read_kv_rows(host, seq - 1, sink, win)
+    q1 = cp.asarray(g.standard_normal((n_head, hd), dtype=np.float32))
+    want = ref.decode_attention(q1.get(), kr, vr, n_head // n_kv, seq, 256, 16, 0, 0,
+                                1 / math.sqrt(hd))
+    return cache, q1, want
+
+
 def _check(name: str, got, want, rtol=RTOL, atol=ATOL) -> None:
     got = np.asarray(got, dtype=np.float64)
     if np.isnan(got).any() or not np.allclose(got, want, rtol=rtol, atol=atol):
@@ -382,6 +398,26 @@ def causal_tflops(n: int, hd: int, n_head: int, ms: float) -> float:
     return 2.0 * n * n * hd * n_head / (ms * 1e-3) / 1e12
 
 
+def long_prefill_inputs(cp, g, H: int, HK: int, kv: str, hd: int):
+    """(cache, q, kx, vx, want): a cache of ``kv`` rows holding LONG_N random positions
+    (kx, vx appended from 0), LONG_N query rows of ``H`` heads, and the float64 reference
+    of the causal prefill's last two rows (a goal shape of prefill_long and of
+    kgen.bench.counters)."""
+    from kgen import numpy_ref as ref
+    from kgen.runtime.kv import KVCache
+
+    cache = KVCache(HK, hd, LONG_N, kv=kv)
+    kx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
+    vx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
+    cache.append(cp.asarray(kx), cp.asarray(vx), pos0=0)
+    host = ref.HostCache.empty(cache.fmt, HK, LONG_N, hd, cache.RING_ROWS, cache.SINK_ROWS)
+    ref.append(kx, vx, host, 0)
+    q = g.standard_normal((LONG_N, H, hd), dtype=np.float32)
+    want = ref.prefill_attention_cache(q[-2:], host, H // HK, LONG_N - 2, 0, 0, 0, 0,
+                                       1 / math.sqrt(hd))
+    return cache, q, kx, vx, want
+
+
 def prefill_long_table(cp, g) -> list[dict]:
     """Causal prefill of LONG_N rows from position 0 (every format -- KGEN_BENCH_KV --,
     head_dim 64, 128 and 256 -- KGEN_BENCH_HEAD_DIMS --, 16/2 and 32/8 q/kv heads --
@@ -394,7 +430,6 @@ def prefill_long_table(cp, g) -> list[dict]:
     from kgen.ir.axes import Mode, Op, Position
     from kgen.ir.geometry import key_partials
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.kv import KVCache
     from kgen.runtime.select import generated
 
     match = os.environ.get("KGEN_BENCH_MATCH")
@@ -402,17 +437,8 @@ def prefill_long_table(cp, g) -> list[dict]:
     sgemm_flops = 2.0 * SGEMM_N ** 3
     rows = []
     for (H, HK), kv, hd in itertools.product(LONG_SHAPES, _goal_kvs(), _bench_head_dims()):
-        cache = KVCache(HK, hd, LONG_N, kv=kv)
-        kx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
-        vx = g.standard_normal((LONG_N, HK, hd), dtype=np.float32)
-        cache.append(cp.asarray(kx), cp.asarray(vx), pos0=0)
-        host = ref.HostCache.empty(cache.fmt, HK, LONG_N, hd, cache.RING_ROWS,
-                                   cache.SINK_ROWS)
-        ref.append(kx, vx, host, 0)
-        q = g.standard_normal((LONG_N, H, hd), dtype=np.float32)
+        cache, q, kx, vx, want = long_prefill_inputs(cp, g, H, HK, kv, hd)
         qd = cp.asarray(q)
-        want = ref.prefill_attention_cache(q[-2:], host, H // HK, LONG_N - 2, 0, 0, 0, 0,
-                                           1 / math.sqrt(hd))
         arms = {}
         for k, fn in generated():
             if not (k.op is Op.FLASH and k.mode is Mode.PREFILL and k.kv.value == kv and
@@ -457,7 +483,7 @@ def prefill_long_table(cp, g) -> list[dict]:
                          "TFLOPs": tf, "of_sgemm": tf / sgemm_tf,
                          "peer": name in peers, "sgemm": name == SGEMM_ARM,
                          "best_kgen": name == best})
-        del cache, host
+        del cache
     return rows
 
 
@@ -589,7 +615,6 @@ def decode_goals_table(cp, g) -> list[dict]:
     kernel serving the shape (warp_stream and tiled) under a sweep of split counts.
     roofline = max(cache bytes / copy rate, 4 hd H keys / SGEMM rate), both limits
     timed in this run; a row per (shape, arm) with its fraction of the roofline."""
-    from kgen import numpy_ref as ref
     from kgen.formats import FORMATS
     from kgen.ir.axes import Mode, Op, Position, Schedule
     from kgen.runtime.bind import shape_refusal
@@ -610,12 +635,7 @@ def decode_goals_table(cp, g) -> list[dict]:
             for n_head, n_kv in GOAL_SHAPES:
                 G = n_head // n_kv
                 for seq in GOAL_SEQS:
-                    sink, win = _shadows(fmt)
-                    cache, host = filled_cache(cp, g, kv, hd, seq, n_kv=n_kv)
-                    kr, vr = ref.read_kv_rows(host, seq - 1, sink, win)
-                    q1 = cp.asarray(g.standard_normal((n_head, hd), dtype=np.float32))
-                    want = ref.decode_attention(q1.get(), kr, vr, G, seq, 256, 16, 0, 0,
-                                                1 / math.sqrt(hd))
+                    cache, q1, want = decode_inputs(cp, g, kv, hd, n_head, n_kv, seq)
                     chosen, _ = cache.kernels.get("decode", G)
                     _, fcomb = cache.kernels.get("combine")
                     role = Role(Op.FLASH, Position.HOST, Mode.DECODE, kv)
@@ -670,7 +690,7 @@ def decode_goals_table(cp, g) -> list[dict]:
                                      "roofline_us": roof_us, "of_roofline": roof_us / (ms * 1e3),
                                      "default": name.endswith("[default]"),
                                      "best": ms == best, "vs_best": ms / best})
-                    del cache, host
+                    del cache
     copy2, sgemm2 = _limits(cp, sgemm)
     rows.append({"arm": "limits (end)", "copy_GBps": copy2, "sgemm_TFLOPs": sgemm2, "sms": sms})
     return rows
