@@ -43,7 +43,8 @@ def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
     """A chunk after a context: the split kernel at 1 split + the combine kernel vs the
     whole kernel, bit for bit (an options kernel with an exact window and soft-cap, its
     sinks -inf: split 0 folds a finite sink in another order); at 5 splits + the combine
-    (finite sinks) against float64."""
+    (finite sinks) against float64. A format with fp16 shadows keeps 4 sink rows and a
+    64-row window, so some tiles of the chunk read the ring."""
     import cupy as cp
 
     from kgen.ir.axes import Sinks
@@ -55,7 +56,9 @@ def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
     hd = min(kw.max_head_dim, 128)
     hk, G, n, ctx = 2, 4, 37, 300
     H = hk * G
-    cache = KVCache(hk, hd, ctx + n, kv=kw.kv.value)
+    sink, win = (4, 64) if kw.pair.shadows else (0, 0)
+    cache = KVCache(hk, hd, ctx + n, kv=kw.kv.value, sink=sink, win=win)
+    cached = (cache.k, cache.v, *cache.shadows)
     k_all, v_all = _rand(g, ctx + n, hk, hd), _rand(g, ctx + n, hk, hd)
     cache.append(cp.asarray(k_all), cp.asarray(v_all), 0)
     q = _rand(g, n, H, hd)
@@ -72,13 +75,14 @@ def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
         return {"sinks": cp.asarray(values)} if learned else {}
 
     out = cp.full((n, H, hd), np.nan, cp.float32)
-    fw(qd, cache.k, cache.v, out, pos0=ctx, **opt, **with_sinks(np.full(H, -np.inf, np.float32)))
+    fw(qd, *cached, out, pos0=ctx, **cache._shadow_args, **opt,
+       **with_sinks(np.full(H, -np.inf, np.float32)))
     outs = {}
     for S in (1, 5):
         heads = n * H
         m, l = (cp.full(heads * S, np.nan, cp.float32) for _ in range(2))
         acc = cp.full(heads * S * hd, np.nan, cp.float32)
-        fs(qd, cache.k, cache.v, m, l, acc, pos0=ctx, n_splits=S, **opt,
+        fs(qd, *cached, m, l, acc, pos0=ctx, n_splits=S, **cache._shadow_args, **opt,
            **with_sinks(np.full(H, -np.inf, np.float32) if S == 1 else sinks))
         o = cp.full((heads, hd), np.nan, cp.float32)
         fc(m, l, acc, o, n_splits=S)
@@ -87,10 +91,14 @@ def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
     assert not np.isnan(a).any(), f"{whole}: NaN left, seed={seed}"
     assert np.array_equal(outs[1].view(np.uint32), a.view(np.uint32)), \
         f"{split} at 1 split vs {whole}, seed={seed}"
-    host = ref.HostCache.empty(cache.pair, hk, ctx + n, hd, 0, 0)
-    ref.append(k_all, v_all, host, 0)
-    want = ref.prefill_attention_cache(q, host, G, ctx, 0, 0, 0, 0, 1 / math.sqrt(hd),
-                                       tile=ks.tile_keys, full=ks.mask.value == "full",
+    host = ref.HostCache.empty(cache.pair, hk, ctx + n, hd, *(
+        (ks.ring_rows, ks.sink_rows) if kw.pair.shadows else (0, 0)))
+    ref.append(k_all, v_all, host, 0, sink=sink, win=win)
+    floor = (ref.prefill_live_floor(ctx, n, ks.ring_rows)
+             if ks.ring_floor.value == "batch" else None)
+    want = ref.prefill_attention_cache(q, host, G, ctx, sink, win, 0, 0, 1 / math.sqrt(hd),
+                                       floor, tile=ks.tile_keys,
+                                       full=ks.mask.value == "full",
                                        window=window, softcap=softcap,
                                        sinks=sinks if learned else None)
     np.testing.assert_allclose(outs[5], want, rtol=RTOL, atol=ATOL,

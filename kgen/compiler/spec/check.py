@@ -416,7 +416,7 @@ QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim", "qti
                    "key_split", "qk_split", "min_blocks")
 # Options a query_tile kernel does not have yet (the vec4 loads: none of the engine's),
 # and the staging axes it fixes itself.
-QUERY_TILE_NOT_YET = ("ring_floor",)
+QUERY_TILE_NOT_YET: tuple[str, ...] = ()
 QUERY_TILE_VEC4_NOT_YET = ("window", "softcap", "sinks")
 QUERY_TILE_FIXED = ("q_stage", "k_stage", "v_stage", "threads", "rows_per_block")
 QUERY_TILE_MAX_ACCUMULATORS = 128  # output floats a thread keeps in registers
@@ -424,11 +424,12 @@ QUERY_TILE_MAX_ACCUMULATORS = 128  # output floats a thread keeps in registers
 
 def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
     """schedule = query_tile: a prefill, of a contiguous sequence (position = host) or
-    a paged varlen batch (position = paged, scalar loads); every row of a
-    tile reads a key as the same value (no fp16 shadows, which a row picks by its own
-    position); either mask, the tile-granular or the key-exact window, soft-cap and
-    learned sinks (with scalar loads; vec4 loads the tile-granular window only); f32
-    tiles in shared memory (the staging axes at their defaults); micro-tiles that
+    a paged varlen batch (position = paged, scalar loads); fp16 shadows (which a row
+    picks by its own position) with swizzled loads only, each tile in two passes, its
+    loads in place (prefetch = none); either mask, the tile-granular or the key-exact
+    window, soft-cap and learned sinks (with scalar loads; vec4 loads the tile-granular
+    window only); f32 tiles in shared memory (the staging axes at their defaults);
+    micro-tiles that
     divide the tile, a row's lanes inside one warp (its max and sum reduce by
     shuffles), whole warps, an output patch that fits the registers, and min_blocks
     blocks that fit an SM's threads."""
@@ -441,11 +442,15 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(_blame(k, "qtile_loads", "position"), "schedule = query_tile over "
                         "pages (position = paged) has scalar or swizzled loads only "
                         "(qtile_loads = scalar or swizzle) yet")
-    if k.pair.shadows:
-        raise ctx.error(k.where(_shadow_key(k)), f"schedule = query_tile does not support "
-                        f"{_kv_said(k)} yet: a key's fp16 shadow (sink rows, window ring) "
-                        "depends on the row's position, so the rows of a query tile cannot "
-                        "share one K/V tile")
+    if k.pair.shadows and not qtile_swizzle(k):
+        raise ctx.error(_blame(k, _shadow_key(k), "qtile_loads"), f"schedule = query_tile "
+                        f"with {_kv_said(k)}: a key's fp16 shadow (sink rows, window ring) "
+                        "depends on the row's position, which only the swizzled tile "
+                        "(qtile_loads = swizzle) serves, a tile in two passes")
+    if k.pair.shadows and k.prefetch is not Prefetch.NONE:
+        raise ctx.error(_blame(k, "prefetch", _shadow_key(k)), f"prefetch = "
+                        f"{k.prefetch.value} with {_kv_said(k)}: a tile of fp16 shadows runs "
+                        "in two passes, each loading its keys in place (prefetch = none)")
     for key in QUERY_TILE_NOT_YET + (QUERY_TILE_VEC4_NOT_YET if qtile_vec4(k) else ()):
         if getattr(k, key) != KEYS[key].default:
             loads = " with qtile_loads = vec4" if key in QUERY_TILE_VEC4_NOT_YET else ""
