@@ -10,14 +10,17 @@ default bench-out/):
               8 q heads per kv head), as ratios to the kernel KVCache chooses;
 * prefill_long -- causal prefill of 8192 rows, every format, head_dim 64, 128 and 256, GQA
               4 and 8: every kernel serving the shape beside torch SDPA (its default
-              backend and the math path) and SGEMM with TF32 off, as % of SGEMM;
+              backend, labelled tensor-core where it is, and the math path, the SIMT f32
+              peer every ratio is to) and SGEMM with TF32 off, as % of SGEMM;
 * decode_long -- f32 decode at 32k keys (head_dim 256, 8 q heads per kv head) in GB/s
               against a device-to-device copy;
 * decode_goals -- split decode + combine at 1k, 4k and 32k keys, every format, head_dim
               128 and 256, GQA 4 and 8: the default plan and the swept best against the
-              roofline (copy bandwidth and SGEMM rate timed in the same run);
+              roofline (the copy timed in each shape's interleaved rounds beside its
+              arms, the SGEMM rate in the same run);
 * paged_goals -- paged decode (32 sequences x 4k keys), paged varlen prefill and the
-              chunked prefill of every format against the roofline and SGEMM;
+              chunked prefill of every format against the roofline (the copy timed with
+              each format's arms) and SGEMM;
 * prefill_rows -- the query-tile prefill beside the block_tile one for chunks of 1 to 512
               rows after a context, and which of them KVCache picks;
 * prefill_split -- a prefill chunk of 1 to 512 rows after a 4k context: the block_tile
@@ -338,6 +341,9 @@ def _sgemm(cp):
     return run
 
 
+SIMT_LABEL = "(SIMT f32)"  # the label of the SDPA arm that is prefill_long's bar
+
+
 def _sdpa(q_np, k_np, v_np, G):
     """torch's scaled_dot_product_attention (f32, causal, GQA by repeat) on the same
     data: {label: arm} for the backend torch picks by default (labelled with it:
@@ -364,7 +370,7 @@ def _sdpa(q_np, k_np, v_np, G):
     except Exception:  # noqa: BLE001 -- a private API: the label stays "default"
         pass
     core = {"flash_attention": "tensor-core", "efficient_attention": "tensor-core",
-            "cudnn_attention": "tensor-core", "math": "SIMT f32"}.get(picked, "?")
+            "cudnn_attention": "tensor-core", "math": SIMT_LABEL[1:-1]}.get(picked, "?")
     arms = {}
 
     def arm(backend):
@@ -382,7 +388,7 @@ def _sdpa(q_np, k_np, v_np, G):
 
     arms[f"torch SDPA f32 {picked} ({core})"] = arm(None)
     if sdpa_kernel is not None and picked != "math":
-        arms["torch SDPA f32 math (SIMT f32)"] = arm(SDPBackend.MATH)
+        arms[f"torch SDPA f32 math {SIMT_LABEL}"] = arm(SDPBackend.MATH)
     return arms
 
 
@@ -442,7 +448,8 @@ def prefill_long_table(cp, g) -> list[dict]:
         arms = {}
         for k, fn in generated():
             if not (k.op is Op.FLASH and k.mode is Mode.PREFILL and k.kv.value == kv and
-                    k.position is Position.HOST and shape_refusal(k, hd, H // HK) is None
+                    k.v_kv.value == kv and k.position is Position.HOST
+                    and shape_refusal(k, hd, H // HK) is None
                     and k.window.value == "sink_recent" and k.sinks.value == "none"
                     and k.mask.value == "causal"):
                 continue
@@ -599,13 +606,32 @@ def _goal_kvs() -> tuple[str, ...]:
     return tuple(filter(None, got.split(","))) if got else tuple(FORMATS)
 
 
-def _limits(cp, sgemm) -> tuple[float, float]:
-    """(copy GB/s, SGEMM TFLOP/s), timed in interleaved rounds now."""
+COPY_ARM = "device-to-device copy"
+
+
+def _copy(cp) -> tuple[callable, int]:
+    """(an arm copying 256 MB device to device, the bytes it moves: read and written)."""
     src = cp.empty(256 * 2**20 // 4, cp.float32)
     dst = cp.empty_like(src)
-    t = bench_slow(cp, {"copy": lambda: cp.copyto(dst, src), SGEMM_ARM: sgemm})
-    return (2 * src.nbytes / (t["copy"] * 1e-3) / 1e9,
+    return (lambda: cp.copyto(dst, src)), 2 * src.nbytes
+
+
+def _limits(cp, sgemm) -> tuple[float, float]:
+    """(copy GB/s, SGEMM TFLOP/s), timed in interleaved rounds now."""
+    copy, moved = _copy(cp)
+    t = bench_slow(cp, {COPY_ARM: copy, SGEMM_ARM: sgemm})
+    return (moved / (t[COPY_ARM] * 1e-3) / 1e9,
             2.0 * SGEMM_N ** 3 / (t[SGEMM_ARM] * 1e-3) / 1e12)
+
+
+def _with_copy(cp, arms: dict, copy) -> tuple[dict[str, float], float]:
+    """bench() of ``arms`` with the copy (``_copy``'s pair) interleaved in the same
+    rounds: (the arms' times, the copy's GB/s in those rounds). A roofline from a copy
+    timed apart, minutes earlier, moves with the clocks of that moment (3.2 against 3.9
+    TB/s at the start and end of one run on the H200)."""
+    run, moved = copy
+    t = bench(cp, {**arms, COPY_ARM: run})
+    return t, moved / (t.pop(COPY_ARM) * 1e-3) / 1e9
 
 
 def decode_goals_table(cp, g) -> list[dict]:
@@ -624,6 +650,7 @@ def decode_goals_table(cp, g) -> list[dict]:
     match = os.environ.get("KGEN_BENCH_MATCH")
     sgemm = _sgemm(cp)
     copy_gbps, sgemm_tf = _limits(cp, sgemm)
+    copy = _copy(cp)
     sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["multiProcessorCount"]
     rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf, "sms": sms}]
     hds = tuple(h for h in _bench_head_dims() if h in (128, 256)) or (128, 256)
@@ -668,15 +695,16 @@ def decode_goals_table(cp, g) -> list[dict]:
                             arms[name] = replay([(fn, b1), (fcomb, b2)])
                             meta[name] = (k, plan)
                             occ.setdefault(k.name, _blocks_per_sm(cp, fn, b1))
-                    t = bench(cp, arms)
+                    t, copy_now = _with_copy(cp, arms, copy)
                     cache_bytes = 2 * n_kv * seq * fmt.row_bytes(hd)
-                    roof_us = max(cache_bytes / (copy_gbps * 1e9),
+                    roof_us = max(cache_bytes / (copy_now * 1e9),
                                   4.0 * hd * n_head * seq / (sgemm_tf * 1e12)) * 1e6
                     best = min(t.values())
                     dflt = next(ms for n, ms in t.items() if n.endswith("[default]"))
                     own = min(ms for n, ms in t.items() if meta[n][0].name == chosen.name)
                     print(f"decode_goals {kv} hd{hd} {n_head}/{n_kv} {seq}: roof {roof_us:.1f} "
-                          f"us; best {best * 1e3:.1f} us = {roof_us / (best * 1e3):.2f} "
+                          f"us (copy {copy_now:.0f} GB/s); best {best * 1e3:.1f} us = "
+                          f"{roof_us / (best * 1e3):.2f} "
                           f"({min(t, key=t.get)}); default {dflt * 1e3:.1f} us = "
                           f"{roof_us / (dflt * 1e3):.2f}; default kernel's best plan "
                           f"{own * 1e3:.1f} us; {occ[chosen.name]} blocks/SM", flush=True)
@@ -688,6 +716,7 @@ def decode_goals_table(cp, g) -> list[dict]:
                                      "splits": plan.n_splits, "us": ms * 1e3,
                                      "blocks_per_sm": occ[k.name],
                                      "roofline_us": roof_us, "of_roofline": roof_us / (ms * 1e3),
+                                     "copy_GBps": copy_now,
                                      "default": name.endswith("[default]"),
                                      "best": ms == best, "vs_best": ms / best})
                     del cache
@@ -845,6 +874,7 @@ def paged_goals_table(cp, g) -> list[dict]:
     sgemm = _sgemm(cp)
     copy_gbps, sgemm_tf = _limits(cp, sgemm)
     rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf}]
+    copy = _copy(cp)
     pageable = {k.kv.value for k, _ in generated() if k.position is Position.PAGED}
     hd, n_head, n_kv = PAGED_SHAPE
     for kv in _goal_kvs():
@@ -877,16 +907,16 @@ def paged_goals_table(cp, g) -> list[dict]:
             _check(f"{k.name} chunked prefill {kv}", out.get()[-4:],
                    prefill_reference(cache, host, q.get(), k))
             arms[name], meta[name] = arm, (what, k, 0, flops)
-        t = bench(cp, arms)
+        t, copy_now = _with_copy(cp, arms, copy)
         for name, ms in t.items():
             what, k, nbytes, flops = meta[name]
-            roof = max(nbytes / (copy_gbps * 1e9), flops / (sgemm_tf * 1e12)) * 1e6
+            roof = max(nbytes / (copy_now * 1e9), flops / (sgemm_tf * 1e12)) * 1e6
             row = {"kv": kv, "what": what, "arm": name, "kernel": k.name, "us": ms * 1e3,
                    "TFLOPs": flops / (ms * 1e-3) / 1e12,
                    "of_sgemm": flops / (ms * 1e-3) / 1e12 / sgemm_tf}
             if nbytes:
                 row.update(GBps=nbytes / (ms * 1e-3) / 1e9, roofline_us=roof,
-                           of_roofline=roof / (ms * 1e3))
+                           of_roofline=roof / (ms * 1e3), copy_GBps=copy_now)
             rows.append(row)
             goal = (f"{100 * row['of_roofline']:5.1f}% of the roofline ({roof:.1f} us)"
                     if nbytes else f"{100 * row['of_sgemm']:5.1f}% of SGEMM")
@@ -1101,7 +1131,7 @@ def mla_goals_table(cp, g) -> list[dict]:
         name = f"mla decode H{H} B{B} {n} keys"
         arms[name], nbytes, flops = _mla_decode_arm(cp, g, H, B, n)
         meta[name] = ("decode", nbytes, flops)
-    t = bench(cp, arms)
+    t, copy_now = _with_copy(cp, arms, _copy(cp))
     slow, slow_meta = {}, {}
     for H, Lq, Lk, causal in MLA_PREFILLS:
         name = f"mla prefill H{H} {Lq} rows x {Lk} keys {'causal' if causal else 'full'}"
@@ -1115,9 +1145,9 @@ def mla_goals_table(cp, g) -> list[dict]:
         row = {"what": what, "arm": name, "us": ms * 1e3, "TFLOPs": tf,
                "of_sgemm": tf / sgemm_tf}
         if nbytes:
-            roof = max(nbytes / (copy_gbps * 1e9), flops / (sgemm_tf * 1e12)) * 1e6
+            roof = max(nbytes / (copy_now * 1e9), flops / (sgemm_tf * 1e12)) * 1e6
             row.update(GBps=nbytes / (ms * 1e-3) / 1e9, roofline_us=roof,
-                       of_roofline=roof / (ms * 1e3))
+                       of_roofline=roof / (ms * 1e3), copy_GBps=copy_now)
         rows.append(row)
         share = (f"{row['GBps']:7.0f} GB/s {100 * row['of_roofline']:5.1f}% of the roofline "
                  f"({row['roofline_us']:.1f} us)" if nbytes else
@@ -1352,6 +1382,12 @@ def main() -> int:
     for name, fn in sections:
         if not only or name in only:
             record[name] = fn(cp, g)
+    report(record, Path(os.environ.get("KGEN_BENCH_OUT", "bench-out")))
+    return 0
+
+
+def report(record: dict, out: Path) -> None:
+    """Print a run's tables, and save its JSON and charts under ``out``."""
     print(f"kernel benchmark on {record['device']}: {ROUNDS} interleaved rounds x {BURST} "
           "launches, medians; every kernel checked against the NumPy reference first")
     if "heads" in record:
@@ -1371,15 +1407,17 @@ def main() -> int:
     if "prefill_long" in record:
         print(f"\nprefill_long: causal prefill of {LONG_N} rows, q heads / kv heads as shown "
               "(ms; TFLOP/s = 2 N^2 hd H / time; % of the SGEMM timed in the same rounds; "
-              "ratio = the first SDPA arm's time / the arm's)")
+              "ratio = SDPA math f32's time (TF32 off: the SIMT peer) / the arm's)")
         for shape in sorted({(r["n_head"], r["n_kv"], r["kv"], r["head_dim"])
                              for r in record["prefill_long"]}):
             hq, hk, kv, hd = shape
             rs = [r for r in record["prefill_long"]
                   if (r["n_head"], r["n_kv"], r["kv"], r["head_dim"]) == shape]
-            sd = next((r["ms"] for r in rs if r.get("peer")), None)
+            # The bar is the SIMT f32 peer (SDPA math, TF32 off), never a tensor-core arm.
+            sd = next((r["ms"] for r in rs if r.get("peer")
+                       and r["kernel"].endswith(SIMT_LABEL)), None)
             for r in rs:
-                ratio = (f"  {sd / r['ms']:5.2f}x vs SDPA" if sd and not r.get("sgemm")
+                ratio = (f"  {sd / r['ms']:5.2f}x vs SDPA math" if sd and not r.get("sgemm")
                          else "")
                 best = " (best kgen)" if r["best_kgen"] else ""
                 print(f"  {hq}/{hk} {kv:<4} hd{hd:<4} {r['kernel']:<40} {r['ms']:9.2f} ms "
@@ -1392,9 +1430,10 @@ def main() -> int:
             print(f"  {r['arm']:<64} {r['us']:9.1f} us {r['GBps']:8.1f} GB/s{share}")
     if "decode_goals" in record:
         lim = record["decode_goals"][0]
-        print(f"\ndecode_goals: split decode + combine vs roofline = max(bytes / copy "
-              f"{lim['copy_GBps']:.0f} GB/s, 4 hd H keys / SGEMM {lim['sgemm_TFLOPs']:.1f} "
-              f"TFLOP/s), {lim['sms']} SMs; best arm and the default (empty tune store)")
+        print(f"\ndecode_goals: split decode + combine vs roofline = max(bytes / copy rate, "
+              f"4 hd H keys / SGEMM {lim['sgemm_TFLOPs']:.1f} TFLOP/s), the copy timed in each "
+              f"shape's rounds (alone at the start: {lim['copy_GBps']:.0f} GB/s), {lim['sms']} "
+              "SMs; best arm and the default (empty tune store)")
         goal = [r for r in record["decode_goals"] if "kv" in r]
         for key in sorted({(r["kv"], r["head_dim"], r["n_head"], r["n_kv"], r["seq"])
                            for r in goal}):
@@ -1405,17 +1444,20 @@ def main() -> int:
             dtxt = (f" | default {d['us']:8.1f} us {100 * d['of_roofline']:5.1f}% "
                     f"({d['vs_best']:.2f}x best)" if d else "")
             print(f"  {key[0]:<8} hd{key[1]:<3} {key[2]:>2}/{key[3]:<2} {key[4]:>6} keys: "
-                  f"roof {b['roofline_us']:7.1f} us | best {b['us']:8.1f} us "
+                  f"copy {b.get('copy_GBps', lim['copy_GBps']):5.0f} GB/s roof "
+                  f"{b['roofline_us']:7.1f} us | best {b['us']:8.1f} us "
                   f"{100 * b['of_roofline']:5.1f}% {b['arm']}{dtxt}")
     if "paged_goals" in record:
         lim = record["paged_goals"][0]
         hd, n_head, n_kv = PAGED_SHAPE
         print(f"\npaged_goals: head_dim {hd}, {n_head}/{n_kv} heads; paged decode of "
-              f"{PAGED_SEQS} x {PAGED_KEYS} keys vs roofline (copy {lim['copy_GBps']:.0f} "
-              f"GB/s), paged prefill of {VARLEN[0]} x {VARLEN[1]} rows and chunked prefill "
+              f"{PAGED_SEQS} x {PAGED_KEYS} keys vs roofline (the copy timed in each format's "
+              f"rounds; alone at the start {lim['copy_GBps']:.0f} GB/s), paged prefill of "
+              f"{VARLEN[0]} x {VARLEN[1]} rows and chunked prefill "
               f"vs SGEMM {lim['sgemm_TFLOPs']:.1f} TFLOP/s; default kernels and plans")
         for r in record["paged_goals"][1:]:
-            share = (f"{100 * r['of_roofline']:5.1f}% of roofline" if "of_roofline" in r
+            share = (f"{100 * r['of_roofline']:5.1f}% of roofline (copy "
+                     f"{r.get('copy_GBps', lim['copy_GBps']):.0f} GB/s)" if "of_roofline" in r
                      else f"{100 * r['of_sgemm']:5.1f}% of SGEMM")
             print(f"  {r['kv']:<8} {r['what']:<23} {r['us']:10.1f} us  {share}  {r['arm']}")
     if "prefill_rows" in record:
@@ -1439,7 +1481,8 @@ def main() -> int:
     if "mla_goals" in record:
         lim = record["mla_goals"][0]
         print(f"\nmla_goals: the MLA split decode (default split count, LSE written) over "
-              f"pages of {MLA_BLOCK} vs roofline (copy {lim['copy_GBps']:.0f} GB/s, SGEMM "
+              f"pages of {MLA_BLOCK} vs roofline (copy timed with the decodes; alone "
+              f"{lim['copy_GBps']:.0f} GB/s; SGEMM "
               f"{lim['sgemm_TFLOPs']:.1f} TFLOP/s), the MLA prefill vs SGEMM")
         for r in record["mla_goals"][1:]:
             share = (f"{r['GBps']:7.0f} GB/s {100 * r['of_roofline']:5.1f}% of roofline"
@@ -1455,13 +1498,11 @@ def main() -> int:
             else:
                 print(f"  {r['arm']:<40} host {r['host_us']:8.1f}  wall {r['wall_us']:8.1f}  "
                       f"gpu {r['gpu_us']:8.1f}")
-    out = Path(os.environ.get("KGEN_BENCH_OUT", "bench-out"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps(record, indent=1) + "\n")
     made = charts(out, record)
     why = "" if made or "heads" not in record else " (matplotlib not importable: no charts)"
     print(f"\nwrote {out / 'kernels.json'}" + (f" and {', '.join(made)}" if made else why))
-    return 0
 
 
 if __name__ == "__main__":

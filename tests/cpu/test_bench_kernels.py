@@ -1,0 +1,70 @@
+"""`make bench-kernels` off the GPU: the report's bars and the copy timed with the arms.
+prefill_long's ratio is to torch SDPA's math path (the SIMT f32 peer), never to the
+tensor-core arm torch picks by default; a decode's roofline comes from the copy timed in
+the same interleaved rounds as its arms."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kgen.bench import kernels
+
+
+def _long_rows(ms: dict[str, float]) -> list[dict]:
+    peers = {n for n in ms if n.startswith("torch SDPA")}
+    return [{"kv": "f32", "head_dim": 128, "n_head": 32, "n_kv": 8, "kernel": n, "ms": t,
+             "TFLOPs": 1.0, "of_sgemm": 0.5, "peer": n in peers, "sgemm": n == kernels.SGEMM_ARM,
+             "best_kgen": n == "qs_f32_causal"} for n, t in ms.items()]
+
+
+def test_prefill_long_ratio_is_to_the_simt_peer_not_the_tensor_core_arm(tmp_path, capsys):
+    ms = {"qs_f32_causal": 20.0,
+          "torch SDPA f32 efficient_attention (tensor-core)": 10.0,
+          f"torch SDPA f32 math {kernels.SIMT_LABEL}": 50.0,
+          kernels.SGEMM_ARM: 20.0}
+    kernels.report({"device": "test", "prefill_long": _long_rows(ms)}, tmp_path)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "qs_f32_causal " in ln)
+    assert re.search(r"2\.50x vs SDPA math", line), line          # 50 / 20, not 10 / 20
+    tensor = next(ln for ln in out.splitlines() if "tensor-core" in ln)
+    assert "5.00x vs SDPA math" in tensor
+    sgemm = next(ln for ln in out.splitlines() if kernels.SGEMM_ARM in ln)
+    assert "vs SDPA" not in sgemm
+    assert (tmp_path / "kernels.json").is_file()
+
+
+def test_prefill_long_without_the_simt_peer_prints_no_ratio(tmp_path, capsys):
+    ms = {"qs_f32_causal": 20.0, "torch SDPA f32 efficient_attention (tensor-core)": 10.0}
+    kernels.report({"device": "test", "prefill_long": _long_rows(ms)}, tmp_path)
+    assert "vs SDPA" not in capsys.readouterr().out
+
+
+def test_the_copy_is_timed_in_the_arms_rounds(monkeypatch):
+    seen = {}
+
+    def fake_bench(cp, arms):
+        seen.update(arms)
+        return {n: (0.25 if n == kernels.COPY_ARM else 0.01) for n in arms}
+
+    monkeypatch.setattr(kernels, "bench", fake_bench)
+    arms = {"a": lambda: None, "b": lambda: None}
+    copy = (lambda: None, 1_000_000_000)          # 1 GB moved a call
+    t, gbps = kernels._with_copy(None, arms, copy)
+    assert set(seen) == {"a", "b", kernels.COPY_ARM}  # one bench call: the same rounds
+    assert set(t) == {"a", "b"}                       # the copy is not an arm of the table
+    assert gbps == pytest.approx(4000.0)              # 1 GB in 0.25 ms
+
+
+def test_decode_goals_report_prints_each_rows_copy(tmp_path, capsys):
+    lim = {"arm": "limits", "copy_GBps": 3000.0, "sgemm_TFLOPs": 50.0, "sms": 132}
+    row = {"kv": "f16", "head_dim": 128, "n_head": 32, "n_kv": 8, "seq": 32768,
+           "arm": "dq_f16_d128_g4_host kps 32 cap 66 (64 splits) [default]",
+           "kernel": "dq_f16_d128_g4_host", "stream": True, "splits": 64, "us": 44.0,
+           "blocks_per_sm": 4, "roofline_us": 34.0, "of_roofline": 34.0 / 44.0,
+           "copy_GBps": 3950.0, "default": True, "best": True, "vs_best": 1.0}
+    kernels.report({"device": "test", "decode_goals": [lim, row]}, tmp_path)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "32768 keys" in ln)
+    assert "copy  3950 GB/s" in line and "77.3%" in line
