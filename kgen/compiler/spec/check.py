@@ -414,9 +414,8 @@ def _check_lane_quads(k: Kernel, ctx: _Ctx) -> None:
 # thread's output patch); max_head_dim is also the append kernels' staging bound.
 QUERY_TILE_KEYS = ("tile_rows", "micro_rows", "micro_keys", "max_head_dim", "qtile_loads",
                    "key_split", "qk_split", "min_blocks")
-# Options a query_tile kernel does not have yet (the vec4 loads: none of the engine's),
-# and the staging axes it fixes itself.
-QUERY_TILE_NOT_YET: tuple[str, ...] = ()
+# Options a query_tile kernel with vec4 loads does not have yet (none of the engine's;
+# the scalar and swizzled tiles have them all), and the staging axes it fixes itself.
 QUERY_TILE_VEC4_NOT_YET = ("window", "softcap", "sinks")
 QUERY_TILE_FIXED = ("q_stage", "k_stage", "v_stage", "threads", "rows_per_block")
 QUERY_TILE_MAX_ACCUMULATORS = 128  # output floats a thread keeps in registers
@@ -451,11 +450,10 @@ def _check_query_tile(k: Kernel, ctx: _Ctx) -> None:
         raise ctx.error(_blame(k, "prefetch", _shadow_key(k)), f"prefetch = "
                         f"{k.prefetch.value} with {_kv_said(k)}: a tile of fp16 shadows runs "
                         "in two passes, each loading its keys in place (prefetch = none)")
-    for key in QUERY_TILE_NOT_YET + (QUERY_TILE_VEC4_NOT_YET if qtile_vec4(k) else ()):
+    for key in QUERY_TILE_VEC4_NOT_YET if qtile_vec4(k) else ():
         if getattr(k, key) != KEYS[key].default:
-            loads = " with qtile_loads = vec4" if key in QUERY_TILE_VEC4_NOT_YET else ""
-            raise ctx.error(k.where(key), f"schedule = query_tile{loads} does not combine "
-                            f"with {key} = {getattr(k, key).value} yet")
+            raise ctx.error(k.where(key), f"schedule = query_tile with qtile_loads = vec4 "
+                            f"does not combine with {key} = {getattr(k, key).value} yet")
     for key in QUERY_TILE_FIXED:
         default = KEYS[key].default
         if getattr(k, key) != default:
