@@ -38,6 +38,10 @@ the launcher's (launch reports the host's costs). Every timed
 kernel's output is compared with the float64 NumPy reference first (a benchmark
 of a wrong kernel is worthless). On anything but a K80 the driver JIT-compiles
 the sm_37 PTX: absolute times say little about Kepler, ratios more.
+
+A GPU lent a few minutes a command runs it in parts (KGEN_BENCH_ONLY, KGEN_BENCH_KV,
+KGEN_BENCH_HEAD_DIMS, each to its own KGEN_BENCH_OUT); `python -m kgen.bench.kernels
+report DIR...` then prints and charts their merged kernels.json, no GPU needed.
 """
 
 from __future__ import annotations
@@ -1361,7 +1365,43 @@ def charts(out: Path, record: dict) -> list[str]:
     return made
 
 
-def main() -> int:
+def _data(rows: list[dict]) -> list[dict]:
+    """A section's rows without its limits rows (a merged record has one a run)."""
+    return [r for r in rows if not r.get("arm", "").startswith("limits")]
+
+
+def merged(records: list[dict]) -> dict:
+    """One record from runs of one device, each of some sections (KGEN_BENCH_ONLY,
+    KGEN_BENCH_KV, ...: a GPU lent a few minutes a command runs the benchmark in parts):
+    a section's rows concatenated in run order. Every row carries its own measures
+    against the limits of its run's rounds, so rows from different runs stay comparable
+    with their limits, not with each other's times."""
+    if not records:
+        raise ValueError("no runs to merge")
+    devices = {r["device"] for r in records}
+    if len(devices) != 1:
+        raise ValueError(f"runs on different devices: {', '.join(sorted(devices))}")
+    out = {k: v for k, v in records[0].items() if not isinstance(v, list)}
+    for rec in records:
+        for name, rows in rec.items():
+            if isinstance(rows, list):
+                out.setdefault(name, []).extend(rows)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (no arguments), or ``report DIR...``: print and chart, into
+    $KGEN_BENCH_OUT, the merged kernels.json of earlier runs (no GPU needed)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if args:
+        if args[0] != "report" or len(args) < 2:
+            print("usage: python -m kgen.bench.kernels [report DIR...]", file=sys.stderr)
+            return 2
+        runs = [json.loads((Path(d) / "kernels.json").read_text()) for d in args[1:]]
+        report(merged(runs), Path(os.environ.get("KGEN_BENCH_OUT", "bench-out")))
+        return 0
     import cupy as cp
 
     from kgen.runtime.package import ensure_kgen_kernels
@@ -1443,9 +1483,9 @@ def report(record: dict, out: Path) -> None:
             d = next((r for r in rs if r["default"]), None)
             dtxt = (f" | default {d['us']:8.1f} us {100 * d['of_roofline']:5.1f}% "
                     f"({d['vs_best']:.2f}x best)" if d else "")
+            copy = f"copy {b['copy_GBps']:5.0f} GB/s " if "copy_GBps" in b else ""
             print(f"  {key[0]:<8} hd{key[1]:<3} {key[2]:>2}/{key[3]:<2} {key[4]:>6} keys: "
-                  f"copy {b.get('copy_GBps', lim['copy_GBps']):5.0f} GB/s roof "
-                  f"{b['roofline_us']:7.1f} us | best {b['us']:8.1f} us "
+                  f"{copy}roof {b['roofline_us']:7.1f} us | best {b['us']:8.1f} us "
                   f"{100 * b['of_roofline']:5.1f}% {b['arm']}{dtxt}")
     if "paged_goals" in record:
         lim = record["paged_goals"][0]
@@ -1455,9 +1495,9 @@ def report(record: dict, out: Path) -> None:
               f"rounds; alone at the start {lim['copy_GBps']:.0f} GB/s), paged prefill of "
               f"{VARLEN[0]} x {VARLEN[1]} rows and chunked prefill "
               f"vs SGEMM {lim['sgemm_TFLOPs']:.1f} TFLOP/s; default kernels and plans")
-        for r in record["paged_goals"][1:]:
-            share = (f"{100 * r['of_roofline']:5.1f}% of roofline (copy "
-                     f"{r.get('copy_GBps', lim['copy_GBps']):.0f} GB/s)" if "of_roofline" in r
+        for r in _data(record["paged_goals"]):
+            copy = f" (copy {r['copy_GBps']:.0f} GB/s)" if "copy_GBps" in r else ""
+            share = (f"{100 * r['of_roofline']:5.1f}% of roofline{copy}" if "of_roofline" in r
                      else f"{100 * r['of_sgemm']:5.1f}% of SGEMM")
             print(f"  {r['kv']:<8} {r['what']:<23} {r['us']:10.1f} us  {share}  {r['arm']}")
     if "prefill_rows" in record:
@@ -1474,7 +1514,7 @@ def report(record: dict, out: Path) -> None:
         print(f"\nprefill_split: a chunk of n rows after {SEQ} - n keys, head_dim {hd}, "
               f"{n_head}/{n_kv} heads, vs SGEMM {record['prefill_split'][0]['sgemm_TFLOPs']:.1f} "
               "TFLOP/s ([default]: the plan's split count)")
-        for r in record["prefill_split"][1:]:
+        for r in _data(record["prefill_split"]):
             mark = " [default]" if r["default"] else ""
             print(f"  {r['kv']:<8} {r['rows']:>4} rows {r['kernel']:<28} {r['us']:10.1f} us  "
                   f"{100 * r['of_sgemm']:5.1f}% of SGEMM{mark}")
@@ -1484,7 +1524,7 @@ def report(record: dict, out: Path) -> None:
               f"pages of {MLA_BLOCK} vs roofline (copy timed with the decodes; alone "
               f"{lim['copy_GBps']:.0f} GB/s; SGEMM "
               f"{lim['sgemm_TFLOPs']:.1f} TFLOP/s), the MLA prefill vs SGEMM")
-        for r in record["mla_goals"][1:]:
+        for r in _data(record["mla_goals"]):
             share = (f"{r['GBps']:7.0f} GB/s {100 * r['of_roofline']:5.1f}% of roofline"
                      if "GBps" in r else
                      f"{r['TFLOPs']:6.2f} TFLOP/s {100 * r['of_sgemm']:5.1f}% of SGEMM")

@@ -68,3 +68,42 @@ def test_decode_goals_report_prints_each_rows_copy(tmp_path, capsys):
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if "32768 keys" in ln)
     assert "copy  3950 GB/s" in line and "77.3%" in line
+
+
+def _paged(kv: str, us: float) -> list[dict]:
+    return [{"arm": "limits", "copy_GBps": 3000.0, "sgemm_TFLOPs": 50.0},
+            {"kv": kv, "what": "paged decode", "arm": f"dq_{kv}_d128_g4_paged [default]",
+             "kernel": f"dq_{kv}_d128_g4_paged", "us": us, "TFLOPs": 1.0, "of_sgemm": 0.02,
+             "GBps": 3000.0, "roofline_us": 0.7 * us, "of_roofline": 0.7}]
+
+
+def test_runs_of_parts_merge_into_one_report(tmp_path, capsys, monkeypatch):
+    """A GPU lent minutes a command runs the benchmark in parts: `report DIR...` merges
+    their kernels.json (a section's rows in run order, each run's limits row skipped)."""
+    import json
+
+    for i, kv in enumerate(("f16", "q8_0")):
+        d = tmp_path / f"run{i}"
+        d.mkdir()
+        (d / "kernels.json").write_text(json.dumps({"device": "H", "rounds": 7,
+                                                    "paged_goals": _paged(kv, 200.0 + i)}))
+    rec = kernels.merged([json.loads((tmp_path / f"run{i}" / "kernels.json").read_text())
+                          for i in range(2)])
+    assert [r.get("kv") for r in rec["paged_goals"]] == [None, "f16", None, "q8_0"]
+    out = tmp_path / "merged"
+    monkeypatch.setenv("KGEN_BENCH_OUT", str(out))
+    assert kernels.main(["report", str(tmp_path / "run0"), str(tmp_path / "run1")]) == 0
+    text = capsys.readouterr().out
+    rows = [ln for ln in text.splitlines() if "paged decode" in ln and "us" in ln
+            and "roofline" in ln and ln.startswith("  ")]
+    assert [ln.split()[0] for ln in rows] == ["f16", "q8_0"]
+    merged = json.loads((out / "kernels.json").read_text())
+    assert len(merged["paged_goals"]) == 4
+
+
+def test_merging_refuses_runs_of_different_devices():
+    with pytest.raises(ValueError, match="different devices"):
+        kernels.merged([{"device": "A"}, {"device": "B"}])
+    with pytest.raises(ValueError, match="no runs"):
+        kernels.merged([])
+    assert kernels.main(["nonsense"]) == 2
