@@ -98,7 +98,9 @@ test-gpu:
 bench-build: setup
 	$(BIN)/python -m kgen.bench.build
 
-# On a machine with a GPU (like test-gpu: the committed fatbins, CuPy, NumPy).
+# On a machine with a GPU, CuPy and NumPy, after make build (or with the wheel installed).
+# A GPU lent minutes a command: bash tests/gpu/bench_on_device.sh runs it in parts from the
+# wheel and merges them into one report.
 bench-kernels:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m kgen.bench.kernels
 

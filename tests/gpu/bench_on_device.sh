@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# `make bench-kernels` in parts, for a GPU lent a few minutes a command: kgen and its
+# kernels from the wheel `make dist` wrote (as run_on_device.sh), each part in its own
+# process under its own time limit, its tables and kernels.json under $OUT/bench/<part>
+# (what a killed part printed stays), then every finished part merged into one report
+# and its charts (python -m kgen.bench.kernels report) under $OUT/bench/all.
+#   PARTS="decode_goals:q8_0 paged_goals" bash tests/gpu/bench_on_device.sh
+# A part is SECTION[:KVS[:HEAD_DIMS]] (KVS and HEAD_DIMS comma-separated, "all" or empty
+# for every one), e.g. prefill_long:all:64 or decode_goals:f16,bf16:128. PART_LIMIT is each
+# part's limit in seconds (default 280); MATCH, SPLITS and SHAPES pass on as
+# KGEN_BENCH_MATCH, KGEN_BENCH_SPLITS and KGEN_BENCH_LONG_SHAPES.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-bench-out}/bench
+mkdir -p "$out"
+wheel=${WHEEL:-$(ls dist/kgen-*.whl 2>/dev/null | head -n 1)}
+if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
+  echo "no kgen wheel: run \`make dist\` on a machine with the CUDA 11.8 toolchain" >&2
+  exit 2
+fi
+venv=${GPU_VENV:-.gpu/venv}
+py=$venv/bin/python
+if ! "$py" -I -c "import kgen, kgen_kernels" 2>/dev/null; then
+  python3 -m venv --without-pip "$venv" || exit 2
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  python3 -c 'import site, sys; print("\n".join(p for p in sys.path if p.endswith("-packages")))' \
+    > "$site/_host_packages.pth" || exit 2
+  python3 -m pip --python "$py" install -q --no-deps --force-reinstall "$wheel" || exit 2
+fi
+unset KGEN_GENERATED
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+done_parts=()
+for part in ${PARTS:-heads variants prefill_long decode_long decode_goals paged_goals prefill_rows prefill_split mla_goals launch}; do
+  IFS=: read -r section kvs hds <<< "$part"
+  name=$(echo "$part" | tr ':,' '-_')
+  env=(KGEN_BENCH_ONLY="$section" KGEN_BENCH_OUT="$out/$name")
+  [ -n "${kvs:-}" ] && [ "$kvs" != all ] && env+=(KGEN_BENCH_KV="$kvs")
+  [ -n "${hds:-}" ] && [ "$hds" != all ] && env+=(KGEN_BENCH_HEAD_DIMS="$hds")
+  [ -n "${MATCH:-}" ] && env+=(KGEN_BENCH_MATCH="$MATCH")
+  [ -n "${SPLITS:-}" ] && env+=(KGEN_BENCH_SPLITS="$SPLITS")
+  [ -n "${SHAPES:-}" ] && env+=(KGEN_BENCH_LONG_SHAPES="$SHAPES")
+  # -I: the wheel's kgen, never the checkout's (the working directory).
+  env "${env[@]}" timeout "${PART_LIMIT:-280}" "$py" -I -m kgen.bench.kernels \
+    > "$out/$name.txt" 2>&1
+  rc=$?
+  echo "== $part: rc $rc, $(( $(date +%s) - t0 )) s"
+  if [ "$rc" = 0 ]; then done_parts+=("$out/$name"); else tail -n 5 "$out/$name.txt"; fi
+done
+if [ "${#done_parts[@]}" -gt 0 ]; then
+  KGEN_BENCH_OUT="$out/all" "$py" -I -m kgen.bench.kernels report "${done_parts[@]}" \
+    > "$out/all.txt" 2>&1
+  echo "== report: rc $?, $out/all.txt"
+fi
