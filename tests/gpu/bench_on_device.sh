@@ -6,7 +6,8 @@
 # and its charts (python -m kgen.bench.kernels report) under $OUT/bench/all.
 #   PARTS="decode_goals:q8_0 paged_goals" bash tests/gpu/bench_on_device.sh
 # A part is SECTION[:KVS[:HEAD_DIMS]] (KVS and HEAD_DIMS comma-separated, "all" or empty
-# for every one), e.g. prefill_long:all:64 or decode_goals:f16,bf16:128. PART_LIMIT is each
+# for every one, KVS "each" for a part per registered format), e.g. prefill_long:all:64,
+# decode_goals:f16,bf16:128 or decode_goals:each. PART_LIMIT is each
 # part's limit in seconds (default 280); MATCH, SPLITS and SHAPES pass on as
 # KGEN_BENCH_MATCH, KGEN_BENCH_SPLITS and KGEN_BENCH_LONG_SHAPES.
 set -uo pipefail
@@ -30,8 +31,18 @@ fi
 unset KGEN_GENERATED
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
+formats=$("$py" -I -c "from kgen.formats import FORMATS; print(' '.join(FORMATS))") || exit 2
+parts=()
+for part in ${PARTS:-heads variants prefill_long:each decode_long decode_goals:each paged_goals prefill_rows prefill_split mla_goals launch}; do
+  IFS=: read -r section kvs hds <<< "$part"
+  if [ "${kvs:-}" = each ]; then
+    for kv in $formats; do parts+=("$section:$kv${hds:+:$hds}"); done
+  else
+    parts+=("$part")
+  fi
+done
 done_parts=()
-for part in ${PARTS:-heads variants prefill_long decode_long decode_goals paged_goals prefill_rows prefill_split mla_goals launch}; do
+for part in "${parts[@]}"; do
   IFS=: read -r section kvs hds <<< "$part"
   name=$(echo "$part" | tr ':,' '-_')
   env=(KGEN_BENCH_ONLY="$section" KGEN_BENCH_OUT="$out/$name")
