@@ -352,6 +352,8 @@ def cmd_show(args, settings: Settings, say: Reporter) -> int:
     by = {k.name: k for k in _kernels(settings, args)}
     _unknown([args.kernel], set(by), f"no spec in {settings.specs} defines it")
     k = by[args.kernel]
+    if args.sass:
+        return _show_sass(k.name, settings, args)
     if args.json:
         keys = {}
         for key, spec in KEYS.items():
@@ -380,6 +382,42 @@ def cmd_show(args, settings: Settings, say: Reporter) -> int:
     for r in k.relations:
         tol = f" within {r.tolerance:g}" if r.kind == "close_to" else ""
         print(f"  expect {r.kind} {'with ' if r.kind == 'bit_exact' else ''}{r.other}{tol}")
+    return 0
+
+
+def _show_sass(name: str, settings: Settings, args) -> int:
+    """The kernel's sm_37 instruction mix: the whole kernel, then each loop (a branch
+    back), innermost ones marked; an issue-bound loop shows its FMA share here."""
+    from dataclasses import replace
+
+    from kgen.compiler import pipeline
+    from kgen.toolchain import sass_listing as sl
+
+    ctx = _context(settings, args)
+    work = pipeline.run(("parse", "context", "check", "render"),
+                        pipeline.Work(inputs=(settings.specs,)), ctx)
+    # Only the kernel's own unit goes on to the compilers (or the store).
+    work = replace(work, modules=tuple(m for m in work.modules
+                                       if name in {k.name for k in m.kernels}))
+    stream = pipeline.run(("ptx", "cubin"), work, ctx).compiled[name].sass
+    spans = sl.loops(stream)
+    inner = set(sl.innermost(spans))
+    rows = [("kernel", None)] + [(f"loop {lo:#06x}-{hi:#06x}" + (" (innermost)" if
+                                                                 (lo, hi) in inner else ""),
+                                  (lo, hi)) for lo, hi in spans]
+    out = []
+    for label, span in rows:
+        m = sl.mix(stream, span)
+        total = sum(m.values())
+        out.append({"what": label, "instructions": total, "ffma": m.get("FFMA", 0), "mix": m})
+    if args.json:
+        print(json.dumps({"name": name, "target": "sm_37", "parts": out}, indent=1))
+        return 0
+    print(f"{name}: sm_37 SASS, instructions by opcode")
+    for r in out:
+        share = 100 * r["ffma"] / r["instructions"] if r["instructions"] else 0.0
+        top = ", ".join(f"{op} {n}" for op, n in list(r["mix"].items())[:10])
+        print(f"  {r['what']:<34} {r['instructions']:6d}  FFMA {share:4.1f}%  {top}")
     return 0
 
 
@@ -492,6 +530,9 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_tune)
     s = sub.add_parser("show", parents=[common], help="one kernel's resolved axes")
     s.add_argument("kernel")
+    s.add_argument("--sass", action="store_true",
+                   help="its sm_37 SASS instead: the instruction mix of the kernel and of "
+                        "each loop (compiles what the store lacks)")
     s.set_defaults(fn=cmd_show)
     sub.add_parser("doctor", parents=[common], help="what this machine can build and run, "
                    "and why").set_defaults(fn=cmd_doctor)

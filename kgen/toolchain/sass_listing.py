@@ -62,3 +62,49 @@ def render(stream: tuple[Instr, ...]) -> str:
 def encode(stream: tuple[Instr, ...]) -> bytes:
     """The stream's 64-bit words as the cubin stores them (its .text section)."""
     return b"".join(int(i.encoding, 16).to_bytes(8, "little") for i in stream)
+
+
+# -- the instruction mix of a kernel's loops (what bounds an issue-bound kernel, read
+# -- from the SASS the target runs; no GPU) -------------------------------------------
+
+_BRANCH = re.compile(r"\bBRA\b[^;]*?\b(0x[0-9a-f]+)\s*;")
+
+
+def opcode(text: str) -> str:
+    """An instruction's operation without its predicate and modifiers (FFMA, LDS, SHFL)."""
+    words = text.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].rstrip(";").split(".")[0] if words else ""
+
+
+def loops(stream: tuple[Instr, ...]) -> list[tuple[int, int]]:
+    """(first, last) addresses of each loop: a branch back to an address before its own
+    (its target, the branch itself), in address order of the branch. A branch to itself
+    (the padding after the last EXIT) is no loop."""
+    out = []
+    for i in stream:
+        if i.addr is None:
+            continue
+        m = _BRANCH.search(i.text)
+        if m and int(m.group(1), 16) < i.addr:
+            out.append((int(m.group(1), 16), i.addr))
+    return out
+
+
+def innermost(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The loops that hold no other loop."""
+    return [s for s in spans if not any(o != s and s[0] <= o[0] and o[1] <= s[1]
+                                        for o in spans)]
+
+
+def mix(stream: tuple[Instr, ...], span: tuple[int, int] | None = None) -> dict[str, int]:
+    """Instructions by opcode (control words not counted) in ``span`` (inclusive
+    addresses), else in the whole stream; the most frequent first."""
+    counts: dict[str, int] = {}
+    for i in stream:
+        if i.addr is None or (span and not span[0] <= i.addr <= span[1]):
+            continue
+        op = opcode(i.text)
+        counts[op] = counts.get(op, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

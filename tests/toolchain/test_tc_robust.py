@@ -270,6 +270,24 @@ def test_cli_answers(ws):
     assert shutil.which  # keep the import used
 
 
+def test_show_sass_counts_the_kernels_own_stream(ws):
+    """kgen show --sass: a reference kernel's instructions are its golden SASS's (the two
+    are identical), its loops lie inside it, and its innermost loops hold FMAs."""
+    import json
+
+    from kgen.compiler.golden import _parse_rendered
+
+    r = ws.kgen("show", "--sass", "--json", "-q", "fc_attn_flash_decode")
+    assert r.rc == 0, r.text
+    parts = json.loads(r.out)["parts"]
+    golden = _parse_rendered((REPO / "golden/sass/fc_attn_flash_decode.sass").read_text())
+    assert parts[0]["what"] == "kernel"
+    assert parts[0]["instructions"] == sum(1 for i in golden if i.addr is not None)
+    loops = parts[1:]
+    assert loops and all(0 < p["instructions"] < parts[0]["instructions"] for p in loops)
+    assert sum(p["ffma"] for p in loops if "innermost" in p["what"]) > 0
+
+
 def test_a_symlinked_output_tree_is_written_where_it_points(tiny, monkeypatch):
     ws, spec, variants, trees = tiny
     spec.write_text(variants["A"], encoding="utf-8")
