@@ -31,6 +31,10 @@ default bench-out/):
 * launch   -- host cost of one decode step: a raw CuPy launch with prepared
               arguments, the kgen launcher, KVCache.decode, and a CUDA graph.
 
+Each kernel row also carries the kernel's sm_37 occupancy on a K80 SMX at that launch
+(blocks and warps resident, from the build's ptxas report: the SASS a K80 runs, not the
+image the driver JIT-compiled here), printed as [K80: ...].
+
 Rounds interleave the arms and report medians, each round timing a burst of
 launches with CUDA events; kernels are bound once (contracts checked) and then
 replayed raw from a CUDA graph of the burst, so kernel times are the kernels', not
@@ -449,7 +453,7 @@ def prefill_long_table(cp, g) -> list[dict]:
     for (H, HK), kv, hd in itertools.product(LONG_SHAPES, _goal_kvs(), _bench_head_dims()):
         cache, q, kx, vx, want = long_prefill_inputs(cp, g, H, HK, kv, hd)
         qd = cp.asarray(q)
-        arms = {}
+        arms, built = {}, {}
         for k, fn in generated():
             if not (k.op is Op.FLASH and k.mode is Mode.PREFILL and k.kv.value == kv and
                     k.v_kv.value == kv and k.position is Position.HOST
@@ -471,6 +475,7 @@ def prefill_long_table(cp, g) -> list[dict]:
             lossy = k.k_stage.value == "shared_f16" or k.q_stage.value == "f16"
             _check(k.name, out.get()[-2:], want, *((2e-2, 2e-3) if lossy else (RTOL, ATOL)))
             arms[k.name] = replay([(fn, b)])
+            built[k.name] = k
         # SDPA in f32 on the same shapes (the unquantized rows), each checked first.
         peers = set()
         sd = _sdpa(q, kx, vx, H // HK)
@@ -493,7 +498,8 @@ def prefill_long_table(cp, g) -> list[dict]:
                          "kernel": name, "ms": ms,
                          "TFLOPs": tf, "of_sgemm": tf / sgemm_tf,
                          "peer": name in peers, "sgemm": name == SGEMM_ARM,
-                         "best_kgen": name == best})
+                         "best_kgen": name == best,
+                         **({"k80": k80(built[name], hd, H // HK)} if name in built else {})})
         del cache
     return rows
 
@@ -520,6 +526,25 @@ def _blocks_per_sm(cp, fn, b) -> int:
         ctypes.byref(n), ctypes.c_void_p(getattr(f, "kernel", f).ptr),
         ctypes.c_int(int(np.prod(b.block))), ctypes.c_size_t(int(b.shared_bytes)))
     return n.value if r == 0 else -1
+
+
+_RESOURCES: dict[str, dict[str, dict]] = {}  # generated tree -> kernel -> ptxas's report
+
+
+def k80(k, head_dim: int, groups: int) -> dict:
+    """The kernel's sm_37 occupancy on one K80 SMX (GK210) for a launch at ``head_dim``
+    and ``groups``, from the build's ptxas report (the manifest's resources; the sm_37
+    SASS the K80 runs, not the JIT image timed here): {"blocks", "warps"} resident."""
+    import kgen_kernels
+
+    from kgen.compiler.coverage import occupancy
+    from kgen.runtime import manifest
+
+    root = str(kgen_kernels.ROOT)
+    if root not in _RESOURCES:
+        _RESOURCES[root] = {n: e.resources for n, e in manifest.read(Path(root)).kernels.items()}
+    occ = occupancy(k, _RESOURCES[root][k.name], [head_dim], groups)[str(head_dim)]
+    return {"blocks": occ["blocks_per_sm"], "warps": occ["warps_per_sm"]}
 
 
 def split_arm(cp, cache, fn, fcomb, q1, seq: int, kps: int, cap: int, tile: int):
@@ -718,7 +743,7 @@ def decode_goals_table(cp, g) -> list[dict]:
                                      "seq": seq, "arm": name, "kernel": k.name,
                                      "stream": k.schedule is Schedule.WARP_STREAM,
                                      "splits": plan.n_splits, "us": ms * 1e3,
-                                     "blocks_per_sm": occ[k.name],
+                                     "blocks_per_sm": occ[k.name], "k80": k80(k, hd, G),
                                      "roofline_us": roof_us, "of_roofline": roof_us / (ms * 1e3),
                                      "copy_GBps": copy_now,
                                      "default": name.endswith("[default]"),
@@ -916,6 +941,7 @@ def paged_goals_table(cp, g) -> list[dict]:
             what, k, nbytes, flops = meta[name]
             roof = max(nbytes / (copy_now * 1e9), flops / (sgemm_tf * 1e12)) * 1e6
             row = {"kv": kv, "what": what, "arm": name, "kernel": k.name, "us": ms * 1e3,
+                   "k80": k80(k, hd, n_head // n_kv),
                    "TFLOPs": flops / (ms * 1e-3) / 1e12,
                    "of_sgemm": flops / (ms * 1e-3) / 1e12 / sgemm_tf}
             if nbytes:
@@ -1365,6 +1391,12 @@ def charts(out: Path, record: dict) -> list[str]:
     return made
 
 
+def _k80_text(row: dict) -> str:
+    """A row's K80 occupancy (its kernel's sm_37 blocks and warps a SMX), if recorded."""
+    o = row.get("k80")
+    return f" [K80: {o['blocks']} blocks, {o['warps']} warps]" if o else ""
+
+
 def _data(rows: list[dict]) -> list[dict]:
     """A section's rows without its limits rows (a merged record has one a run)."""
     return [r for r in rows if not r.get("arm", "").startswith("limits")]
@@ -1462,7 +1494,7 @@ def report(record: dict, out: Path) -> None:
                 best = " (best kgen)" if r["best_kgen"] else ""
                 print(f"  {hq}/{hk} {kv:<4} hd{hd:<4} {r['kernel']:<40} {r['ms']:9.2f} ms "
                       f"{r['TFLOPs']:6.2f} TFLOP/s {100 * r['of_sgemm']:5.1f}% SGEMM"
-                      f"{ratio}{best}")
+                      f"{ratio}{_k80_text(r)}{best}")
     if "decode_long" in record:
         print("\ndecode_long: f32 decode at 32768 keys, head_dim 256 (GB/s of K+V read)")
         for r in record["decode_long"]:
@@ -1482,11 +1514,11 @@ def report(record: dict, out: Path) -> None:
             b = next(r for r in rs if r["best"])
             d = next((r for r in rs if r["default"]), None)
             dtxt = (f" | default {d['us']:8.1f} us {100 * d['of_roofline']:5.1f}% "
-                    f"({d['vs_best']:.2f}x best)" if d else "")
+                    f"({d['vs_best']:.2f}x best){_k80_text(d)}" if d else "")
             copy = f"copy {b['copy_GBps']:5.0f} GB/s " if "copy_GBps" in b else ""
             print(f"  {key[0]:<8} hd{key[1]:<3} {key[2]:>2}/{key[3]:<2} {key[4]:>6} keys: "
                   f"{copy}roof {b['roofline_us']:7.1f} us | best {b['us']:8.1f} us "
-                  f"{100 * b['of_roofline']:5.1f}% {b['arm']}{dtxt}")
+                  f"{100 * b['of_roofline']:5.1f}% {b['arm']}{_k80_text(b)}{dtxt}")
     if "paged_goals" in record:
         lim = record["paged_goals"][0]
         hd, n_head, n_kv = PAGED_SHAPE
@@ -1499,7 +1531,8 @@ def report(record: dict, out: Path) -> None:
             copy = f" (copy {r['copy_GBps']:.0f} GB/s)" if "copy_GBps" in r else ""
             share = (f"{100 * r['of_roofline']:5.1f}% of roofline{copy}" if "of_roofline" in r
                      else f"{100 * r['of_sgemm']:5.1f}% of SGEMM")
-            print(f"  {r['kv']:<8} {r['what']:<23} {r['us']:10.1f} us  {share}  {r['arm']}")
+            print(f"  {r['kv']:<8} {r['what']:<23} {r['us']:10.1f} us  {share}  {r['arm']}"
+                  f"{_k80_text(r)}")
     if "prefill_rows" in record:
         hd, n_head, n_kv = PAGED_SHAPE
         print(f"\nprefill_rows: the query-tile prefill and the block_tile one, a chunk of "

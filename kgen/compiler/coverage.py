@@ -59,16 +59,20 @@ def runs(values: list[int]) -> str:
 OCCUPANCY_HEAD_DIMS = (64, 128, 256, 512)  # the sizes `kgen list --json` reports occupancy at
 
 
-def occupancy(k: Kernel, resources: dict, dims: list[int]) -> dict:
+def occupancy(k: Kernel, resources: dict, dims: list[int], groups: int | None = None) -> dict:
     """sm_37 occupancy of a flash or decode-combine kernel at the head sizes it serves
-    among OCCUPANCY_HEAD_DIMS (its smallest if none), a flash kernel's at the most groups
-    it allows: threads, shared bytes, and blocks and warps resident per multiprocessor,
-    from ptxas's registers and static shared memory and the launch geometry."""
+    among OCCUPANCY_HEAD_DIMS (its smallest if none; every one of ``dims`` when
+    ``groups`` is given), a flash kernel's at the most groups it allows (or at
+    ``groups``, a launch's): threads, shared bytes, and blocks and warps resident per
+    multiprocessor, from ptxas's registers and static shared memory and the launch
+    geometry."""
     out = {}
-    for hd in [d for d in OCCUPANCY_HEAD_DIMS if d in dims] or dims[:1]:
+    wanted = dims if groups is not None else (
+        [d for d in OCCUPANCY_HEAD_DIMS if d in dims] or dims[:1])
+    for hd in wanted:
         shared = resources.get("static_smem", 0)
         if k.op is Op.FLASH:
-            g = groups_by_head_dim(k, [hd])[hd]
+            g = groups if groups is not None else groups_by_head_dim(k, [hd])[hd]
             threads = block_threads(k, hd)
             shared += flash_shared_bytes(k, g, hd)
             row = {"groups": g}

@@ -107,3 +107,13 @@ def test_merging_refuses_runs_of_different_devices():
     with pytest.raises(ValueError, match="no runs"):
         kernels.merged([])
     assert kernels.main(["nonsense"]) == 2
+
+
+def test_rows_print_their_kernels_k80_occupancy(tmp_path, capsys):
+    rows = _long_rows({"qs_f32_causal": 20.0, kernels.SGEMM_ARM: 20.0})
+    rows[0]["k80"] = {"blocks": 2, "warps": 8}
+    kernels.report({"device": "test", "prefill_long": rows}, tmp_path)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "qs_f32_causal " in ln)
+    assert "[K80: 2 blocks, 8 warps]" in line
+    assert "K80" not in next(ln for ln in out.splitlines() if kernels.SGEMM_ARM in ln)

@@ -145,3 +145,22 @@ def test_the_listing_gives_a_combine_its_sm37_occupancy_from_its_own_geometry():
             assert row == {"threads": threads, "shared_bytes": 17424,
                            "blocks_per_sm": blocks, "warps_per_sm": warps}
             assert blocks >= 1
+
+
+def test_occupancy_at_a_launchs_groups_uses_that_launchs_shared_memory():
+    """coverage.occupancy with ``groups`` (the benchmark's K80 column): the launch's own
+    group count sizes the block's shared memory, where the listing takes the most the
+    kernel allows; with as many groups as that, the two agree."""
+    from kgen.compiler.coverage import groups_by_head_dim, occupancy
+    from kgen.ir.geometry import flash_shared_bytes
+
+    k = _kernel("dq_q8_0_d128_g4_host")
+    res = {"registers": 132, "static_smem": 0}
+    most = groups_by_head_dim(k, [128])[128]
+    listed = occupancy(k, res, [128])["128"]
+    assert occupancy(k, res, [128], most)["128"] == listed
+    one = occupancy(k, res, [128], 1)["128"]
+    assert one["shared_bytes"] == flash_shared_bytes(k, 1, 128) <= listed["shared_bytes"]
+    assert one["blocks_per_sm"] >= listed["blocks_per_sm"] >= 1
+    tile = _kernel("qs_f16_causal")                     # serves head_dim 4 to 128
+    assert list(occupancy(tile, res, [96, 128], 2)) == ["96", "128"]  # every dim asked
