@@ -602,12 +602,10 @@ def decode_long_table(cp, g) -> list[dict]:
             arms[name] = replay([(fn, b1), (fcomb, b2)])
             arms[name + " split only"] = replay([(fn, b1)])
     copy = "device-to-device copy (256 MiB)"
-    src = cp.empty(256 * 2**20 // 4, cp.float32)
-    dst = cp.empty_like(src)
-    arms[copy] = lambda: cp.copyto(dst, src)
+    arms[copy], moved = _copy(cp)
     t = bench(cp, arms)
     cache_bytes = 2 * HK * seq * hd * 4
-    copy_gbps = 2 * src.nbytes / (t[copy] * 1e-3) / 1e9
+    copy_gbps = moved / (t[copy] * 1e-3) / 1e9
     rows = [{"arm": copy, "GBps": copy_gbps, "us": t[copy] * 1e3}]
     for name, ms in t.items():
         if name != copy:
@@ -645,10 +643,11 @@ def _copy(cp) -> tuple[callable, int]:
     return (lambda: cp.copyto(dst, src)), 2 * src.nbytes
 
 
-def _limits(cp, sgemm) -> tuple[float, float]:
-    """(copy GB/s, SGEMM TFLOP/s), timed in interleaved rounds now."""
-    copy, moved = _copy(cp)
-    t = bench_slow(cp, {COPY_ARM: copy, SGEMM_ARM: sgemm})
+def _limits(cp, sgemm, copy) -> tuple[float, float]:
+    """(copy GB/s, SGEMM TFLOP/s), timed in interleaved rounds now (``copy``: _copy's
+    pair)."""
+    run, moved = copy
+    t = bench_slow(cp, {COPY_ARM: run, SGEMM_ARM: sgemm})
     return (moved / (t[COPY_ARM] * 1e-3) / 1e9,
             2.0 * SGEMM_N ** 3 / (t[SGEMM_ARM] * 1e-3) / 1e12)
 
@@ -678,8 +677,8 @@ def decode_goals_table(cp, g) -> list[dict]:
 
     match = os.environ.get("KGEN_BENCH_MATCH")
     sgemm = _sgemm(cp)
-    copy_gbps, sgemm_tf = _limits(cp, sgemm)
     copy = _copy(cp)
+    copy_gbps, sgemm_tf = _limits(cp, sgemm, copy)
     sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["multiProcessorCount"]
     rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf, "sms": sms}]
     hds = tuple(h for h in _bench_head_dims() if h in (128, 256)) or (128, 256)
@@ -749,7 +748,7 @@ def decode_goals_table(cp, g) -> list[dict]:
                                      "default": name.endswith("[default]"),
                                      "best": ms == best, "vs_best": ms / best})
                     del cache
-    copy2, sgemm2 = _limits(cp, sgemm)
+    copy2, sgemm2 = _limits(cp, sgemm, copy)
     rows.append({"arm": "limits (end)", "copy_GBps": copy2, "sgemm_TFLOPs": sgemm2, "sms": sms})
     return rows
 
@@ -901,9 +900,9 @@ def paged_goals_table(cp, g) -> list[dict]:
     from kgen.runtime.select import generated
 
     sgemm = _sgemm(cp)
-    copy_gbps, sgemm_tf = _limits(cp, sgemm)
-    rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf}]
     copy = _copy(cp)
+    copy_gbps, sgemm_tf = _limits(cp, sgemm, copy)
+    rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf}]
     pageable = {k.kv.value for k, _ in generated() if k.position is Position.PAGED}
     hd, n_head, n_kv = PAGED_SHAPE
     for kv in _goal_kvs():
@@ -977,7 +976,7 @@ def prefill_split_table(cp, g) -> list[dict]:
     from kgen.runtime.select import generated, split_twin
 
     sgemm = _sgemm(cp)
-    _, sgemm_tf = _limits(cp, sgemm)
+    _, sgemm_tf = _limits(cp, sgemm, _copy(cp))
     hd, n_head, n_kv = PAGED_SHAPE
     G = n_head // n_kv
     rows = [{"arm": "limits", "sgemm_TFLOPs": sgemm_tf}]
@@ -1154,14 +1153,15 @@ def mla_goals_table(cp, g) -> list[dict]:
     SGEMM rate)), and the prefill (MLA_PREFILLS) in TFLOP/s against SGEMM; limits timed
     in this run, every arm checked against float64 first."""
     sgemm = _sgemm(cp)
-    copy_gbps, sgemm_tf = _limits(cp, sgemm)
+    copy = _copy(cp)
+    copy_gbps, sgemm_tf = _limits(cp, sgemm, copy)
     rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf}]
     arms, meta = {}, {}
     for H, B, n in MLA_DECODES:
         name = f"mla decode H{H} B{B} {n} keys"
         arms[name], nbytes, flops = _mla_decode_arm(cp, g, H, B, n)
         meta[name] = ("decode", nbytes, flops)
-    t, copy_now = _with_copy(cp, arms, _copy(cp))
+    t, copy_now = _with_copy(cp, arms, copy)
     slow, slow_meta = {}, {}
     for H, Lq, Lk, causal in MLA_PREFILLS:
         name = f"mla prefill H{H} {Lq} rows x {Lk} keys {'causal' if causal else 'full'}"
