@@ -399,17 +399,7 @@ def _show_sass(name: str, settings: Settings, args) -> int:
     # Only the kernel's own unit goes on to the compilers (or the store).
     work = replace(work, modules=tuple(m for m in work.modules
                                        if name in {k.name for k in m.kernels}))
-    stream = pipeline.run(("ptx", "cubin"), work, ctx).compiled[name].sass
-    spans = sl.loops(stream)
-    inner = set(sl.innermost(spans))
-    rows = [("kernel", None)] + [(f"loop {lo:#06x}-{hi:#06x}" + (" (innermost)" if
-                                                                 (lo, hi) in inner else ""),
-                                  (lo, hi)) for lo, hi in spans]
-    out = []
-    for label, span in rows:
-        m = sl.mix(stream, span)
-        total = sum(m.values())
-        out.append({"what": label, "instructions": total, "ffma": m.get("FFMA", 0), "mix": m})
+    out = sl.profile(pipeline.run(("ptx", "cubin"), work, ctx).compiled[name].sass)
     if args.json:
         print(json.dumps({"name": name, "target": "sm_37", "parts": out}, indent=1))
         return 0

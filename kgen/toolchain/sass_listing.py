@@ -108,3 +108,19 @@ def mix(stream: tuple[Instr, ...], span: tuple[int, int] | None = None) -> dict[
         op = opcode(i.text)
         counts[op] = counts.get(op, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def profile(stream: tuple[Instr, ...]) -> list[dict]:
+    """The kernel's mix, then each loop's (in loop order; innermost ones marked):
+    {"what", "instructions", "ffma", "mix"} each."""
+    spans = loops(stream)
+    inner = set(innermost(spans))
+    parts = [("kernel", None)] + [
+        (f"loop {lo:#06x}-{hi:#06x}" + (" (innermost)" if (lo, hi) in inner else ""), (lo, hi))
+        for lo, hi in spans]
+    out = []
+    for what, span in parts:
+        m = mix(stream, span)
+        out.append({"what": what, "instructions": sum(m.values()), "ffma": m.get("FFMA", 0),
+                    "mix": m})
+    return out

@@ -45,3 +45,12 @@ def test_the_reference_decode_has_loops_of_ffma():
     assert all(lo < hi for lo, hi in spans)
     in_loops = sum(sl.mix(s, sp).get("FFMA", 0) for sp in inner)
     assert 0 < in_loops <= sl.mix(s)["FFMA"]
+
+
+def test_profile_is_the_kernel_then_each_loop():
+    s = sl.parse(LISTING)["k"]
+    parts = sl.profile(s)
+    assert [p["what"] for p in parts] == ["kernel", "loop 0x0018-0x0028 (innermost)",
+                                          "loop 0x0010-0x0038"]
+    assert [p["instructions"] for p in parts] == [9, 3, 6]
+    assert [p["ffma"] for p in parts] == [2, 1, 2]
