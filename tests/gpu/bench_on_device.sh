@@ -14,22 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-bench-out}/bench
 mkdir -p "$out"
-wheel=${WHEEL:-$(ls dist/kgen-*.whl 2>/dev/null | head -n 1)}
-if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
-  echo "no kgen wheel: run \`make dist\` on a machine with the CUDA 11.8 toolchain" >&2
-  exit 2
-fi
-venv=${GPU_VENV:-.gpu/venv}
-py=$venv/bin/python
-if ! "$py" -I -c "import kgen, kgen_kernels" 2>/dev/null; then
-  python3 -m venv --without-pip "$venv" || exit 2
-  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  python3 -c 'import site, sys; print("\n".join(p for p in sys.path if p.endswith("-packages")))' \
-    > "$site/_host_packages.pth" || exit 2
-  python3 -m pip --python "$py" install -q --no-deps --force-reinstall "$wheel" || exit 2
-fi
-unset KGEN_GENERATED
-export PYTHONUNBUFFERED=1
+. tests/gpu/wheel_venv.sh
 t0=$(date +%s)
 formats=$("$py" -I -c "from kgen.formats import FORMATS; print(' '.join(FORMATS))") || exit 2
 parts=()

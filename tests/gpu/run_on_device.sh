@@ -9,21 +9,7 @@
 #   WHEEL=path/to/kgen.whl bash tests/gpu/run_on_device.sh         # another wheel
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-wheel=${WHEEL:-$(ls dist/kgen-*.whl 2>/dev/null | head -n 1)}
-if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
-  echo "no kgen wheel: run \`make dist\` on a machine with the CUDA 11.8 toolchain" >&2
-  exit 2
-fi
-venv=${GPU_VENV:-.gpu/venv}
-python3 -m venv --without-pip "$venv" || exit 2
-# The venv sees what python3 sees (CuPy, NumPy, pytest), even when python3 is a venv.
-site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-python3 -c 'import site, sys; print("\n".join(p for p in sys.path if p.endswith("-packages")))' \
-  > "$site/_host_packages.pth" || exit 2
-python3 -m pip --python "$venv/bin/python" install -q --no-deps --force-reinstall "$wheel" \
-  || exit 2
-export PYTHONUNBUFFERED=1
-unset KGEN_GENERATED
+. tests/gpu/wheel_venv.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 "$venv/bin/python" -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)"
 # kgen and kgen_kernels must come from the wheel, not from this checkout.
