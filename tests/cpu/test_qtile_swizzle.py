@@ -127,6 +127,17 @@ def test_shared_rows_are_sized_to_the_bound_and_fit_the_target(swizzled):
         assert want <= TARGET.shared_per_block, k.name
 
 
+def test_a_tile_takes_every_group_count_to_its_bound_at_the_same_shared_bytes(swizzled):
+    """Rows pack (query, q head) pairs, so kv_groups sizes no array of a query tile: one
+    serves every group count up to its bound (past the decode's 8, for models with 16 or
+    32 q heads a kv head) in the same block, and refuses one past it."""
+    for k in swizzled:
+        hd = k.max_head_dim
+        assert flash_shared_bytes(k, k.max_groups, hd) == flash_shared_bytes(k, 1, hd), k.name
+        assert shape_refusal(k, hd, k.max_groups) is None, k.name
+        assert "kv_groups" in shape_refusal(k, hd, k.max_groups + 1), k.name
+
+
 def test_the_default_prefill_is_the_swizzled_tile_where_one_serves(swizzled):
     pool = generated()
     for k in swizzled:

@@ -74,9 +74,10 @@ def test_the_default_decode_is_the_quads_form_where_one_serves(quads):
         return k.kv.value, k.v_kv.value, k.position, stream_head_dim(k)
 
     pool = generated()
+    bounds = {k.max_groups for k in quads}  # each bound, and one past it
     for kv, v_kv, position, hd in sorted({shape(k) for k in quads}, key=str):
         role = Role(Op.FLASH, position, Mode.DECODE, kv, v_kv=v_kv)
-        for groups in (1, 4, 8):
+        for groups in sorted({1, *bounds, *(b + 1 for b in bounds)}):
             mine = [k for k in quads if shape(k) == (kv, v_kv, position, hd)
                     and shape_refusal(k, hd, groups) is None]
             if not mine:
@@ -118,13 +119,15 @@ def test_a_step_branches_on_no_head_and_skips_a_rescale_no_max_needs(quad_bodies
 def test_the_units_merge_in_phases_that_cost_a_k80_no_block(quads):
     """A quads decode merges its units in phases of stream_merge_units units (a power of
     two that divides them) whose buffer takes at most MERGE_BYTES_PER_THREAD bytes a
-    thread; with the registers ptxas gave the kernel (the manifest's), that buffer costs
-    it no block on an sm_37 SMX against the one-head-set buffer of the serial merge."""
+    thread -- beyond a phase of one unit, which is the serial merge's one-head-set buffer
+    itself (the wide-group forms' G x head_dim floats may pass the budget alone); with
+    the registers ptxas gave the kernel (the manifest's), that buffer costs it no block on
+    an sm_37 SMX against the one-head-set buffer of the serial merge."""
     for k in quads:
         hd, g = stream_head_dim(k), k.max_groups
         units, p, threads = stream_units(k, hd), stream_merge_units(k), block_threads(k, hd)
         assert p >= 1 and p & (p - 1) == 0 and units % p == 0, k.name
-        assert p * g * hd * 4 <= threads * MERGE_BYTES_PER_THREAD, k.name
+        assert p == 1 or p * g * hd * 4 <= threads * MERGE_BYTES_PER_THREAD, k.name
         regs = int(BUILT.kernels[k.name].resources["registers"])
         phased = flash_shared_bytes(k, g, hd)
         serial = phased - (p - 1) * g * hd * 4
