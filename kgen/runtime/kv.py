@@ -136,7 +136,9 @@ class KVCache:
         self.prefill_scratch = Scratch()  # a split prefill's partials
         self._pos = None  # device copy of decode's position (the device-position path)
         self._steps: dict[tuple, replay.Step] = {}  # decode's call signatures seen (see decode)
-        self.last_plan: tuple[int, int, str] | None = None  # (kps, cap, given/tuned/default)
+        # (kps, cap, given/tuned/default); (0, 0, "prefill") where the step ran as a
+        # one-row prefill (_decode_by_prefill)
+        self.last_plan: tuple[int, int, str] | None = None
         self._default_plans: dict[tuple, tuple[int, int]] = {}  # see plan()
         self.last_prefill: str | None = None  # the prefill kernel the last prefill chose
         self.last_prefill_split: str | None = None  # its split twin, where that ran
@@ -330,6 +332,11 @@ class KVCache:
         G = self._check_decode(q, k_new, v_new)
         self._check_span(pos, 1)
         opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
+        if self._by_prefill(G, opts):
+            return self._decode_by_prefill(q, k_new, v_new, pos, kps, splits_cap, G, stream,
+                                           dict(attn_sink=attn_sink, attn_win=attn_win,
+                                                scale=scale, window=window, softcap=softcap,
+                                                sinks=sinks))
         source = "given"
         tuned = kps is None and splits_cap is None and not opts.needs("decode")
         if tuned:
@@ -351,6 +358,28 @@ class KVCache:
         out = self._decode_host(q, k_new, v_new, pos, kps, splits_cap, G, opts, stream)
         self.last_plan = plan
         return out
+
+    def _by_prefill(self, G: int, opts: Options) -> bool:
+        """Whether decode runs as a one-row prefill: no decode kernel serves ``G`` q heads
+        per kv head (past every decode's group bound), and a prefill does."""
+        return (not self.kernels.has("decode", groups=G, needs={"decode": opts.needs("decode")})
+                and self.kernels.has("prefill", groups=G,
+                                     needs={"prefill": opts.needs("prefill")}))
+
+    def _decode_by_prefill(self, q, k_new, v_new, pos: int, kps, splits_cap, G: int, stream,
+                           options: dict):
+        """decode where only a prefill serves ``G`` (_by_prefill): the token as a prefill of
+        one row at ``pos`` -- its K/V row appended, the row attending keys [0, pos] with
+        the same options, as a decode step does -- run by the query tile, whose rows pack
+        the q heads (its split form where its tiles are few, with the prefill's own key
+        splits: a plan given here is refused). [n_head][head_dim], as decode returns."""
+        if kps is not None or splits_cap is not None:
+            raise ContractError("KVCache", "plan", f"no decode kernel serves kv_groups = {G}, "
+                                "so the step runs as a one-row prefill, which splits its keys "
+                                "by its own rule: call without kps and splits_cap")
+        out = self.prefill(q.reshape(1, *q.shape), k_new, v_new, pos, stream=stream, **options)
+        self.last_plan = (0, 0, "prefill")
+        return out.reshape(q.shape)
 
     def _prefill_kernel(self, groups: int, rows: int, needs: tuple):
         """The prefill kernel for batches of ``rows``: a named variant, else the one
@@ -596,6 +625,12 @@ class SlotKVCache:
         n_head = q.shape[1]
         G = groups(n_head, self.n_head_kv, "SlotKVCache")
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, None, True)
+        if (not self.kernels.has("decode_slots", groups=G,
+                                 needs={"decode_slots": opts.needs("decode_slots")})
+                and self.kernels.has("prefill", groups=G,
+                                     needs={"prefill": opts.needs("prefill")})):
+            return self._decode_by_prefill(q, k_new, v_new, pos_host, kps, splits_cap, G, opts,
+                                           stream)
         kdec, fdec = self.kernels.get("decode_slots", G, needs=opts.needs("decode_slots"))
         _, fcomb = self.kernels.get("combine")
         kps, splits_cap = kernel_plan(kdec, self.head_dim, self.n_head_kv, kps, splits_cap,
@@ -614,3 +649,22 @@ class SlotKVCache:
         calls.add(fcomb, m, l, acc, out, n_splits=width)
         calls.run(stream)
         return out.made().reshape(self.nslots, n_head, self.head_dim)
+
+    def _decode_by_prefill(self, q, k_new, v_new, pos_host: list[int], kps, splits_cap,
+                           G: int, opts: Options, stream):
+        """decode where no per-slot decode serves ``G`` q heads per kv head and a prefill
+        does: each slot's token as a one-row prefill into its own ring (KVCache's
+        _decode_by_prefill, slot by slot), every launch in one checked batch."""
+        if kps is not None or splits_cap is not None:
+            raise ContractError("SlotKVCache", "plan", f"no decode kernel serves kv_groups = "
+                                f"{G}, so the step runs as one-row prefills, which split their "
+                                "keys by their own rule: call without kps and splits_cap")
+        calls, out = Calls(), empty(q.shape)
+        for u, p in enumerate(pos_host):
+            view = self.slot(u)
+            view.prefill_scratch = self.scratch  # a split's partials: one scratch, in turn
+            kp, fn = view._prefill_kernel(G, 1, opts.needs("prefill"))
+            view._append_calls(calls, k_new[u:u + 1], v_new[u:u + 1], p)
+            view._attend(calls, q[u:u + 1], out[u:u + 1], p, kp, fn, opts)
+        calls.run(stream)
+        return out.made()

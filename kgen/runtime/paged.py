@@ -195,12 +195,27 @@ class PagedKVCache(PagedBlocks):
         (split decode + combine). q [len(sids)][n_head][hd]; returns the same shape.
         With no plan given, the one derived from the device and the kernel
         (kgen.runtime.plan.default_plan: the dense cache's rule, its cap shared among
-        the sequences, so one sequence decodes with the dense plan, bit for bit)."""
+        the sequences, so one sequence decodes with the dense plan, bit for bit). Where
+        no decode kernel serves the group count, the step runs as a prefill of one row a
+        sequence (the query tile, whose rows pack the q heads)."""
         self._batch(sids)
         R = len(sids)
         G = self._check_q(q, R)
         n_head = q.shape[1]
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks, True)
+        if (not self.kernels.has("decode_paged", groups=G,
+                                 needs={"decode_paged": opts.needs("decode_paged")})
+                and self.kernels.has("prefill_paged", groups=G,
+                                     needs={"prefill_paged": opts.needs("prefill_paged")})):
+            # No decode serves G (past every decode's group bound): the step is the varlen
+            # prefill of one row a sequence, which attends each sequence to its end as a
+            # decode does, with the prefill's own key splits (a plan given is refused).
+            if kps is not None or splits_cap is not None:
+                raise ContractError(WHO, "plan", f"no decode kernel serves kv_groups = {G}, so "
+                                    "the step runs as a one-row-a-sequence prefill, which splits "
+                                    "its keys by its own rule: call without kps and splits_cap")
+            return self.prefill(sids, q, k_new, v_new, [1] * R, attn_sink, attn_win, scale,
+                                window, softcap, sinks, True, stream)
         kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap, R)
         calls = Calls()
         rows, tables = self._append_calls(calls, sids, k_new, v_new, [1] * R)

@@ -18,7 +18,7 @@ other contracts accept, the narrowest head_dim past the bound is listed as refus
 from __future__ import annotations
 
 from kgen.errors import SpecError
-from kgen.ir.axes import MLA_OPS, KeySource, Mode, Op, Position, Sinks, SoftCap, Window
+from kgen.ir.axes import KEYS, MLA_OPS, KeySource, Mode, Op, Position, Sinks, SoftCap, Window
 from kgen.ir.geometry import head_dim_step, min_head_dim, query_tiles
 from kgen.ir.kernel import Kernel
 from kgen.ir.signature import params
@@ -450,10 +450,13 @@ def _top_groups(k: Kernel, hd: int) -> int:
 
 def _flash_shapes(k: Kernel) -> list[tuple[int, int]]:
     """(head_dim, groups): the smallest head_dim with one group and with the most,
-    then every model head size the kernel accepts, with the most groups."""
+    then every model head size the kernel accepts, with the most groups -- for a query
+    tile, whose rows pack the groups (its bound a contract, sizing nothing), at most the
+    axis default's, as many as a decode takes (the bound itself is the first shape's)."""
     hd0 = smallest_head_dim(k)
     shapes = [(hd0, g) for g in sorted({1, _top_groups(k, hd0)})]
-    shapes += [(hd, _top_groups(k, hd)) for hd in MODEL_HEAD_DIMS
+    cap = KEYS["max_groups"].default if query_tiles(k) else k.max_groups
+    shapes += [(hd, min(cap, _top_groups(k, hd))) for hd in MODEL_HEAD_DIMS
                if hd != hd0 and shape_refusal(k, hd, 1) is None]
     return shapes
 

@@ -454,10 +454,11 @@ def slots_cp(monkeypatch, tmp_path):
     monkeypatch.setattr(options, "_NO_SINKS", {})
     plain = FakeArray.__getitem__
 
-    def view(self, key):  # a slot's rings: views at their offset, as CuPy's
+    def view(self, key):  # a slot's rings, a slot's rows: views at their offset, as CuPy's
         out = plain(self, key)
-        if isinstance(key, int):
-            out.data = type(self.data)(self.data.device_id, self.data.ptr + key * self.strides[0])
+        first = key if isinstance(key, int) else key.indices(self.shape[0])[0]
+        if first:
+            out.data = type(self.data)(self.data.device_id, self.data.ptr + first * self.strides[0])
         return out
     monkeypatch.setattr(FakeArray, "__getitem__", view)
     return FakeCupy().install(monkeypatch)
@@ -549,7 +550,8 @@ def _slot_call(slots_cp, lib, k, case, mode, plan, change=None) -> str | None:
                      min(len(mine), len(theirs)))
         return (f"{label}: launch {first}\n  python: {theirs[first:first + 1]}\n"
                 f"  c++:    {mine[first:first + 1]}")
-    if mode == "decode":  # the positions the C++ steps write first: Python's upload
+    if mode == "decode" and not change.get("by_prefill"):  # the positions the C++ steps
+        # write first: Python's upload
         written = [int(v) for v in got.split("\n")[1].split("\t")[4].split(":")[2].split(",")]
         uploaded = next(a for a in slots_cp.launched[n0][3] if isinstance(a, FakeArray)
                         and a.dtype == np.int32)
@@ -577,6 +579,26 @@ def test_slot_cache_launches_as_python(shim, slots_cp):
     assert not wrong, f"{len(wrong)} of {n} calls differ:\n" + "\n".join(wrong[:8])
     print(f"{n} slot calls compared: {SEEN}")
     assert SEEN.get("launch sequences", 0) > n // 2, SEEN
+
+
+def test_slot_decode_past_every_decode_bound_launches_as_python(shim, slots_cp):
+    """A group count past every per-slot decode's bound: SlotKVCache.decode runs each
+    slot's step as a one-row prefill (a given plan refused), and so does the C++ op."""
+    SEEN.clear()
+    wrong, n = [], 0
+    ks = slot_kernels()
+    past = 1 + max(k.max_groups for k in ks)
+    for kv in sorted({k.kv.value for k in ks}):
+        k = next(x for x in ks if x.kv.value == kv)
+        case = cases(k)[0]
+        for plan in (None, (32, 3)):
+            why = _slot_call(slots_cp, shim, k, case, "decode", plan,
+                             {"n_head": case.n_head_kv * past, "by_prefill": True})
+            n += 1
+            if why:
+                wrong.append(why)
+    assert not wrong, f"{len(wrong)} of {n} calls differ:\n" + "\n".join(wrong[:8])
+    assert SEEN.get("launch sequences", 0) == n // 2 and SEEN.get("refusals", 0) == n // 2, SEEN
 
 
 def test_slot_cache_refuses_as_python(shim, slots_cp):

@@ -282,8 +282,10 @@ def _dense_case(cp, lib, kv, hd, hk, g, mode, n, pos, opt, shadows=(0, 0), plan=
     except ContractError as exc:
         return "python", str(exc), call(lib, f)
     # The caller's m, l and acc hold a decode's partials, and a split prefill's (Python:
-    # the cache's own scratch for each).
-    sc = cache.scratch if mode == "decode" else cache.prefill_scratch
+    # the cache's own scratch for each; a decode past every decode's group bound is a
+    # one-row prefill).
+    by_prefill = mode == "prefill" or cache.last_plan[2] == "prefill"
+    sc = cache.prefill_scratch if by_prefill else cache.scratch
     pl = python_labels(labels, {"out": res, "m": sc.m, "l": sc.l, "acc": sc.acc,
                                 "pos_dev": cache._pos})
     want = python_launches(cp, pl, n0)
@@ -321,13 +323,19 @@ def _compare(lib, outcome, wrong, label):
             wrong.append(f"{label}: plan source {head} vs {plan}")
 
 
+def _past_every_decode() -> int:
+    """One group past every decode's bound: KVCache.decode runs a one-row prefill there."""
+    return 1 + max(k.max_groups for k, _ in generated()
+                   if k.op.name == "FLASH" and k.mode.name == "DECODE")
+
+
 def test_dense_ops_launch_as_python(shim, cp):
     SEEN.clear()
     wrong, n = [], 0
     for kv in sorted(FORMATS):
         shadows = (4, 64) if FORMATS[kv].shadows else (0, 0)
         for hd in (64, 128, 256):
-            for g in (1, 4):
+            for g in (1, 4, _past_every_decode()):
                 for opt in OPTION_SETS:
                     for mode, rows, pos in (("prefill", 7, 0), ("prefill", 200, 30),
                                             ("decode", 1, 9), ("decode", 1, 400)):
