@@ -7,8 +7,10 @@ manifest's), every bound derived from the kernel and its format."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kgen.compiler import pipeline
@@ -149,3 +151,67 @@ def test_the_merge_stores_weighted_accs_a_phase_and_adds_them_in_unit_order(quad
         assert merge.count("__syncthreads()") == 2, name  # a phase's, and between phases
         assert "= w[g] * acc[g][i];" in merge and "fold[g] += acc_s[" in merge, name
         assert "acc_out[po * head_dim + tid] = fold[g];" in body, name
+
+
+_SCATTER = re.compile(
+    r"const float (rs\d+_\d+) = \(up(\d+) \? ([^:]+) : ([^)]+)\) \+\s*"
+    r"__shfl_xor_sync\(0xffffffffu, up\d+ \? ([^:]+) : ([^,]+), (\d+), DOT_LANES\);")
+
+
+def _scattered(body: str, sc: np.ndarray) -> list[list[float]]:
+    """Run a rendered step's reduce-scatter (its first copy) on the lanes: ``sc`` [lane]
+    [key b][head g] the lanes' partial dots; each lane's hv[] after it (and the duplicate
+    sums)."""
+    lanes = sc.shape[0]
+    i = body.index("Reduce-scatter the MAX_GROUPS")
+    j = body.index("float hv[RS_R];", i)
+    env: list[dict] = [{} for _ in range(lanes)]
+
+    def val(expr: str, lane: int) -> float:
+        m = re.fullmatch(r"sc\[(\d+)\]\[(\d+)\]", expr.strip())
+        if m:
+            return float(sc[lane, int(m.group(1)), int(m.group(2))])
+        return 0.0 if expr.strip() == "0.0f" else env[lane][expr.strip()]
+
+    stmts = _SCATTER.findall(body[i:j])
+    assert stmts, "no reduce-scatter in the step"
+    for name, bit, hi, lo, send_hi, send_lo, off in stmts:
+        bit, off = int(bit), int(off)
+        got = [val(hi if lane & bit else lo, lane) +
+               val(send_hi if (lane ^ off) & bit else send_lo, lane ^ off)
+               for lane in range(lanes)]
+        for lane in range(lanes):
+            env[lane][name] = got[lane]
+    tail = body[j:j + 4000]
+    r = int(re.search(r"constexpr int RS_R = (\d+);", body).group(1))
+    hv = [[val(e, lane) for e in re.findall(r"hv\[\d+\] = ([^;]+);", tail)[:r]]
+          for lane in range(lanes)]
+    for off in map(int, re.findall(r"hv\[0\] \+= __shfl_xor_sync\(0xffffffffu, hv\[0\], "
+                                   r"(\d+), DOT_LANES\)", tail)):
+        hv = [[hv[lane][0] + hv[lane ^ off][0], *hv[lane][1:]] for lane in range(lanes)]
+    return hv
+
+
+def test_the_reduce_scatter_leaves_each_lane_the_sums_it_is_read_for(quad_bodies):
+    """Rendered from the specs, run on a model of the lanes: every quads decode's
+    reduce-scatter leaves lane l the complete sums over its unit of the values n = g *
+    RS_BP + b = (l >> RS_S) * RS_R + r, where the softmax reads head g's key b (rs_src,
+    rs_q, rs_t) -- for every lane count, group bound and keys in flight the specs
+    generate (a lane holding two heads, RS_GL = 2, among them)."""
+    rng = np.random.default_rng(0)
+    seen = set()
+    for name, body, _ in quad_bodies:
+        c = {k: int(v) for k, v in re.findall(r"constexpr int (\w+) = (\d+);", body)}
+        shape = (c["DOT_LANES"], c["MAX_GROUPS"], c["KEYS_PER_STEP"])
+        if shape in seen:
+            continue
+        seen.add(shape)
+        lanes, groups, keys = shape
+        sc = rng.standard_normal((lanes, keys, groups))
+        hv, total = _scattered(body, sc), sc.sum(axis=0)
+        for lane in range(lanes):
+            for r in range(c["RS_R"]):
+                g, b = divmod((lane >> c["RS_S"]) * c["RS_R"] + r, c["RS_BP"])
+                want = total[b, g] if g < groups and b < keys else 0.0
+                assert np.isclose(hv[lane][r], want), (name, lane, r)
+    assert any(c for c in seen if c[1] > 8), "no wide-group decode rendered"
