@@ -313,6 +313,9 @@ class KVCache:
         device and the kernel (kgen.runtime.plan.default_plan): more splits as the
         context grows, capped at a multiple of the SM count.
 
+        Past every decode kernel's group bound (more q heads per kv head than any
+        decode holds) the step runs as a one-row prefill (_decode_by_prefill).
+
         A step with the signature of an earlier one (q's shape, the options and the
         plan, each of the same type) reuses what that one derived: the checked
         options, the kernels, the scratch and the launch arguments; the arrays'
@@ -617,6 +620,8 @@ class SlotKVCache:
 
         ``pos``: host ints (one per slot) or a device int32 array. Returns
         [nslots, n_head, head_dim]. Everything is checked before any row is written.
+        Past every per-slot decode's group bound, each slot's step is a one-row prefill
+        (_decode_by_prefill).
         """
         pos_host = self._positions(pos)
         self._check_slot_rows("q", q, n_head=0)
