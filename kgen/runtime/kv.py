@@ -335,8 +335,10 @@ class KVCache:
         G = self._check_decode(q, k_new, v_new)
         self._check_span(pos, 1)
         opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
-        if self._by_prefill(G, opts):
-            return self._decode_by_prefill(q, k_new, v_new, pos, kps, splits_cap, G, stream,
+        if self.kernels.by_prefill("decode", "prefill", G, opts, kps, splits_cap, "KVCache",
+                                   "a one-row prefill, which splits its keys by its own "
+                                   "rule"):
+            return self._decode_by_prefill(q, k_new, v_new, pos, stream,
                                            dict(attn_sink=attn_sink, attn_win=attn_win,
                                                 scale=scale, window=window, softcap=softcap,
                                                 sinks=sinks))
@@ -362,24 +364,12 @@ class KVCache:
         self.last_plan = plan
         return out
 
-    def _by_prefill(self, G: int, opts: Options) -> bool:
-        """Whether decode runs as a one-row prefill: no decode kernel serves ``G`` q heads
-        per kv head (past every decode's group bound), and a prefill does."""
-        return (not self.kernels.has("decode", groups=G, needs={"decode": opts.needs("decode")})
-                and self.kernels.has("prefill", groups=G,
-                                     needs={"prefill": opts.needs("prefill")}))
-
-    def _decode_by_prefill(self, q, k_new, v_new, pos: int, kps, splits_cap, G: int, stream,
-                           options: dict):
-        """decode where only a prefill serves ``G`` (_by_prefill): the token as a prefill of
-        one row at ``pos`` -- its K/V row appended, the row attending keys [0, pos] with
-        the same options, as a decode step does -- run by the query tile, whose rows pack
-        the q heads (its split form where its tiles are few, with the prefill's own key
-        splits: a plan given here is refused). [n_head][head_dim], as decode returns."""
-        if kps is not None or splits_cap is not None:
-            raise ContractError("KVCache", "plan", f"no decode kernel serves kv_groups = {G}, "
-                                "so the step runs as a one-row prefill, which splits its keys "
-                                "by its own rule: call without kps and splits_cap")
+    def _decode_by_prefill(self, q, k_new, v_new, pos: int, stream, options: dict):
+        """decode where only a prefill serves the group count (CacheKernels.by_prefill):
+        the token as a prefill of one row at ``pos`` -- its K/V row appended, the row
+        attending keys [0, pos] with the same options, as a decode step does -- run by the
+        query tile, whose rows pack the q heads (its split form where its tiles are few).
+        [n_head][head_dim], as decode returns."""
         out = self.prefill(q.reshape(1, *q.shape), k_new, v_new, pos, stream=stream, **options)
         self.last_plan = (0, 0, "prefill")
         return out.reshape(q.shape)
@@ -630,12 +620,10 @@ class SlotKVCache:
         n_head = q.shape[1]
         G = groups(n_head, self.n_head_kv, "SlotKVCache")
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, None, True)
-        if (not self.kernels.has("decode_slots", groups=G,
-                                 needs={"decode_slots": opts.needs("decode_slots")})
-                and self.kernels.has("prefill", groups=G,
-                                     needs={"prefill": opts.needs("prefill")})):
-            return self._decode_by_prefill(q, k_new, v_new, pos_host, kps, splits_cap, G, opts,
-                                           stream)
+        if self.kernels.by_prefill("decode_slots", "prefill", G, opts, kps, splits_cap,
+                                   "SlotKVCache", "one-row prefills, which split their keys "
+                                   "by their own rule"):
+            return self._decode_by_prefill(q, k_new, v_new, pos_host, G, opts, stream)
         kdec, fdec = self.kernels.get("decode_slots", G, needs=opts.needs("decode_slots"))
         _, fcomb = self.kernels.get("combine")
         kps, splits_cap = kernel_plan(kdec, self.head_dim, self.n_head_kv, kps, splits_cap,
@@ -655,15 +643,11 @@ class SlotKVCache:
         calls.run(stream)
         return out.made().reshape(self.nslots, n_head, self.head_dim)
 
-    def _decode_by_prefill(self, q, k_new, v_new, pos_host: list[int], kps, splits_cap,
-                           G: int, opts: Options, stream):
-        """decode where no per-slot decode serves ``G`` q heads per kv head and a prefill
-        does: each slot's token as a one-row prefill into its own ring (KVCache's
-        _decode_by_prefill, slot by slot), every launch in one checked batch."""
-        if kps is not None or splits_cap is not None:
-            raise ContractError("SlotKVCache", "plan", f"no decode kernel serves kv_groups = "
-                                f"{G}, so the step runs as one-row prefills, which split their "
-                                "keys by their own rule: call without kps and splits_cap")
+    def _decode_by_prefill(self, q, k_new, v_new, pos_host: list[int], G: int, opts: Options,
+                           stream):
+        """decode where only a prefill serves ``G`` (CacheKernels.by_prefill): each slot's
+        token as a one-row prefill into its own ring (KVCache's _decode_by_prefill, slot by
+        slot), every launch in one checked batch."""
         calls, out = Calls(), empty(q.shape)
         for u, p in enumerate(pos_host):
             view = self.slot(u)

@@ -203,17 +203,11 @@ class PagedKVCache(PagedBlocks):
         G = self._check_q(q, R)
         n_head = q.shape[1]
         opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks, True)
-        if (not self.kernels.has("decode_paged", groups=G,
-                                 needs={"decode_paged": opts.needs("decode_paged")})
-                and self.kernels.has("prefill_paged", groups=G,
-                                     needs={"prefill_paged": opts.needs("prefill_paged")})):
-            # No decode serves G (past every decode's group bound): the step is the varlen
-            # prefill of one row a sequence, which attends each sequence to its end as a
-            # decode does, with the prefill's own key splits (a plan given is refused).
-            if kps is not None or splits_cap is not None:
-                raise ContractError(WHO, "plan", f"no decode kernel serves kv_groups = {G}, so "
-                                    "the step runs as a one-row-a-sequence prefill, which splits "
-                                    "its keys by its own rule: call without kps and splits_cap")
+        if self.kernels.by_prefill("decode_paged", "prefill_paged", G, opts, kps, splits_cap,
+                                   WHO, "a one-row-a-sequence prefill, which splits its keys by "
+                                   "its own rule"):
+            # The varlen prefill of one row a sequence attends each sequence to its end, as
+            # a decode does.
             return self.prefill(sids, q, k_new, v_new, [1] * R, attn_sink, attn_win, scale,
                                 window, softcap, sinks, True, stream)
         kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap, R)

@@ -93,6 +93,20 @@ class CacheKernels:
             return False
         return True
 
+    def by_prefill(self, decode: str, prefill: str, groups: int, opts, kps, splits_cap,
+                   who: str, steps: str) -> bool:
+        """Whether a decode step runs as one-row prefills (``steps``: how a refusal says
+        so): no kernel serves role ``decode`` with ``groups`` q heads per kv head and
+        ``opts`` (past every decode's group bound), and one serves role ``prefill``. Such
+        a step splits its keys by the prefill's own rule, so a plan given is refused."""
+        if self.has(decode, groups=groups, needs={decode: opts.needs(decode)}) or \
+                not self.has(prefill, groups=groups, needs={prefill: opts.needs(prefill)}):
+            return False
+        if kps is not None or splits_cap is not None:
+            raise ContractError(who, "plan", f"no decode kernel serves kv_groups = {groups}, so "
+                                f"the step runs as {steps}: call without kps and splits_cap")
+        return True
+
     def split(self, k):
         """((split kernel, launcher), (combine, launcher)) for the whole query-tile
         prefill ``k``: its split twin (kgen.runtime.select.split_twin) and the combine
