@@ -617,7 +617,11 @@ def decode_long_table(cp, g) -> list[dict]:
 
 # ---- decode against the roofline ---------------------------------------------------
 
-GOAL_SHAPES = ((32, 8), (16, 2))          # (q heads, kv heads): GQA 4 and 8
+# (q heads, kv heads): GQA 4 and 8; KGEN_BENCH_DECODE_SHAPES (e.g. "32/32,16/8") times
+# decode_goals at other group counts (a multi-head model's one: the 1-group quads form
+# against the 4-group one it replaced, as arms of one shape).
+GOAL_SHAPES = tuple(tuple(int(x) for x in s.split("/")) for s in os.environ.get(
+    "KGEN_BENCH_DECODE_SHAPES", "32/8,16/2").split(",") if s)
 GOAL_SEQS = tuple(int(x) for x in os.environ.get("KGEN_BENCH_SEQS", "1024,4096,32768").split(",")
                   if x)
 GOAL_SPLITS = tuple(int(x) for x in os.environ.get(
@@ -662,9 +666,16 @@ def _with_copy(cp, arms: dict, copy) -> tuple[dict[str, float], float]:
     return t, moved / (t.pop(COPY_ARM) * 1e-3) / 1e9
 
 
+def _decode_head_dims() -> tuple[int, ...]:
+    """decode_goals' head_dims: KGEN_BENCH_HEAD_DIMS where given (e.g. 96: the head_dim-96
+    quads forms against the tiled decode they replaced), else the goals' 128 and 256."""
+    return _bench_head_dims() if os.environ.get("KGEN_BENCH_HEAD_DIMS") else (128, 256)
+
+
 def decode_goals_table(cp, g) -> list[dict]:
     """Split decode + combine against its roofline, for every format (KGEN_BENCH_KV),
-    head_dim 128 and 256 (KGEN_BENCH_HEAD_DIMS), GQA 4 and 8, 1k/4k/32k keys: the
+    head_dim 128 and 256 (KGEN_BENCH_HEAD_DIMS), GQA 4 and 8 (KGEN_BENCH_DECODE_SHAPES),
+    1k/4k/32k keys (KGEN_BENCH_SEQS): the
     kernel KVCache chooses under the plan it uses with an empty tune store, and every
     kernel serving the shape (warp_stream and tiled) under a sweep of split counts.
     roofline = max(cache bytes / copy rate, 4 hd H keys / SGEMM rate), both limits
@@ -681,7 +692,7 @@ def decode_goals_table(cp, g) -> list[dict]:
     copy_gbps, sgemm_tf = _limits(cp, sgemm, copy)
     sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["multiProcessorCount"]
     rows = [{"arm": "limits", "copy_GBps": copy_gbps, "sgemm_TFLOPs": sgemm_tf, "sms": sms}]
-    hds = tuple(h for h in _bench_head_dims() if h in (128, 256)) or (128, 256)
+    hds = _decode_head_dims()
     for kv in _goal_kvs():
         fmt = FORMATS[kv]
         for hd in hds:

@@ -208,22 +208,24 @@ def stream_units(k: Kernel, head_dim: int) -> int:
 # where the serial merge had one a unit and one unit at work between them. A phase's
 # buffer takes at most MERGE_BYTES_PER_THREAD bytes a thread of the block: a K80 SMX has
 # 112 KB of shared memory for its 128K registers (0.875 bytes a register), so a block
-# whose threads hold 110 or more registers (every quads decode: 117-255 on sm_37;
-# tests/cpu/test_stream_quads.py checks each against ptxas's count) keeps the blocks an
-# SMX its registers allow.
+# whose threads hold 110 or more registers keeps the blocks an SMX its registers allow
+# (tests/cpu/test_stream_quads.py checks every quads decode against ptxas's count, the
+# one- and two-group forms' 72-128 included). A phase's units divide the block's: 12 at
+# head_dim 96 (8 dot lanes) merge in phases of 4.
 MERGE_BYTES_PER_THREAD = 96
 
 
 def stream_merge_units(k: Kernel) -> int:
     """Units a phase of a quads decode's merge holds (0: the serial merge of the other
-    warp_stream kernels)."""
+    warp_stream kernels): the most, a power of two that divides the units (every phase
+    full: a phase adds all its slots), whose buffer fits MERGE_BYTES_PER_THREAD a thread."""
     if not (streams(k) and k.prefetch is not Prefetch.NONE and k.mode is Mode.DECODE):
         return 0
     hd = stream_head_dim(k)
     units = stream_units(k, hd)
     budget = block_threads(k, hd) * MERGE_BYTES_PER_THREAD
     p = 1
-    while p * 2 <= units and p * 2 * k.max_groups * hd * 4 <= budget:
+    while units % (p * 2) == 0 and p * 2 * k.max_groups * hd * 4 <= budget:
         p *= 2
     return p
 

@@ -117,3 +117,21 @@ def test_rows_print_their_kernels_k80_occupancy(tmp_path, capsys):
     line = next(ln for ln in out.splitlines() if "qs_f32_causal " in ln)
     assert "[K80: 2 blocks, 8 warps]" in line
     assert "K80" not in next(ln for ln in out.splitlines() if kernels.SGEMM_ARM in ln)
+
+
+def test_decode_goals_shapes_and_head_dims_come_from_the_environment(monkeypatch):
+    """decode_goals times the goals' shapes (GQA 4 and 8) and head sizes (128, 256) unless
+    KGEN_BENCH_DECODE_SHAPES and KGEN_BENCH_HEAD_DIMS name others (a multi-head model's
+    group count, head_dim 96)."""
+    import importlib
+
+    monkeypatch.delenv("KGEN_BENCH_DECODE_SHAPES", raising=False)
+    monkeypatch.delenv("KGEN_BENCH_HEAD_DIMS", raising=False)
+    assert importlib.reload(kernels).GOAL_SHAPES == ((32, 8), (16, 2))
+    assert kernels._decode_head_dims() == (128, 256)
+    monkeypatch.setenv("KGEN_BENCH_DECODE_SHAPES", "32/32,16/8")
+    monkeypatch.setenv("KGEN_BENCH_HEAD_DIMS", "96,128")
+    assert importlib.reload(kernels).GOAL_SHAPES == ((32, 32), (16, 8))
+    assert kernels._decode_head_dims() == (96, 128)
+    monkeypatch.delenv("KGEN_BENCH_DECODE_SHAPES")
+    importlib.reload(kernels)

@@ -8,8 +8,11 @@
 # A part is SECTION[:KVS[:HEAD_DIMS]] (KVS and HEAD_DIMS comma-separated, "all" or empty
 # for every one, KVS "each" for a part per registered format), e.g. prefill_long:all:64,
 # decode_goals:f16,bf16:128 or decode_goals:each. PART_LIMIT is each
-# part's limit in seconds (default 280); MATCH, SPLITS and SHAPES pass on as
-# KGEN_BENCH_MATCH, KGEN_BENCH_SPLITS and KGEN_BENCH_LONG_SHAPES.
+# part's limit in seconds (default 280); MATCH, SPLITS, SHAPES and DSHAPES pass on as
+# KGEN_BENCH_MATCH, KGEN_BENCH_SPLITS, KGEN_BENCH_LONG_SHAPES and KGEN_BENCH_DECODE_SHAPES
+# (e.g. DSHAPES=32/32,16/8,32/8 MATCH='_(g4|t4)_host$' PARTS="decode_goals:each:96,128":
+# the one- and two-group forms beside the 4-group ones, head_dim 96 beside the tiled
+# decode).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-bench-out}/bench
@@ -36,6 +39,7 @@ for part in "${parts[@]}"; do
   [ -n "${MATCH:-}" ] && env+=(KGEN_BENCH_MATCH="$MATCH")
   [ -n "${SPLITS:-}" ] && env+=(KGEN_BENCH_SPLITS="$SPLITS")
   [ -n "${SHAPES:-}" ] && env+=(KGEN_BENCH_LONG_SHAPES="$SHAPES")
+  [ -n "${DSHAPES:-}" ] && env+=(KGEN_BENCH_DECODE_SHAPES="$DSHAPES")
   # -I: the wheel's kgen, never the checkout's (the working directory).
   env "${env[@]}" timeout "${PART_LIMIT:-280}" "$py" -I -m kgen.bench.kernels \
     > "$out/$name.txt" 2>&1
