@@ -40,6 +40,7 @@ from kgen.ir.geometry import (
     flash_shared_bytes,
     max_head_dim_launched,
     min_head_dim,
+    padded,
     qk_patch,
     qtile_swizzle,
     qtile_threads,
@@ -371,10 +372,13 @@ def check_schedule(k: Kernel, ctx: _Ctx) -> None:
                         "global memory (k_stage = registers, v_stage = global)")
     if stream_hoisted(k):
         hd = stream_head_dim(k)
-        if hd % TARGET.warp or not k.pair.accepts_head_dim(hd):
+        # A head_dim of part of a warp runs in a block padded to whole warps (threads =
+        # warps): the threads past head_dim stream keys and own no output dim.
+        if (hd % TARGET.warp and not padded(k)) or not k.pair.accepts_head_dim(hd):
             raise ctx.error(k.where("stream_loads"), f"stream_loads = hoisted serves head_dim "
                             f"= kreg_max_chunk * dot_lanes = {hd} only: it must be whole warps "
-                            f"(a multiple of {TARGET.warp}) and whole {k.pair.name} blocks")
+                            f"(a multiple of {TARGET.warp}, or a block of threads = warps) and "
+                            f"whole {k.pair.name} blocks")
     if k.lane_dims is LaneDims.QUADS:
         _check_lane_quads(k, ctx)
     elif k.prefetch is not Prefetch.NONE:
