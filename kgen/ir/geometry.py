@@ -209,9 +209,9 @@ def stream_units(k: Kernel, head_dim: int) -> int:
 # buffer takes at most MERGE_BYTES_PER_THREAD bytes a thread of the block: a K80 SMX has
 # 112 KB of shared memory for its 128K registers (0.875 bytes a register), so a block
 # whose threads hold 110 or more registers keeps the blocks an SMX its registers allow
-# (tests/cpu/test_stream_quads.py checks every quads decode against ptxas's count, the
-# one- and two-group forms' 72-128 included). A phase's units divide the block's: 12 at
-# head_dim 96 (8 dot lanes) merge in phases of 4.
+# (tests/cpu/test_stream_quads.py checks every quads decode against ptxas's count, those
+# below 110 included). A phase's units divide the block's: 12 at head_dim 96 (8 dot lanes)
+# merge in phases of 4, 24 at head_dim 80 in phases of a power of two dividing 24.
 MERGE_BYTES_PER_THREAD = 96
 
 
