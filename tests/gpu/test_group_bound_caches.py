@@ -1,8 +1,9 @@
-"""Caches of models with more q heads per kv head than the 8-group decodes serve, on the
-GPU: group counts at the wide quads decodes' bounds (specs/stream_groups.kspec) and one
-past every decode's bound (the step then runs as a one-row prefill through the query
-tile), dense, per slot and paged, each output against the float64 reference of its keys.
-The group counts come from the built kernels."""
+"""Caches at every group bound of the decodes, on the GPU: a count at each quads decode's
+bound (the tightest serving it: tests/cpu/test_group_bounds.py), one below each (the bound's
+last head padded: it scores q row 0 and weighs 0), and one past every decode's bound (the
+step then runs as a one-row prefill through the query tile), dense, per slot and paged,
+each output against the float64 reference of its keys. The group counts come from the
+built kernels."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ MS = 96
 
 
 def _group_counts(kv: str, hd: int) -> list[int]:
-    """Every group bound past 8 of a decode serving ``kv`` at ``hd``, and one past the
-    largest (served by the query tile's one-row prefill)."""
+    """Every group bound of a decode serving ``kv`` at ``hd``, one below each, and one past
+    the largest (served by the query tile's one-row prefill)."""
     from kgen.ir.axes import Mode, Op
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.select import generated
@@ -30,7 +31,7 @@ def _group_counts(kv: str, hd: int) -> list[int]:
     bounds = {k.max_groups for k, _ in generated()
               if k.op is Op.FLASH and k.mode is Mode.DECODE and k.kv.value == kv
               and k.v_kv.value == kv and shape_refusal(k, hd, k.max_groups) is None}
-    return sorted({b for b in bounds if b > 8} | {max(bounds) + 1})
+    return sorted({c for b in bounds for c in (b - 1, b) if c > 0} | {max(bounds) + 1})
 
 
 SHAPES = [(kv, hd, G) for kv in ("f32", "bf16", "q8_0") for hd in (64, 128)
