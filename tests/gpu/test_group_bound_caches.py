@@ -1,9 +1,9 @@
-"""Caches at every group bound of the decodes, on the GPU: a count at each quads decode's
-bound (the tightest serving it: tests/cpu/test_group_bounds.py), one below each (the bound's
-last head padded: it scores q row 0 and weighs 0), and one past every decode's bound (the
-step then runs as a one-row prefill through the query tile), dense, per slot and paged,
-each output against the float64 reference of its keys. The group counts come from the
-built kernels."""
+"""Caches at every group bound of the decodes, on the GPU: a count at each decode's bound
+(the caches take the tightest that serves it: tests/cpu/test_group_bounds.py), one below
+each (the bound's last head padded: a quads decode scores it from q row 0 and weighs it 0),
+and one past every decode's bound (the step then runs as a one-row prefill through the
+query tile), dense, per slot and paged, each output against the float64 reference of its
+keys. The group counts come from the built kernels."""
 
 from __future__ import annotations
 
