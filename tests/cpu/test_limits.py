@@ -164,3 +164,40 @@ def test_occupancy_at_a_launchs_groups_uses_that_launchs_shared_memory():
     assert one["blocks_per_sm"] >= listed["blocks_per_sm"] >= 1
     tile = _kernel("qs_f16_causal")                     # serves head_dim 4 to 128
     assert list(occupancy(tile, res, [96, 128], 2)) == ["96", "128"]  # every dim asked
+
+
+def test_the_listing_gives_occupancy_at_the_widest_head_size_a_kernel_serves(tmp_path):
+    """`kgen list --json --resources`: a kernel written for a head size off the listed
+    ones (here a query tile sized for 192, which serves 4..192) shows its occupancy at
+    that size as well as at the listed sizes it serves; one whose widest size is listed
+    shows just those, one serving past the largest listed size stops there, and a
+    hoisted decode that serves one size shows that one."""
+    from kgen.compiler.coverage import OCCUPANCY_HEAD_DIMS, head_dims, limits, occupancy
+
+    spec = tmp_path / "wide.kspec"
+    spec.write_text(
+        "kernel probe_qs_f16_d192 : qsw_base {\n"
+        '    doc = "a query tile for head_dim 192"\n'
+        "    module = attn_probe\n"
+        "    kv = f16\n"
+        "    max_head_dim = 192\n"
+        "    tile_rows = 32\n"
+        "    tile_keys = 16\n"
+        "    micro_rows = 2\n"
+        "    micro_keys = 2\n"
+        "}\n")
+    res = {"registers": 128, "stack_frame": 0, "spill_stores": 0, "static_smem": 0}
+    expected = {
+        "probe_qs_f16_d192": ["64", "128", "192"],
+        "qs_f16_causal": ["64", "128"],           # serves 4..128: its widest is listed
+        "dq_f16_d96_g4_host": ["96"],             # one size
+        "fc_attn_flash_decode": ["256", "512"],  # serves 256..704 here: past 512
+    }
+    for name, want in expected.items():
+        k = _kernel(name, spec)
+        dims = head_dims(k)
+        occ = limits(k, res)["sm_37"]["occupancy"]
+        assert list(occ) == want, (name, dims[0], dims[-1])
+        assert set(want) >= {str(d) for d in OCCUPANCY_HEAD_DIMS if d in dims}
+        for d in want:
+            assert occ[d] == occupancy(k, res, [int(d)], None)[d]
