@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -352,6 +353,8 @@ def cmd_show(args, settings: Settings, say: Reporter) -> int:
     by = {k.name: k for k in _kernels(settings, args)}
     _unknown([args.kernel], set(by), f"no spec in {settings.specs} defines it")
     k = by[args.kernel]
+    if args.arch and not args.sass:
+        raise UsageError("--arch picks the GPU of --sass's listing: give --sass too")
     if args.sass:
         return _show_sass(k.name, settings, args)
     if args.json:
@@ -387,11 +390,16 @@ def cmd_show(args, settings: Settings, say: Reporter) -> int:
 
 def _show_sass(name: str, settings: Settings, args) -> int:
     """The kernel's sm_37 instruction mix: the whole kernel, then each loop (a branch
-    back), innermost ones marked; an issue-bound loop shows its FMA share here."""
+    back), innermost ones marked; an issue-bound loop shows its FMA share here. With
+    --arch, the mix and ptxas's resources of the same PTX compiled for that GPU (what a
+    driver's JIT runs there, as this toolchain's ptxas compiles it)."""
     from dataclasses import replace
 
     from kgen.compiler import pipeline
+    from kgen.toolchain import compile as tool
+    from kgen.toolchain import resources
     from kgen.toolchain import sass_listing as sl
+    from kgen.toolchain.locate import TARGET_ARCH
 
     ctx = _context(settings, args)
     work = pipeline.run(("parse", "context", "check", "render"),
@@ -399,11 +407,29 @@ def _show_sass(name: str, settings: Settings, args) -> int:
     # Only the kernel's own unit goes on to the compilers (or the store).
     work = replace(work, modules=tuple(m for m in work.modules
                                        if name in {k.name for k in m.kernels}))
-    out = sl.profile(pipeline.run(("ptx", "cubin"), work, ctx).compiled[name].sass)
+    arch = args.arch or TARGET_ARCH
+    if arch != TARGET_ARCH:  # one the toolchain's ptxas compiles, at or past the PTX's target
+        archs = ctx.toolchain.run([ctx.toolchain.nvcc, "--list-gpu-code"]).stdout.split()
+        newer = [a for a in archs if a.startswith("sm_") and int(a[3:]) >= int(TARGET_ARCH[3:])]
+        if arch not in newer:
+            raise UsageError(f"--arch {arch}: this toolchain's ptxas compiles the {TARGET_ARCH} "
+                             f"PTX for {', '.join(newer)}")
+    work = pipeline.run(("ptx", "cubin"), work, ctx)
+    if arch == TARGET_ARCH:
+        stream, res = work.compiled[name].sass, work.compiled[name].resources
+    else:
+        b = next(b for b in work.builds if name in {k.name for k in b.module.kernels})
+        cub = tool.cubin(b.ptx, ctx.toolchain, ctx.cache, name=b.module.name, arch=arch)
+        stream = sl.parse(tool.sass(cub.data, ctx.toolchain, ctx.cache,
+                                    name=b.module.name))[name]
+        res = resources.parse(cub.ptxas_log)[name]
+    out = sl.profile(stream)
     if args.json:
-        print(json.dumps({"name": name, "target": "sm_37", "parts": out}, indent=1))
+        print(json.dumps({"name": name, "target": arch, "resources": res.as_dict(),
+                          "parts": out}, indent=1))
         return 0
-    print(f"{name}: sm_37 SASS, instructions by opcode")
+    print(f"{name}: {arch} SASS, instructions by opcode ({res.registers} registers, "
+          f"{res.stack_frame} bytes stack, {res.spill_stores} bytes spill stores)")
     for r in out:
         share = 100 * r["ffma"] / r["instructions"] if r["instructions"] else 0.0
         top = ", ".join(f"{op} {n}" for op, n in list(r["mix"].items())[:10])
@@ -446,6 +472,14 @@ def _jobs(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{n} is not in 1..{MAX_JOBS} (leave -j out for one "
                                          "compile per CPU)")
     return n
+
+
+def _sm_arch(text: str) -> str:
+    """A GPU architecture as ptxas names it (``sm_61``, ``sm_90``)."""
+    if not re.fullmatch(r"sm_\d{2,3}", text):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a GPU architecture like sm_61 "
+                                         "or sm_90")
+    return text
 
 
 def _positive_ints(text: str) -> list[int]:
@@ -522,7 +556,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("kernel")
     s.add_argument("--sass", action="store_true",
                    help="its sm_37 SASS instead: the instruction mix of the kernel and of "
-                        "each loop (compiles what the store lacks)")
+                        "each loop, and ptxas's resources (compiles what the store lacks)")
+    s.add_argument("--arch", type=_sm_arch, default=None,
+                   help="with --sass: the same PTX compiled for this GPU instead (e.g. "
+                        "sm_61 for a P40, sm_90 for an H100/H200: what a driver's JIT "
+                        "runs there, as this toolchain's ptxas compiles it)")
     s.set_defaults(fn=cmd_show)
     sub.add_parser("doctor", parents=[common], help="what this machine can build and run, "
                    "and why").set_defaults(fn=cmd_doctor)

@@ -142,10 +142,14 @@ class Cubin:
     ptxas_log: str
 
 
-def cubin(ptx_text: str, tc: Toolchain, cache: Cache, name: str = "module") -> Cubin:
-    """PTX -> sm_37 cubin with ptxas; keeps ptxas's resource report (-v)."""
+def cubin(ptx_text: str, tc: Toolchain, cache: Cache, name: str = "module",
+          arch: str = TARGET_ARCH) -> Cubin:
+    """PTX -> sm_37 cubin with ptxas; keeps ptxas's resource report (-v). Another
+    ``arch`` (``kgen show --sass --arch``) compiles the same PTX as a driver's JIT would
+    for that GPU, with this toolchain's ptxas."""
     data = ptx_text.encode()
-    job = _job("cubin", data, PTXAS_FLAGS, tc)
+    flags = PTXAS_FLAGS if arch == TARGET_ARCH else (f"-arch={arch}", *PTXAS_FLAGS[1:])
+    job = _job("cubin", data, flags, tc)
     hit = cache.get(job.key, ("out.cubin", "ptxas.log"))
     if hit is not None:
         return Cubin(hit["out.cubin"], hit["ptxas.log"].decode())
@@ -153,7 +157,7 @@ def cubin(ptx_text: str, tc: Toolchain, cache: Cache, name: str = "module") -> C
         src = tmp / f"{name}.ptx"
         out = tmp / f"{name}.cubin"
         src.write_bytes(data)
-        proc = tc.run([tc.ptxas, *PTXAS_FLAGS, str(src), "-o", str(out)], cwd=tmp)
+        proc = tc.run([tc.ptxas, *flags, str(src), "-o", str(out)], cwd=tmp)
         blob = out.read_bytes()
     log = (proc.stdout + proc.stderr).replace(str(src), f"{name}.ptx")
     cache.put(job.key, {"out.cubin": blob, "ptxas.log": log.encode()})

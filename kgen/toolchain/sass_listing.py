@@ -13,6 +13,14 @@ from dataclasses import dataclass
 _FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$")
 _INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*/\*\s*(0x[0-9a-f]{16})\s*\*/\s*$")
 _CONTROL = re.compile(r"^\s*/\*\s*(0x[0-9a-f]{16})\s*\*/\s*$")
+# The second instruction of a dual-issue pair in an sm_5x/sm_6x listing (``{ A ; /* enc */``
+# then ``B }``): its encoding stands alone on the next line. No sm_37 listing has one.
+_PAIR_END = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*}\s*$")
+
+
+def _text(printed: str) -> str:
+    """An instruction's text, spaces collapsed, without a dual-issue pair's braces."""
+    return " ".join(printed.removeprefix("{").removesuffix("}").split())
 
 
 @dataclass(frozen=True)
@@ -38,20 +46,29 @@ def parse(listing: str) -> dict[str, tuple[Instr, ...]]:
     """Map kernel name -> its instruction stream, in address order."""
     out: dict[str, list[Instr]] = {}
     current: list[Instr] | None = None
+    pair_end: tuple[int, str] | None = None  # a pair's second instruction, its encoding next
     for line in listing.splitlines():
         m = _FUNCTION.match(line)
         if m:
-            current = out.setdefault(m.group(1), [])
+            current, pair_end = out.setdefault(m.group(1), []), None
             continue
         if current is None:
             continue
         m = _INSTR.match(line)
         if m:
-            current.append(Instr(int(m.group(1), 16), " ".join(m.group(2).split()), m.group(3)))
+            current.append(Instr(int(m.group(1), 16), _text(m.group(2)), m.group(3)))
             continue
         m = _CONTROL.match(line)
         if m:
-            current.append(Instr(None, "", m.group(1)))
+            if pair_end is not None:
+                current.append(Instr(pair_end[0], pair_end[1], m.group(1)))
+                pair_end = None
+            else:
+                current.append(Instr(None, "", m.group(1)))
+            continue
+        m = _PAIR_END.match(line)
+        if m:
+            pair_end = (int(m.group(1), 16), _text(m.group(2)) + " ;")  # as unpaired ones end
     return {k: tuple(v) for k, v in out.items()}
 
 
@@ -81,10 +98,15 @@ def opcode(text: str) -> str:
 def loops(stream: tuple[Instr, ...]) -> list[tuple[int, int]]:
     """(first, last) addresses of each loop: a branch back to an address before its own
     (its target, the branch itself), in address order of the branch. A branch to itself
-    (the padding after the last EXIT) is no loop."""
+    (the padding after the last EXIT) is no loop, nor is a branch back from past the
+    last unconditional EXIT: code there runs out of line and returns into the body (an
+    sm_70+ ptxas's paths for a shuffle in a diverged warp)."""
+    exits = [i.addr for i in stream if i.addr is not None and i.text.split(";")[0].split()
+             and i.text.split(";")[0].split()[0] == "EXIT"]
+    end = exits[-1] if exits else None
     out = []
     for i in stream:
-        if i.addr is None:
+        if i.addr is None or (end is not None and i.addr > end):
             continue
         m = _BRANCH.search(i.text)
         if m and int(m.group(1), 16) < i.addr:

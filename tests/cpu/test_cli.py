@@ -243,6 +243,21 @@ def _run(capsys, *argv) -> tuple[int, str]:
     return rc, err
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["show", "fc_attn_flash_decode", "--arch", "sm_90"],
+     "--arch picks the GPU of --sass's listing: give --sass too"),
+    (["show", "fc_attn_flash_decode", "--sass", "--arch", "90"],
+     "argument --arch: '90' is not a GPU architecture like sm_61 or sm_90"),
+    (["show", "fc_attn_flash_decode", "--sass", "--arch", "sm_9x"],
+     "argument --arch: 'sm_9x' is not a GPU architecture"),
+])
+def test_show_arch_is_refused_before_any_compile(capsys, argv, said):
+    """kgen show --arch: only with --sass, and only a name like sm_61; refused with
+    exit 2 before anything is compiled (no toolchain is needed to say so)."""
+    rc, err = _run(capsys, *argv)
+    assert rc == 2 and said in err
+
+
 def test_a_mistyped_command_gets_the_closest_one(capsys):
     rc, err = _run(capsys, "buld", "specs/")
     assert rc == 2 and "unknown command 'buld' (did you mean 'build'?)" in err

@@ -288,6 +288,33 @@ def test_show_sass_counts_the_kernels_own_stream(ws):
     assert sum(p["ffma"] for p in loops if "innermost" in p["what"]) > 0
 
 
+def test_show_sass_for_another_gpu_compiles_the_same_ptx_for_it(ws):
+    """kgen show --sass --arch sm_61: the kernel's PTX compiled for a P40 as a driver's
+    JIT would (this toolchain's ptxas): that target named, ptxas's resources for it, a
+    stream other than the sm_37 one, its loops inside it with FMAs in the innermost;
+    the sm_37 listing names its own resources as the build records them."""
+    import json
+
+    r = ws.kgen("show", "--sass", "--json", "-q", "fc_attn_flash_decode")
+    assert r.rc == 0, r.text
+    sm37 = json.loads(r.out)
+    manifest = json.loads((ws.root / "generated" / "manifest.json").read_text())
+    assert sm37["target"] == "sm_37"
+    assert sm37["resources"]["registers"] == manifest["kernels"]["fc_attn_flash_decode"][
+        "resources"]["registers"]
+    r = ws.kgen("show", "--sass", "--json", "-q", "--arch", "sm_61", "fc_attn_flash_decode")
+    assert r.rc == 0, r.text
+    sm61 = json.loads(r.out)
+    assert sm61["target"] == "sm_61" and sm61["resources"]["registers"] > 0
+    parts = sm61["parts"]
+    assert parts[0]["what"] == "kernel" and parts[0]["mix"] != sm37["parts"][0]["mix"]
+    assert all(0 < p["instructions"] < parts[0]["instructions"] for p in parts[1:])
+    assert sum(p["ffma"] for p in parts if "innermost" in p["what"]) > 0
+    r = ws.kgen("show", "--sass", "-q", "--arch", "sm_99", "fc_attn_flash_decode")
+    assert r.rc == 2 and "--arch sm_99: this toolchain's ptxas compiles the sm_37 PTX for " \
+        "sm_37, " in r.text and "sm_61" in r.text and "Traceback" not in r.text
+
+
 def test_a_symlinked_output_tree_is_written_where_it_points(tiny, monkeypatch):
     ws, spec, variants, trees = tiny
     spec.write_text(variants["A"], encoding="utf-8")
