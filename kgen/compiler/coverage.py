@@ -63,14 +63,15 @@ def occupancy(k: Kernel, resources: dict, dims: list[int], groups: int | None = 
     """sm_37 occupancy of a flash or decode-combine kernel at the head sizes it serves
     among OCCUPANCY_HEAD_DIMS and at the widest it serves where that lies short of the
     largest listed size (a spec's own size, such as 96 or 192, where its shared memory
-    peaks; every one of ``dims`` when ``groups`` is given), a flash kernel's at the
-    most groups it allows (or at ``groups``, a launch's): threads, shared bytes, and
-    blocks and warps resident per multiprocessor, from ptxas's registers and static
-    shared memory and the launch geometry."""
+    peaks; the smallest it serves if that leaves none; every one of ``dims`` when
+    ``groups`` is given), a flash kernel's at the most groups it allows (or at
+    ``groups``, a launch's): threads, shared bytes, and blocks and warps resident per
+    multiprocessor, from ptxas's registers and static shared memory and the launch
+    geometry."""
     out = {}
     widest = [d for d in dims[-1:] if d < OCCUPANCY_HEAD_DIMS[-1]]
     wanted = dims if groups is not None else sorted(
-        {d for d in OCCUPANCY_HEAD_DIMS if d in dims} | set(widest))
+        {d for d in OCCUPANCY_HEAD_DIMS if d in dims} | set(widest)) or dims[:1]
     for hd in wanted:
         shared = resources.get("static_smem", 0)
         if k.op is Op.FLASH:

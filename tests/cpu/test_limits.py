@@ -193,6 +193,8 @@ def test_the_listing_gives_occupancy_at_the_widest_head_size_a_kernel_serves(tmp
         "dq_f16_d96_g4_host": ["96"],             # one size
         "fc_attn_flash_decode": ["256", "512"],  # serves 256..704 here: past 512
     }
+    wide = _kernel("fc_attn_flash_decode")  # past 512 only: its smallest stands in
+    assert list(occupancy(wide, res, [576, 640])) == ["576"]
     for name, want in expected.items():
         k = _kernel(name, spec)
         dims = head_dims(k)
