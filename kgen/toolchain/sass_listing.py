@@ -101,8 +101,8 @@ def loops(stream: tuple[Instr, ...]) -> list[tuple[int, int]]:
     (the padding after the last EXIT) is no loop, nor is a branch back from past the
     last unconditional EXIT: code there runs out of line and returns into the body (an
     sm_70+ ptxas's paths for a shuffle in a diverged warp)."""
-    exits = [i.addr for i in stream if i.addr is not None and i.text.split(";")[0].split()
-             and i.text.split(";")[0].split()[0] == "EXIT"]
+    exits = [i.addr for i in stream if i.addr is not None and not i.text.startswith("@")
+             and opcode(i.text) == "EXIT"]
     end = exits[-1] if exits else None
     out = []
     for i in stream:
