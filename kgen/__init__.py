@@ -6,3 +6,21 @@ proves every generated kernel PTX- and SASS-identical to the golden.
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``kgen.KVCache``, ``kgen.merge_attn_states``, ...: the public calls of
+    kgen.runtime, imported on first use (the CLI never pays for them)."""
+    if name.startswith("_"):
+        raise AttributeError(f"module 'kgen' has no attribute {name!r}")
+    import kgen.runtime as runtime
+
+    if name in runtime.__all__:
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'kgen' has no attribute {name!r}")
+
+
+def __dir__():
+    import kgen.runtime as runtime
+
+    return sorted({*globals(), *runtime.__all__})

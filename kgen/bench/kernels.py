@@ -1147,7 +1147,7 @@ def _mla_prefill_arm(cp, g, H: int, Lq: int, Lk: int, causal: bool):
 
     def arm():  # the op's checks cost microseconds; the launch, milliseconds
         mla_prefill_attention(out, None, dq, dk, dv, cu_q, cu_k, scale, causal, Lq, Lk,
-                              validate_pos=False)
+                              validate=False)
     arm()
     cp.cuda.runtime.deviceSynchronize()
     # The last two rows alone, bottom-right aligned, see what they see in the whole batch.
@@ -1295,7 +1295,7 @@ def _step_arms(cp, cache, q1, k1):
     with stream:
         stream.begin_capture()
         cache.decode_device(q1, k1, k1, pos, kps=LAUNCH_KPS, splits_cap=LAUNCH_CAP, out=out,
-                            validate_pos=False, stream=stream)
+                            validate=False, stream=stream)
         graph = stream.end_capture()
     out.fill(np.nan)
     graph.launch(stream)

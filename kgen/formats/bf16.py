@@ -15,17 +15,19 @@ from kgen.formats.base import KvFormat
 QUIET_NAN = 0x7FC0  # the canonical quiet NaN
 
 
-def encode(x: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bits: round to nearest even; NaN stays a quiet NaN."""
-    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+def encode(x: np.ndarray, xp=np) -> np.ndarray:
+    """float32 -> bf16 bits: round to nearest even; NaN stays a quiet NaN. ``xp``: the
+    array module (NumPy, or CuPy for device arrays: the same arithmetic there)."""
+    u = xp.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rne = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # carries into the exponent: up to inf
     nan = (u & 0x7FFFFFFF) > 0x7F800000
-    return np.where(nan, (u >> 16) | 0x0040, rne).astype(np.uint16)
+    return xp.where(nan, (u >> 16) | 0x0040, rne).astype(np.uint16)
 
 
-def decode(b: np.ndarray) -> np.ndarray:
-    """bf16 bits -> float32 (exact: the bits are a float32's top half)."""
-    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+def decode(b: np.ndarray, xp=np) -> np.ndarray:
+    """bf16 bits -> float32 (exact: the bits are a float32's top half); ``xp`` as for
+    encode."""
+    return (xp.ascontiguousarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 class _Bf16(KvFormat):

@@ -1,5 +1,11 @@
 """Calling generated kernels from Python.
 
+Every public call here (and every cache object's method) follows one convention,
+written once in kgen.runtime.convention: arrays of any GPU library (CuPy, torch,
+__cuda_array_interface__, DLPack), the caller's stream (torch's current one where
+torch tensors come in), results in the caller's library, and for the caches the
+model's dtypes (float32, float16, bfloat16). ``kgen`` re-exports all of it.
+
 ``bind`` turns a kernel's spec and the caller's arrays into a ``Launch`` (grid,
 block, dynamic shared memory, argument tuple) after checking every contract
 the kernel relies on; it touches no GPU, so contract checks run anywhere.
@@ -18,6 +24,7 @@ from kgen.runtime.attention_dense import attention_dense_fast, attention_dense_f
 from kgen.runtime.bind import Launch, bind
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.dflash import dflash_block_attention, dflash_paged_block_attention
+from kgen.runtime.kv import KVCache, SlotKVCache
 from kgen.runtime.merge import merge_attn_states
 from kgen.runtime.mla import (
     MLACache,
@@ -26,9 +33,11 @@ from kgen.runtime.mla import (
     mla_decode_attention,
     mla_prefill_attention,
 )
+from kgen.runtime.paged import DecodeMetadata, PagedKVCache
 from kgen.runtime.plan import DecodePlan, decode_plan
 
-__all__ = ["ContractError", "DecodePlan", "Launch", "MLACache", "attention_dense_fast",
+__all__ = ["ContractError", "DecodeMetadata", "DecodePlan", "KVCache", "Launch", "MLACache",
+           "PagedKVCache", "SlotKVCache", "attention_dense_fast",
            "attention_dense_flash", "bind", "concat_and_cache_mla",
            "decode_plan", "dflash_block_attention", "dflash_paged_block_attention",
            "gather_mla_cache", "merge_attn_states", "mla_decode_attention",

@@ -17,6 +17,7 @@ from __future__ import annotations
 from kgen.ir.axes import IoDtype, KvReads, Op
 from kgen.ir.params import PARAMS
 from kgen.runtime import options
+from kgen.runtime.convention import public
 from kgen.runtime.options import flag
 from kgen.runtime.select import Role, find
 
@@ -59,6 +60,7 @@ def _call(reads: KvReads, out, query, key, value, scale, causal, stream, variant
     return fn(out, query, key, value, **scalars, stream=stream)
 
 
+@public(WHO, arrays=("out", "query", "key", "value"))
 def attention_dense_fast(out, query, key, value, scale: float | None = PARAMS["scale"].default,
                          causal: bool = bool(PARAMS["block_causal"].default), *,
                          stream=None, variant: str | None = None):
@@ -70,6 +72,7 @@ def attention_dense_fast(out, query, key, value, scale: float | None = PARAMS["s
     return _call(KvReads.GLOBAL, out, query, key, value, scale, causal, stream, variant)
 
 
+@public(WHO, arrays=("out", "query", "key", "value"))
 def attention_dense_flash(out, query, key, value, scale: float | None = PARAMS["scale"].default,
                           causal: bool = bool(PARAMS["block_causal"].default), *,
                           stream=None, variant: str | None = None):

@@ -6,8 +6,9 @@ A speculative draft step verifies blocks of 1 + k query rows per request
 of query (and of key / value, or block_key / block_value); each query attends only the
 keys of its own block (dense), or the request's paged context (seq_lens[r] rows through
 its block-table row) then its block, as one combined sequence (paged). causal = False:
-every key; causal = True: keys j <= i and j >= i - (window - 1) (sliding_window <= 0:
-plain causal; the kernels' parameter block_causal), over positions inside the block
+every key; causal = True: keys j <= i, and j >= i - left with ``window_size=(left, 0)``
+(FlashAttention's spelling; the kernels' sliding_window is left + 1, and block_causal
+the causal flag), over positions inside the block
 (paged: the combined index, block query i at seq_lens[r] + i). Over the materialized
 [context ; block], the paged call gives the dense call's bits.
 
@@ -35,9 +36,10 @@ from __future__ import annotations
 import numpy as np
 
 from kgen.ir.axes import IoDtype, KeySource, Op
-from kgen.ir.params import PARAMS
+from kgen.ir.params import INT_MAX, PARAMS
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import Checker, ContractError
+from kgen.runtime.convention import public, read_back, softmax_scale, window_size
 from kgen.runtime.options import flag, io_dtype
 from kgen.runtime.select import Role, find
 
@@ -120,10 +122,36 @@ def check_pages(c: Checker, lens: np.ndarray, table: np.ndarray, num_pages: int,
                   lambda r=r: f"request {r} maps a page outside [0, {num_pages})")
 
 
-def dflash_block_attention(out, query, key, value, cu_seqlens, *, scale: float,
+def sliding_window(window, causal: bool) -> int:
+    """The kernels' sliding_window from the public ``window_size`` (FlashAttention's
+    (left, right), kgen.runtime.convention.window_size): (left, 0) or (left, -1) under
+    causal = True is keys j >= i - left, the kernels' window of left + 1; no window: 0."""
+    win = window_size(window, WHO)
+    if win is None:
+        return 0
+    left, right = win
+    if left == right == INT_MAX:  # (-1, -1): no window on either side
+        return 0
+    if not 0 <= left <= INT_MAX:
+        raise ContractError(WHO, "window_size", f"window_size = {tuple(window)}: left is "
+                            f">= 0 (-1: no bound), at most {INT_MAX}")
+    if not causal or right not in (0, INT_MAX):
+        raise ContractError(WHO, "window_size", f"window_size = {tuple(window)}: the DFlash "
+                            "kernels serve a window (left, 0) with causal=True only")
+    return 0 if left >= INT_MAX else left + 1
+
+
+def _scalars(query, causal, window, scale) -> dict:
+    causal = flag("causal", causal, WHO)
+    return dict(block_causal=causal, sliding_window=sliding_window(window, bool(causal)),
+                scale=softmax_scale(scale, _head_dim(query)))
+
+
+@public(WHO, arrays=("out", "query", "key", "value", "cu_seqlens"))
+def dflash_block_attention(out, query, key, value, cu_seqlens, *, scale: float | None = None,
                            causal: bool = bool(PARAMS["block_causal"].default),
-                           sliding_window: int = PARAMS["sliding_window"].default,
-                           num_reqs: int | None = None, validate: bool = True,
+                           window_size: tuple[int, int] | None = None,
+                           num_reqs: int | None = None, validate: bool | None = None,
                            stream=None, variant: str | None = None):
     """DFlashBlockAttention: ``out`` [T, Hq, D] from query [T, Hq, D] over key / value
     [T, Hkv, D] (C-contiguous CuPy arrays: query, key, value float32, uint16 bf16 bits
@@ -133,25 +161,26 @@ def dflash_block_attention(out, query, key, value, cu_seqlens, *, scale: float,
     kgen.runtime.ContractError before any launch."""
     fi, fo = dtypes(query, out)
     k, fn = launcher(KeySource.DENSE, _head_dim(query), variant, fi, fo)
-    scalars = dict(block_causal=flag("causal", causal, WHO), sliding_window=sliding_window,
-                   scale=scale)
+    scalars = _scalars(query, causal, window_size, scale)
     c = Checker(WHO)
     bind(k, dict(out=out, query=query, key=key, value=value, cu_seqlens=cu_seqlens,
                  **scalars))
     _num_reqs(c, num_reqs, cu_seqlens)
-    if validate is not True and validate is not False:
-        raise ContractError(WHO, "type", f"validate must be True or False, not {validate!r}")
+    validate = read_back(validate, stream, WHO)
     if validate:
         check_rows(c, _host(cu_seqlens), int(query.shape[0]))
     return fn(out, query, key, value, cu_seqlens, **scalars, stream=stream)
 
 
+@public(WHO, arrays=("out", "query", "block_key", "block_value", "ctx_key", "ctx_value",
+                     "cu_seqlens", "seq_lens", "block_table"))
 def dflash_paged_block_attention(out, query, block_key, block_value, ctx_key, ctx_value,
-                                 cu_seqlens, seq_lens, block_table, *, scale: float,
+                                 cu_seqlens, seq_lens, block_table, *,
+                                 scale: float | None = None,
                                  causal: bool = bool(PARAMS["block_causal"].default),
-                                 sliding_window: int = PARAMS["sliding_window"].default,
+                                 window_size: tuple[int, int] | None = None,
                                  num_reqs: int | None = None, block_size: int | None = None,
-                                 validate: bool = True, stream=None,
+                                 validate: bool | None = None, stream=None,
                                  variant: str | None = None):
     """DFlashPagedBlockAttention: ``out`` [T, Hq, D] from query [T, Hq, D] over each
     request's context (ctx_key / ctx_value pages [num_pages, block_size, Hkv, D], its
@@ -163,8 +192,7 @@ def dflash_paged_block_attention(out, query, block_key, block_value, ctx_key, ct
     launch."""
     fi, fo = dtypes(query, out)
     k, fn = launcher(KeySource.PAGED, _head_dim(query), variant, fi, fo)
-    scalars = dict(block_causal=flag("causal", causal, WHO), sliding_window=sliding_window,
-                   scale=scale)
+    scalars = _scalars(query, causal, window_size, scale)
     c = Checker(WHO)
     b = bind(k, dict(out=out, query=query, block_key=block_key, block_value=block_value,
                      ctx_key=ctx_key, ctx_value=ctx_value, cu_seqlens=cu_seqlens,
@@ -175,8 +203,7 @@ def dflash_paged_block_attention(out, query, block_key, block_value, ctx_key, ct
         given = c.integer("block_size", block_size, 1)
         c.require(given == bs, "shape", lambda: f"block_size = {given}, but the context "
                   f"pages hold {bs} positions")
-    if validate is not True and validate is not False:
-        raise ContractError(WHO, "type", f"validate must be True or False, not {validate!r}")
+    validate = read_back(validate, stream, WHO)
     if validate:
         check_rows(c, _host(cu_seqlens), int(query.shape[0]))
         check_pages(c, _host(seq_lens), _host(block_table), int(b.arg("num_pages")), bs)

@@ -30,6 +30,7 @@ from kgen.runtime import device, replay
 from kgen.runtime import tuned as store
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
+from kgen.runtime.convention import public, read_back
 from kgen.runtime.options import Options, groups, is_int, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
 from kgen.runtime.plan import decode_plan, given_plan
@@ -198,6 +199,7 @@ class KVCache:
             raise ContractError("KVCache", "range", f"positions [{pos0}, {pos0} + {n}) must "
                                 f"lie in [0, max_seq = {self.max_seq})")
 
+    @public("KVCache.append", widen_args=("k_new", "v_new"))
     def append(self, k_new, v_new, pos0: int, stream=None) -> None:
         """Append rows [pos0, pos0 + n). A batch longer than the fp16 ring is
         appended in ring-sized launches (in one launch, two blocks would race for a
@@ -236,20 +238,22 @@ class KVCache:
     def _groups(self, q) -> int:
         return groups(int(q.shape[-2]), self.n_head_kv)
 
-    def _options(self, n_head: int, attn_sink=0, attn_win=0, scale=None, window=None,
+    def _options(self, n_head: int, attn_sink=0, attn_win=0, scale=None, window_size=None,
                  softcap=0.0, sinks=None, causal=True) -> Options:
-        return Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks,
+        return Options.checked(n_head, attn_sink, attn_win, scale, window_size, softcap, sinks,
                                causal)
 
+    @public("KVCache.prefill", widen_args=("q", "k_new", "v_new"), arrays=("sinks",))
     def prefill(self, q, k_new, v_new, pos0: int, attn_sink: int = 0, attn_win: int = 0,
-                scale: float | None = None, window: tuple[int, int] | None = None,
+                scale: float | None = None, window_size: tuple[int, int] | None = None,
                 softcap: float = 0.0, sinks=None, causal: bool = True, stream=None):
         """Append rows [pos0, pos0+n) and attend each query row; returns out.
 
-        Options (each picks a kernel that has it): ``window`` = (left, right) key-exact
-        (FlashAttention's window_size), ``softcap`` > 0, ``sinks`` (a float32 logit per
-        q head), ``causal=False`` (every row sees all pos0 + n keys). ``attn_win`` is
-        the reference kernels' tile-granular recent window. Everything is checked
+        Options (each picks a kernel that has it): ``window_size`` = (left, right)
+        key-exact, FlashAttention's (-1: no bound on that side), ``softcap`` > 0,
+        ``sinks`` (a float32 logit per q head), ``causal=False`` (every row sees all
+        pos0 + n keys). ``attn_win`` is the reference kernels' tile-granular recent
+        window. Everything is checked
         (every launch against its kernel's contracts) before the first row is
         written."""
         self._check_q(q, 3)
@@ -257,7 +261,7 @@ class KVCache:
         self._check_rows("k_new", k_new, n)
         self._check_rows("v_new", v_new, n)
         self._check_span(pos0, n)
-        opts = self._options(q.shape[1], attn_sink, attn_win, scale, window, softcap, sinks,
+        opts = self._options(q.shape[1], attn_sink, attn_win, scale, window_size, softcap, sinks,
                              causal)
         G = self._groups(q)
         needs = opts.needs("prefill")
@@ -296,11 +300,13 @@ class KVCache:
         self._check_rows("v_new", v_new, 1)
         return self._groups(q)
 
+    @public("KVCache.decode", widen_args=("q", "k_new", "v_new"), arrays=("sinks",))
     def decode(self, q, k_new, v_new, pos: int, kps: int | None = None,
                splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
-               scale: float | None = None, window: tuple[int, int] | None = None,
+               scale: float | None = None, window_size: tuple[int, int] | None = None,
                softcap: float = 0.0, sinks=None, stream=None):
-        """Append the token at ``pos``, then split decode + combine; returns [n_head, hd].
+        """Append the token at ``pos``, then split decode + combine; returns [n_head, hd]
+        (q [n_head, hd]), or [1, n_head, hd] for a token-major q [1, n_head, hd].
         Options as for prefill (``sinks`` join in the combine). Everything is checked
         on the host before the row is appended. Where the format has device-position
         kernels, the step runs through them with the position staged in device
@@ -320,10 +326,13 @@ class KVCache:
         plan, each of the same type) reuses what that one derived: the checked
         options, the kernels, the scratch and the launch arguments; the arrays'
         types, shapes and dtypes and the position are compared every time."""
+        if getattr(q, "ndim", 0) == 3 and q.shape[0] == 1:  # token-major [1][n_head][hd]
+            return self.decode(q[0], k_new, v_new, pos, kps, splits_cap, attn_sink, attn_win,
+                               scale, window_size, softcap, sinks, stream)[None]
         key = None
         if sinks is None:
             try:
-                key = replay.signature(q, kps, splits_cap, attn_sink, attn_win, scale, window,
+                key = replay.signature(q, kps, splits_cap, attn_sink, attn_win, scale, window_size,
                                        softcap)
                 step = self._steps.get(key)
             except (AttributeError, TypeError):
@@ -334,13 +343,14 @@ class KVCache:
                     return out
         G = self._check_decode(q, k_new, v_new)
         self._check_span(pos, 1)
-        opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
+        opts = self._options(q.shape[0], attn_sink, attn_win, scale, window_size, softcap, sinks)
         if self.kernels.by_prefill("decode", "prefill", G, opts, kps, splits_cap, "KVCache",
                                    "a one-row prefill, which splits its keys by its own "
                                    "rule"):
             return self._decode_by_prefill(q, k_new, v_new, pos, stream,
                                            dict(attn_sink=attn_sink, attn_win=attn_win,
-                                                scale=scale, window=window, softcap=softcap,
+                                                scale=scale, window_size=window_size,
+                                                softcap=softcap,
                                                 sinks=sinks))
         source = "given"
         tuned = kps is None and splits_cap is None and not opts.needs("decode")
@@ -436,20 +446,23 @@ class KVCache:
         self.length = max(self.length, pos + 1)
         return out.made()
 
+    @public("KVCache.decode_device", widen_args=("q", "k_new", "v_new"),
+            arrays=("sinks", "pos_dev", "out"))
     def decode_device(self, q, k_new, v_new, pos_dev, kps: int | None = None,
                       splits_cap: int | None = None, attn_sink: int = 0,
                       attn_win: int = 0, scale: float | None = None,
-                      window: tuple[int, int] | None = None, softcap: float = 0.0,
-                      sinks=None, out=None, validate_pos: bool = True, stream=None):
+                      window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+                      sinks=None, out=None, validate: bool | None = None, stream=None):
         """decode with the position in device memory (capturable in a CUDA graph):
         every launch argument and grid is position-invariant. ``pos_dev``: int32 [1];
         ``out``: float32 [n_head][head_dim], or None for a new one. Every launch is
-        checked before the first runs; with ``validate_pos`` (a device-to-host read)
+        checked before the first runs; with ``validate`` (a device-to-host read; None,
+        the default: unless the stream is capturing a graph)
         that includes the position, and ``length`` advances past it as decode's does;
         without it (in a graph capture, say) the caller keeps it in [0, max_seq) and
         the host does not know it: ``length`` stays."""
         G = self._check_decode(q, k_new, v_new)
-        opts = self._options(q.shape[0], attn_sink, attn_win, scale, window, softcap, sinks)
+        opts = self._options(q.shape[0], attn_sink, attn_win, scale, window_size, softcap, sinks)
         kps, splits_cap = self.plan(G, kps, splits_cap, opts)
         if tuple(getattr(pos_dev, "shape", ())) != (1,):
             raise ContractError("KVCache", "shape", "pos_dev must be int32 [1] (the decode "
@@ -460,9 +473,7 @@ class KVCache:
             raise ContractError("KVCache", "shape", f"out must be float32 [{want[0]}]"
                                 f"[{want[1]}] (n_head, head_dim), not "
                                 f"{tuple(getattr(out, 'shape', ()))}")
-        if type(validate_pos) is not bool:
-            raise ContractError("KVCache", "type", "validate_pos must be True or False, not "
-                                f"{validate_pos!r}")
+        validate_pos = read_back(validate, stream, "KVCache")
         out = self._device_step(q, k_new, v_new, pos_dev, kps, splits_cap, opts, out,
                                 validate_pos, stream)
         if validate_pos:  # the check read it already: the position is known and checked
@@ -551,7 +562,8 @@ class SlotKVCache:
                        v_kv=self.v_kv)
 
     def prefill(self, u: int, q, k_new, v_new, pos0: int, **kw):
-        """Prefill one user's prompt into its own ring; returns [n][n_head][head_dim]."""
+        """Prefill one user's prompt into its own ring; returns [n][n_head][head_dim]
+        (KVCache.prefill's convention: that call is the public one)."""
         return self.slot(u).prefill(q, k_new, v_new, pos0, **kw)
 
     def _positions(self, pos) -> list[int]:
@@ -586,6 +598,7 @@ class SlotKVCache:
                                 f"{self.nslots}][{want}][{self.head_dim}], not "
                                 f"{getattr(x, 'dtype', type(x).__name__)} {shape}")
 
+    @public("SlotKVCache.append", widen_args=("k_new", "v_new"), host_ok=("pos",))
     def append(self, k_new, v_new, pos, stream=None) -> None:
         """Each slot's one new row at its own position (device or host int32 positions)."""
         calls = Calls()
@@ -602,9 +615,10 @@ class SlotKVCache:
         calls.add(fn, k_new, v_new, self.k, self.v, *self.shadows, pos, **self._shadow_args,
                   validate_pos=not isinstance(pos, Pending))  # an upload: checked positions
 
+    @public("SlotKVCache.decode", widen_args=("q", "k_new", "v_new"), host_ok=("pos",))
     def decode(self, q, k_new, v_new, pos, kps: int | None = None,
                splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
-               scale: float | None = None, window: tuple[int, int] | None = None,
+               scale: float | None = None, window_size: tuple[int, int] | None = None,
                softcap: float = 0.0, stream=None):
         """Each slot appends its row at pos[slot] and attends its own ring.
 
@@ -619,7 +633,7 @@ class SlotKVCache:
         self._check_slot_rows("v_new", v_new)
         n_head = q.shape[1]
         G = groups(n_head, self.n_head_kv, "SlotKVCache")
-        opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, None, True)
+        opts = Options.checked(n_head, attn_sink, attn_win, scale, window_size, softcap, None, True)
         if self.kernels.by_prefill("decode_slots", "prefill", G, opts, kps, splits_cap,
                                    "SlotKVCache", "one-row prefills, which split their keys "
                                    "by their own rule"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from kgen.ir.axes import IoDtype, Lse, Op
 from kgen.ir.params import PARAMS
+from kgen.runtime.convention import public
 from kgen.runtime.options import io_dtype
 from kgen.runtime.select import Role, find
 
@@ -48,19 +49,22 @@ def launcher(lse: Lse, variant: str | None = None, in_dtype: IoDtype = IoDtype.F
     return fn
 
 
-def merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output,
-                      suffix_lse,
+@public(WHO, arrays=("output", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse",
+                     "output_lse"))
+def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                      output_lse=None,
                       prefill_tokens_with_context: int =
                       PARAMS["prefill_tokens_with_context"].default,
                       *, stream=None, variant: str | None = None):
     """Merge ``prefix`` and ``suffix`` attention results into ``output`` (and, unless it
-    is None, their merged LSE into ``output_lse``), the engine's argument order.
+    is None, their merged LSE into ``output_lse``), in vLLM's argument order.
 
-    output, prefix_output, suffix_output: ``[T, H, Dv]`` float32, bf16 (uint16) or float16
-    (prefix and suffix of one type, output of its own); output_lse,
-    prefix_lse, suffix_lse: ``[H, T]`` float32 (the engine's layout); all C-contiguous
-    CuPy arrays on the current device. Returns the bound kgen.runtime.Launch; a
-    contract the arguments break raises kgen.runtime.ContractError before any launch.
+    output, prefix_output, suffix_output: ``[T, H, Dv]`` float32, bfloat16 or float16
+    (prefix and suffix of one type, output of its own); output_lse, prefix_lse,
+    suffix_lse: ``[H, T]`` float32 (vLLM's and the engine's layout); C-contiguous GPU
+    arrays of any library (kgen.runtime.convention), on the caller's stream. Returns
+    the bound kgen.runtime.Launch; a contract the arguments break raises
+    kgen.runtime.ContractError before any launch.
     """
     lse = Lse.NONE if output_lse is None else Lse.WRITE
     fn = launcher(lse, variant, io_dtype("prefix_output", prefix_output, WHO),

@@ -22,7 +22,8 @@ Each call picks its kernel by its axes (the element types from its arrays' dtype
 latent rows' or q's for in_dtype, out's for out_dtype) and checks every contract before
 the GPU is touched (kgen.runtime.bind); the decode checks both stages' arguments before it launches
 the first. The index tensors are device tensors read in place (a graph can capture the
-launches); with ``validate_pos`` the host also reads them back and checks them.
+launches); the host also reads them back and checks them unless ``validate`` says not
+(kgen.runtime.convention.read_back: by default, not while the stream captures a graph).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from kgen.runtime import device
 from kgen.runtime.blocks import PagedBlocks
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
+from kgen.runtime.convention import public, read_back
 from kgen.runtime.options import count, dtype_name, io_dtype, is_int, positive
 from kgen.runtime.pending import empty, upload
 from kgen.runtime.select import Role, find
@@ -65,17 +67,21 @@ def launcher(r: Role, variant: str | None = None):
     return fn
 
 
-def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, *, validate_pos: bool = True,
+@public("concat_and_cache_mla", arrays=("kv_c", "k_pe", "kv_cache", "slot_mapping"))
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, *, validate: bool | None = None,
                          stream=None, variant: str | None = None):
     """Store token t's kv_c[t] and k_pe[t] as the latent row of slot slot_mapping[t]
     (t < S = len(slot_mapping); a negative slot skips it; kv_c, k_pe and the cache of one
     element type, copied bit for bit). Returns the bound Launch."""
     fn = launcher(role(Op.MLA_STORE, io_dtype("kv_c", kv_c, "concat_and_cache_mla")), variant)
-    return fn(kv_c, k_pe, kv_cache, slot_mapping, validate_pos=validate_pos, stream=stream)
+    return fn(kv_c, k_pe, kv_cache, slot_mapping,
+              validate_pos=read_back(validate, stream, "concat_and_cache_mla"), stream=stream)
 
 
+@public("gather_mla_cache", arrays=("dst", "src_cache", "block_table", "cu_seq_lens",
+                                   "token_to_seq", "seq_starts"))
 def gather_mla_cache(dst, src_cache, block_table, cu_seq_lens, token_to_seq, seq_starts,
-                     num_tokens: int, *, validate_pos: bool = True, stream=None,
+                     num_tokens: int, *, validate: bool | None = None, stream=None,
                      variant: str | None = None):
     """Copy workspace rows i < num_tokens: request r = token_to_seq[i], its context row
     (seq_starts[r] if given, else 0) + i - cu_seq_lens[r] (dst and the cache of one element
@@ -86,7 +92,8 @@ def gather_mla_cache(dst, src_cache, block_table, cu_seq_lens, token_to_seq, seq
                   variant)
     arrays = (dst, src_cache, block_table, cu_seq_lens, token_to_seq) + \
         ((seq_starts,) if given else ())
-    return fn(*arrays, num_tokens=num_tokens, validate_pos=validate_pos, stream=stream)
+    return fn(*arrays, num_tokens=num_tokens,
+              validate_pos=read_back(validate, stream, "gather_mla_cache"), stream=stream)
 
 
 def kv_splits(num_kv_splits, max_seq_len, who: str = "mla_decode_attention") -> int:
@@ -100,9 +107,11 @@ def kv_splits(num_kv_splits, max_seq_len, who: str = "mla_decode_attention") -> 
     return mla_default_splits(bound, device.sm_count())
 
 
+@public("mla_decode_attention", arrays=("out", "lse", "query", "kv_cache", "block_table",
+                                       "seq_lens"))
 def mla_decode_attention(out, lse, query, kv_cache, block_table, seq_lens, scale=None,
                          num_kv_splits: int = ENTRY_PARAMS["num_kv_splits"].default,
-                         max_seq_len: int | None = None, *, validate_pos: bool = True,
+                         max_seq_len: int | None = None, *, validate: bool | None = None,
                          stream=None, variants: tuple[str | None, str | None] = (None, None)):
     """out[b, h] = sum_j softmax_j(scale * query[b, h] . row_j) row_j[:512] over request
     b's keys j < seq_lens[b] (rows through block_table), and lse[b, h] (unless None) =
@@ -110,11 +119,13 @@ def mla_decode_attention(out, lse, query, kv_cache, block_table, seq_lens, scale
     its own (out_dtype). num_kv_splits: 0 for the default split count (from
     ``max_seq_len``, the host's bound on seq_lens; without it, the block table's
     capacity), 1 for one split (batch-invariant). Both stages are checked (every
-    contract; the device tensors read back once with ``validate_pos``) before the split
+    contract; the device tensors read back once unless ``validate`` says not: see
+    kgen.runtime.convention.read_back) before the split
     partials are allocated or either launches; returns their (launcher, Launch) pairs."""
     calls = Calls()
     _decode_calls(calls, out, lse, query, kv_cache, block_table, seq_lens, scale,
-                  num_kv_splits, max_seq_len, validate_pos, variants)
+                  num_kv_splits, max_seq_len, read_back(validate, stream,
+                                                        "mla_decode_attention"), variants)
     return calls.run(stream)
 
 
@@ -148,9 +159,12 @@ def _decode_calls(calls: Calls, out, lse, query, kv_cache, block_table, seq_lens
     calls.add(combine, m, l_, acc, seq_lens, *outs, validate_pos=False)  # read by the first
 
 
+@public("mla_prefill_attention", arrays=("out", "lse", "query", "key", "value",
+                                        "cu_seqlens_q", "cu_seqlens_k"))
 def mla_prefill_attention(out, lse, query, key, value, cu_seqlens_q, cu_seqlens_k, scale,
                           causal: bool, max_seqlen_q: int, max_seqlen_k: int | None = None, *,
-                          validate_pos: bool = True, stream=None, variant: str | None = None):
+                          validate: bool | None = None, stream=None,
+                          variant: str | None = None):
     """Varlen attention with QK head size 192 and V head size 128 (H q heads = H kv heads):
     request r owns query rows [cu_seqlens_q[r], cu_seqlens_q[r+1]) and key rows likewise;
     ``causal``: query i of Lq sees keys j <= i + Lk - Lq (bottom-right aligned), else
@@ -169,7 +183,7 @@ def mla_prefill_attention(out, lse, query, key, value, cu_seqlens_q, cu_seqlens_
                        lse=(Lse.NONE if lse is None else Lse.WRITE).value), variant)
     outs = (out,) if lse is None else (out, lse)
     return fn(query, key, value, cu_seqlens_q, cu_seqlens_k, *outs, max_seqlen_q=max_seqlen_q,
-              scale=scale, validate_pos=validate_pos, stream=stream)
+              scale=scale, validate_pos=read_back(validate, stream, who), stream=stream)
 
 
 class MLACache(PagedBlocks):
@@ -221,6 +235,7 @@ class MLACache(PagedBlocks):
                       validate_pos=False)
         return rows, tables
 
+    @public("MLACache.store", arrays=("kv_c", "k_pe"))
     def store(self, sids: list[int], kv_c, k_pe, rows: list[int], stream=None) -> None:
         """Append ``rows[i]`` tokens to sequence ``sids[i]`` (kv_c [sum(rows)][512] and
         k_pe [sum(rows)][64], of the cache's element type, hold them in that order)."""
@@ -229,6 +244,7 @@ class MLACache(PagedBlocks):
         calls.run(stream)
         self._commit(sids, rows, tables)
 
+    @public("MLACache.decode", arrays=("query", "kv_c", "k_pe"))
     def decode(self, sids: list[int], query, kv_c, k_pe, scale=None,
                num_kv_splits: int = ENTRY_PARAMS["num_kv_splits"].default, lse: bool = False,
                stream=None, out_dtype: str | IoDtype | None = None):
@@ -260,6 +276,7 @@ class MLACache(PagedBlocks):
         self._commit(sids, rows, tables)
         return (out.made(), lse_out.made()) if lse else out.made()
 
+    @public("MLACache.gather")
     def gather(self, sids: list[int], starts: list[int] | None = None, stream=None):
         """Rows [starts[i], length) of each sequence ``sids[i]`` (starts: multiples of
         block_size; None: from 0), concatenated in order: [N][576] of the cache's element

@@ -12,7 +12,7 @@ import numpy as np
 from kgen.formats import as_pair
 from kgen.ir.axes import IoDtype, Op
 from kgen.ir.params import INT_MAX, NO_WINDOW, PARAMS
-from kgen.runtime import device
+from kgen.runtime import convention, device
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.pending import Pending
 
@@ -146,15 +146,12 @@ class Options:
         attn_sink, attn_win = param("attn_sink", attn_sink), param("attn_win", attn_win)
         if scale is not None:
             scale = param("scale", scale)
+        window = convention.window_size(window, "KVCache")  # -1: that side unbounded
         if window is not None:
-            if not (isinstance(window, tuple | list) and len(window) == 2):
-                raise ContractError("KVCache", "window", "window is (left, right), distances "
-                                    f"from the query (FlashAttention's window_size), not "
-                                    f"{window!r}")
             window = (param("win_left", window[0], "window left"),
                       param("win_right", window[1], "window right"))
             if attn_win:
-                raise ContractError("KVCache", "window", "give either window (key-exact) or "
+                raise ContractError("KVCache", "window", "give either window_size (key-exact) or "
                                     "attn_win (tile-granular), not both")
         softcap = param("softcap", softcap)
         if sinks is not None and (getattr(sinks, "dtype", None) != np.float32 or

@@ -33,6 +33,7 @@ from kgen.runtime import device
 from kgen.runtime.blocks import PagedBlocks
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
+from kgen.runtime.convention import public, read_back
 from kgen.runtime.kv import DEFAULT_KV, Scratch, attend_calls, cache_formats
 from kgen.runtime.options import Options, count, groups, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
@@ -122,6 +123,7 @@ class PagedKVCache(PagedBlocks):
                                 f"{shape}")
         return groups(shape[1], self.n_head_kv, WHO)
 
+    @public("PagedKVCache.append", widen_args=("k_new", "v_new"))
     def append(self, sids: list[int], k_new, v_new, rows: list[int], stream=None) -> None:
         """Store ``rows[i]`` new rows of sequence ``sids[i]`` (k_new/v_new hold them in
         that order) at the end of each sequence: one reshape_and_cache launch."""
@@ -155,8 +157,9 @@ class PagedKVCache(PagedBlocks):
         return {"block_table": upload(self._block_table([tables[s] for s in sids])),
                 "seq_lens": upload(lens)}
 
+    @public("PagedKVCache.prefill", widen_args=("q", "k_new", "v_new"), arrays=("sinks",))
     def prefill(self, sids: list[int], q, k_new, v_new, rows: list[int], attn_sink: int = 0,
-                attn_win: int = 0, scale: float | None = None, window=None,
+                attn_win: int = 0, scale: float | None = None, window_size=None,
                 softcap: float = 0.0, sinks=None, causal: bool = True, stream=None):
         """A varlen batch: ``rows[i]`` new tokens of sequence ``sids[i]`` (q, k_new and
         v_new concatenated in that order) are appended, and each query row attends
@@ -164,7 +167,7 @@ class PagedKVCache(PagedBlocks):
         sees all of its sequence's keys). Returns out [sum(rows)][H][hd]."""
         counts = self._batch(sids, rows)
         G = self._check_q(q, sum(counts))
-        opts = Options.checked(q.shape[1], attn_sink, attn_win, scale, window, softcap, sinks,
+        opts = Options.checked(q.shape[1], attn_sink, attn_win, scale, window_size, softcap, sinks,
                                causal)
         kp, fn = self.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"),
                                   rows=max(counts))
@@ -187,9 +190,10 @@ class PagedKVCache(PagedBlocks):
         self.last_prefill_splits = splits
         return out.made()
 
+    @public("PagedKVCache.decode", widen_args=("q", "k_new", "v_new"), arrays=("sinks",))
     def decode(self, sids: list[int], q, k_new, v_new, kps: int | None = None,
                splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
-               scale: float | None = None, window=None, softcap: float = 0.0, sinks=None,
+               scale: float | None = None, window_size=None, softcap: float = 0.0, sinks=None,
                stream=None):
         """One new token per sequence, then every sequence attends at its own length
         (split decode + combine). q [len(sids)][n_head][hd]; returns the same shape.
@@ -202,14 +206,15 @@ class PagedKVCache(PagedBlocks):
         R = len(sids)
         G = self._check_q(q, R)
         n_head = q.shape[1]
-        opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, sinks, True)
+        opts = Options.checked(n_head, attn_sink, attn_win, scale, window_size, softcap, sinks,
+                               True)
         if self.kernels.by_prefill("decode_paged", "prefill_paged", G, opts, kps, splits_cap,
                                    WHO, "a one-row-a-sequence prefill, which splits its keys by "
                                    "its own rule"):
             # The varlen prefill of one row a sequence attends each sequence to its end, as
             # a decode does.
             return self.prefill(sids, q, k_new, v_new, [1] * R, attn_sink, attn_win, scale,
-                                window, softcap, sinks, True, stream)
+                                window_size, softcap, sinks, True, stream)
         kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap, R)
         calls = Calls()
         rows, tables = self._append_calls(calls, sids, k_new, v_new, [1] * R)
@@ -298,10 +303,12 @@ class PagedKVCache(PagedBlocks):
         meta.staged = (table, lens, slots)
         return meta.lengths
 
+    @public("PagedKVCache.decode_device", widen_args=("q", "k_new", "v_new"),
+            arrays=("sinks", "out"))
     def decode_device(self, q, k_new, v_new, meta: DecodeMetadata, kps: int | None = None,
                       splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
-                      scale: float | None = None, window=None, softcap: float = 0.0,
-                      sinks=None, out=None, validate_pos: bool = True, stream=None):
+                      scale: float | None = None, window_size=None, softcap: float = 0.0,
+                      sinks=None, out=None, validate: bool | None = None, stream=None):
         """The decode step ``prepare`` readied in ``meta``, capturable in a CUDA graph:
         append each row's token at its slot, split decode and combine, every launch
         reading ``meta``'s tensors in place, its arguments and grid fixed by
@@ -314,7 +321,8 @@ class PagedKVCache(PagedBlocks):
         for ``decode``; with the same ones the bits are ``decode``'s (a default plan
         is derived for ``meta.batch`` sequences, padding rows counted: the graph's
         arguments are fixed by it, so it is ``decode``'s for as many sequences). Every launch is
-        checked before the first runs; with ``validate_pos`` (device-to-host reads)
+        checked before the first runs; with ``validate`` (device-to-host reads; None,
+        the default: unless the stream is capturing a graph)
         that includes the tensors' values, without it (in a capture) they are as
         ``prepare`` wrote them. Run it once outside the capture first (it loads the
         kernels and allocates the partials ``meta`` keeps)."""
@@ -342,7 +350,7 @@ class PagedKVCache(PagedBlocks):
                                     f"not {getattr(sinks, 'dtype', type(sinks).__name__)} "
                                     f"{tuple(getattr(sinks, 'shape', ()))}")
             per_head = sinks[0]
-        opts = Options.checked(n_head, attn_sink, attn_win, scale, window, softcap, per_head,
+        opts = Options.checked(n_head, attn_sink, attn_win, scale, window_size, softcap, per_head,
                                True)
         kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap, B)
         heads = B * n_head
@@ -355,9 +363,7 @@ class PagedKVCache(PagedBlocks):
                                     f"{list(want)}, not "
                                     f"{getattr(out, 'dtype', type(out).__name__)} "
                                     f"{tuple(getattr(out, 'shape', ()))}")
-        if type(validate_pos) is not bool:
-            raise ContractError(WHO, "type", "validate_pos must be True or False, not "
-                                f"{validate_pos!r}")
+        validate_pos = read_back(validate, stream, WHO)
         # Every row's plan has at most min(ceil(bound / kps), cap) splits: the width.
         width = min(max(-(-meta.max_seq_len // kps), 1), splits_cap)
         m, l, acc = meta.scratch.pending(heads, width, self.head_dim)

@@ -77,6 +77,22 @@ class FakeArray:
         return FakeArray(shape[0] if len(shape) == 1 else shape, self.dtype, data=self.data)
 
 
+class FakeStream:
+    """A stream: its handle, and the ``with`` form that makes it current."""
+
+    def __init__(self, ptr: int = 0, device_id: int = -1):
+        self.ptr, self.device_id = ptr, device_id
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 class FakeCupy:
     """The module object: ``cuda.runtime.getDevice`` returns ``device``; ``function``
     makes recorders of (kernel, grid, block, args, shared_mem, stream) into
@@ -108,7 +124,15 @@ class FakeCupy:
             def driverGetVersion():
                 return 13000
 
-        self.cuda = types.SimpleNamespace(runtime=Runtime)
+            @staticmethod
+            def streamIsCapturing(ptr):
+                return fake.capturing
+
+
+        self.capturing = 0  # what streamIsCapturing answers (1: a capture is active)
+        self.cuda = types.SimpleNamespace(runtime=Runtime, Stream=FakeStream,
+                                          ExternalStream=FakeStream,
+                                          get_current_stream=lambda: FakeStream(0))
 
     def empty(self, shape, dtype=np.float32):
         return FakeArray(shape, dtype, device=self.device)

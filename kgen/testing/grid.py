@@ -34,9 +34,9 @@ class GridCase:
                 f"q{self.q_batch}-{self.option}")
 
     def options(self) -> dict:
-        return {"plain": {}, "window": {"window": (37, 0)}, "sinks": {"sinks": True},
+        return {"plain": {}, "window": {"window_size": (37, 0)}, "sinks": {"sinks": True},
                 "softcap": {"softcap": 1.5},
-                "all": {"window": (19, 0), "attn_sink": 2, "softcap": 2.0,
+                "all": {"window_size": (19, 0), "attn_sink": 2, "softcap": 2.0,
                         "sinks": True}}[self.option]
 
 

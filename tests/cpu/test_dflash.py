@@ -400,7 +400,7 @@ def _paged_args(cp, lens=(7, 0), table=((3, 0), (-1, -1)), pages=4, bs=4, **kw):
 
 def test_dense_entry_point_launches_the_dense_kernel(cp):
     args = _dense_args(cp)
-    b = dflash_block_attention(*args, scale=0.125, causal=True, sliding_window=3, num_reqs=2)
+    b = dflash_block_attention(*args, scale=0.125, causal=True, window_size=(2, 0), num_reqs=2)
     (name, grid, block, _, shared, _), = cp.launched
     assert name == b.kernel == KERNELS[DENSE].name
     assert grid == (-(-9 * 6 // DFLASH_ROWS), 1, 1) and block == (dflash_threads(), 1, 1)
@@ -455,8 +455,14 @@ def test_entry_points_refuse_before_launching(cp):
                                                        block_size=8)),
         ("type", lambda: dflash_block_attention(*_dense_args(cp), scale=0.1, causal=2)),
         ("type", lambda: dflash_block_attention(*_dense_args(cp), scale=0.1, validate=1)),
-        ("range", lambda: dflash_block_attention(*_dense_args(cp), scale=0.1,
-                                                 sliding_window=INT_MAX + 1)),
+        ("window_size", lambda: dflash_block_attention(*_dense_args(cp), scale=0.1,
+                                                       window_size=(INT_MAX + 1, 0))),
+        ("window_size", lambda: dflash_block_attention(*_dense_args(cp), scale=0.1,
+                                                       causal=True, window_size=(4, 2))),
+        ("window_size", lambda: dflash_block_attention(*_dense_args(cp), scale=0.1,
+                                                       window_size=(4, 0))),
+        ("window_size", lambda: dflash_block_attention(*_dense_args(cp), scale=0.1,
+                                                       causal=True, window_size=5)),
         ("scale", lambda: dflash_block_attention(*_dense_args(cp), scale=float("nan"))),
         ("GQA", lambda: dflash_block_attention(*_dense_args(cp, H=5), scale=0.1)),
         ("no kernel", lambda: dflash_block_attention(*_dense_args(cp, D=512), scale=0.1)),
@@ -560,7 +566,7 @@ def test_entry_points_launch_the_kernel_of_their_dtypes(cp, key):
     source, fi, fo = key
     entry = dflash_paged_block_attention if source is PAGED else dflash_block_attention
     args = _typed(cp, _paged_args(cp) if source is PAGED else _dense_args(cp), fi, fo)
-    b = entry(*args, scale=0.125, causal=True, sliding_window=3)
+    b = entry(*args, scale=0.125, causal=True, window_size=(2, 0))
     (name, grid, block, _, _, _), = cp.launched
     assert name == b.kernel == ALL[key].name
     assert grid == (-(-9 * 6 // DFLASH_ROWS), 1, 1) and block == (dflash_threads(), 1, 1)

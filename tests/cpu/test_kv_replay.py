@@ -61,7 +61,7 @@ def _same_launches(a: list, b: list) -> None:
 
 @pytest.mark.parametrize("kind", ["f32", "q4"])
 @pytest.mark.parametrize("kw", [dict(kps=16, splits_cap=4), {}, dict(scale=0.25),
-                                dict(window=(8, 0), kps=16, splits_cap=4)])
+                                dict(window_size=(8, 0), kps=16, splits_cap=4)])
 def test_a_replayed_step_launches_what_a_full_step_launches(cp, full_steps, kind, kw):
     cache = _cache(kind)
     q, k1, v1 = _step(cp)
@@ -87,7 +87,7 @@ def test_a_replayed_step_launches_what_a_full_step_launches(cp, full_steps, kind
     (dict(attn_sink=True), "attn_sink"), (dict(attn_sink=-1), "attn_sink"),
     (dict(kps=16.0), "kps"), (dict(splits_cap=0), "splits_cap"),
     (dict(scale=float("nan")), "scale"), (dict(softcap=-1.0), "softcap"),
-    (dict(window=(8, -1)), "window"), (dict(window=[8, True]), "window"),
+    (dict(window_size=(8, -2)), "window right"), (dict(window_size=[8, True]), "window_size"),
 ])
 def test_a_step_after_replays_is_checked_as_the_first(cp, full_steps, call, match):
     cache = _cache("q4")

@@ -1,22 +1,25 @@
 """KVCache / SlotKVCache refuse bad arguments before touching the GPU or their state
-(CPU only: the GPU is a function that fails the test if it is reached)."""
+(CPU only: a Guarded stand-in for CuPy records every allocation, upload and launch,
+and each test ends with none)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kgen.runtime import ContractError, device, kv
+from kgen.runtime import ContractError, kv
+from kgen.testing.fakecupy import FakeArray, Guarded
 
 
 @pytest.fixture(autouse=True)
 def no_gpu(monkeypatch):
-    def touched():
-        raise AssertionError("validation reached the GPU")
-
-    monkeypatch.setattr(device, "cupy", touched)
     monkeypatch.setattr(kv, "allocate", lambda fmt, lead, *a: [None] * (
         2 + len(fmt.shadow_buffers())))
+    cp = Guarded().install(monkeypatch)
+    cp.armed = True
+    yield cp
+    cp.armed = False
+    assert cp.touched == [], f"validation reached the GPU: {cp.touched}"
 
 
 HD, NKV, MAX = 64, 2, 64
@@ -32,8 +35,13 @@ def slots():
     return kv.SlotKVCache(3, NKV, HD, MAX, kv="q4", sink=4, win=16)
 
 
+def arr(shape, dtype=np.float32):
+    """A GPU array's stand-in (never allocated)."""
+    return FakeArray(shape, dtype)
+
+
 def rows(n, heads=NKV, hd=HD, dtype=np.float32):
-    return np.zeros((n, heads, hd), dtype)
+    return arr((n, heads, hd), dtype)
 
 
 def refused(match, fn, *a, **kw):
@@ -63,7 +71,7 @@ def test_append_shapes(cache):
     (dict(kps=0), "kps"), (dict(kps=2**40), "kps"), (dict(splits_cap=-1), "splits_cap"),
 ])
 def test_decode_scalars(cache, kw, match):
-    q = np.zeros((4, HD), np.float32)
+    q = arr((4, HD), np.float32)
     refused(match, cache.decode, q, rows(1), rows(1), 5, **kw)
     refused(match, cache.decode_device, q, rows(1), rows(1), None, **kw)
     assert cache.length == 0
@@ -76,16 +84,16 @@ def test_decode_scalars(cache, kw, match):
 ])
 def test_prefill_scalars(cache, kw, match):
     args = {"pos0": 0, **kw}
-    refused(match, cache.prefill, np.zeros((2, 4, HD), np.float32), rows(2), rows(2), **args)
+    refused(match, cache.prefill, arr((2, 4, HD), np.float32), rows(2), rows(2), **args)
 
 
 def test_prefill_and_decode_shapes(cache):
     refused("q must be", cache.prefill, [[1.0]], rows(1), rows(1), 0)
-    refused("q must be", cache.prefill, np.zeros((2, 4, 32), np.float32), rows(2), rows(2), 0)
-    refused("rows", cache.prefill, np.zeros((2, 4, HD), np.float32), rows(3), rows(3), 0)
-    refused("q must be", cache.decode, np.zeros((4, HD), np.float64), rows(1), rows(1), 0)
-    refused("GQA", cache.decode, np.zeros((3, HD), np.float32), rows(1), rows(1), 0)
-    refused("pos", cache.decode, np.zeros((4, HD), np.float32), rows(1), rows(1), MAX)
+    refused("q must be", cache.prefill, arr((2, 4, 32), np.float32), rows(2), rows(2), 0)
+    refused("rows", cache.prefill, arr((2, 4, HD), np.float32), rows(3), rows(3), 0)
+    refused("q must be", cache.decode, arr((4, HD), np.float64), rows(1), rows(1), 0)
+    refused("GQA", cache.decode, arr((3, HD), np.float32), rows(1), rows(1), 0)
+    refused("pos", cache.decode, arr((4, HD), np.float32), rows(1), rows(1), MAX)
 
 
 @pytest.mark.parametrize("pos, match", [
@@ -94,18 +102,18 @@ def test_prefill_and_decode_shapes(cache):
     ([0, True, 0], r"pos\[1\]"), (7, "one position per slot"),
 ])
 def test_slots_positions(slots, pos, match):
-    q = np.zeros((3, 4, HD), np.float32)
+    q = arr((3, 4, HD), np.float32)
     refused(match, slots.decode, q, rows(3), rows(3), pos)
     refused(match, slots.append, rows(3), rows(3), pos)
 
 
 def test_slots_shapes_before_any_row_is_written(slots):
-    q = np.zeros((3, 4, HD), np.float32)
+    q = arr((3, 4, HD), np.float32)
     refused("k_new", slots.decode, q, rows(2), rows(3), [0, 0, 0])
     refused("v_new", slots.decode, q, rows(3), rows(3, hd=32), [0, 0, 0])
-    refused("q must be", slots.decode, np.zeros((2, 4, HD), np.float32), rows(3), rows(3),
+    refused("q must be", slots.decode, arr((2, 4, HD), np.float32), rows(3), rows(3),
             [0, 0, 0])
-    refused("GQA", slots.decode, np.zeros((3, 3, HD), np.float32), rows(3), rows(3), [0, 0, 0])
+    refused("GQA", slots.decode, arr((3, 3, HD), np.float32), rows(3), rows(3), [0, 0, 0])
     refused("scale", slots.decode, q, rows(3), rows(3), [0, 0, 0], scale=1e300)
     refused("attn_win", slots.decode, q, rows(3), rows(3), [0, 0, 0], attn_win=-5)
 

@@ -253,7 +253,7 @@ def _arrays(cp, T=37, H=3, D=128):
 @pytest.mark.parametrize("with_lse", [False, True])
 def test_entry_point_launches_the_kernel_the_call_needs(cp, with_lse):
     out, out_lse, p, p_lse, s, s_lse = _arrays(cp)
-    b = merge_attn_states(out, out_lse if with_lse else None, p, p_lse, s, s_lse, 18)
+    b = merge_attn_states(out, p, p_lse, s, s_lse, out_lse if with_lse else None, 18)
     (name, grid, block, args, shared, _), = cp.launched
     k = KERNELS[Lse.WRITE if with_lse else Lse.NONE]
     assert name == b.kernel == k.name
@@ -265,27 +265,27 @@ def test_entry_point_launches_the_kernel_the_call_needs(cp, with_lse):
     assert not with_lse or b.arg("output_lse") is out_lse
     assert [int(b.arg(n)) for n in ("n_tokens", "n_head", "head_dim",
                                     "prefill_tokens_with_context")] == [37, 3, 128, 18]
-    merge_attn_states(out, out_lse if with_lse else None, p, p_lse, s, s_lse)
+    merge_attn_states(out, p, p_lse, s, s_lse, out_lse if with_lse else None)
     assert int(cp.launched[-1][3][b.names.index("prefill_tokens_with_context")]) == -1
 
 
 def test_entry_point_refuses_before_launching(cp):
     out, out_lse, p, p_lse, s, s_lse = _arrays(cp)
     bad = [
-        ("lse layout", (out, out_lse, p, cp.empty((37, 3)), s, s_lse)),  # [T][H]
-        ("lse layout", (out, cp.empty((3, 36)), p, p_lse, s, s_lse)),
-        ("shape", (out, out_lse, p, p_lse, cp.empty((37, 3, 64)), s_lse)),
-        ("dtype", (out, None, p, p_lse, s, cp.empty((3, 37), np.float16))),
-        ("contiguous", (out, None, cp.ndarray((37, 3, 128), np.float32, (3072, 1024, 8)),
+        ("lse layout", (out, p, cp.empty((37, 3)), s, s_lse, out_lse)),  # [T][H]
+        ("lse layout", (out, p, p_lse, s, s_lse, cp.empty((3, 36)))),
+        ("shape", (out, p, p_lse, cp.empty((37, 3, 64)), s_lse, out_lse)),
+        ("dtype", (out, p, p_lse, s, cp.empty((3, 37), np.float16))),
+        ("contiguous", (out, cp.ndarray((37, 3, 128), np.float32, (3072, 1024, 8)),
                         p_lse, s, s_lse)),
-        ("device", (out, None, np.zeros((37, 3, 128), np.float32), p_lse, s, s_lse)),
+        ("device", (out, np.zeros((37, 3, 128), np.float32), p_lse, s, s_lse)),
     ]
     for contract, args in bad:
         with pytest.raises(ContractError) as e:
             merge_attn_states(*args)
         assert e.value.contract == contract, (contract, e.value)
     with pytest.raises(ContractError) as e:
-        merge_attn_states(out, out_lse, p, p_lse, s, s_lse, prefill_tokens_with_context=1.5)
+        merge_attn_states(out, p, p_lse, s, s_lse, out_lse, prefill_tokens_with_context=1.5)
     assert e.value.contract == "type"
     assert cp.launched == []
 
@@ -293,9 +293,9 @@ def test_entry_point_refuses_before_launching(cp):
 def test_entry_point_variant_must_serve_the_call(cp):
     out, out_lse, p, p_lse, s, s_lse = _arrays(cp)
     with pytest.raises(ContractError, match="cannot serve") as e:
-        merge_attn_states(out, out_lse, p, p_lse, s, s_lse, variant=KERNELS[Lse.NONE].name)
+        merge_attn_states(out, p, p_lse, s, s_lse, out_lse, variant=KERNELS[Lse.NONE].name)
     assert e.value.contract == "variant"
-    b = merge_attn_states(out, None, p, p_lse, s, s_lse, variant=KERNELS[Lse.NONE].name)
+    b = merge_attn_states(out, p, p_lse, s, s_lse, None, variant=KERNELS[Lse.NONE].name)
     assert b.kernel == KERNELS[Lse.NONE].name
 
 
@@ -308,16 +308,16 @@ def test_entry_point_chooses_by_element_type(cp, dtype):
     out, out_lse, p, p_lse, s, s_lse = _arrays(cp)
     out, p, s = (cp.empty(x.shape, e) for x in (out, p, s))
     for with_lse in (False, True):
-        b = merge_attn_states(out, out_lse if with_lse else None, p, p_lse, s, s_lse)
+        b = merge_attn_states(out, p, p_lse, s, s_lse, out_lse if with_lse else None)
         assert b.kernel == ALL[(Lse.WRITE if with_lse else Lse.NONE, dtype, dtype)].name
     n = len(cp.launched)
     with pytest.raises(ContractError) as err:
-        merge_attn_states(cp.empty(out.shape, np.float32), None, p, p_lse, s, s_lse)
+        merge_attn_states(cp.empty(out.shape, np.float32), p, p_lse, s, s_lse)
     assert err.value.contract == "no kernel"
     with pytest.raises(ContractError) as err:
-        merge_attn_states(out, None, p, p_lse, cp.empty(s.shape, np.float32), s_lse)
+        merge_attn_states(out, p, p_lse, cp.empty(s.shape, np.float32), s_lse)
     assert err.value.contract == "dtype"
     with pytest.raises(ContractError) as err:
-        merge_attn_states(out, None, cp.empty(p.shape, np.float64), p_lse, s, s_lse)
+        merge_attn_states(out, cp.empty(p.shape, np.float64), p_lse, s, s_lse)
     assert err.value.contract == "dtype"
     assert len(cp.launched) == n

@@ -510,8 +510,8 @@ def test_decode_entry_point_refuses_before_anything(cp):
     cp.refuses(n, "num_kv_splits", rmla.mla_decode_attention, out, lse, q, cache, table, lens,
                0.1, num_kv_splits=-1)
     cp.refuses(n, "scale", rmla.mla_decode_attention, out, lse, q, cache, table, lens, 0.0)
-    cp.refuses(n, "validate_pos", rmla.mla_decode_attention, out, lse, q, cache, table, lens,
-               0.1, validate_pos=1)
+    cp.refuses(n, "validate must be", rmla.mla_decode_attention, out, lse, q, cache, table,
+               lens, 0.1, validate=1)
 
 
 def test_float4_arrays_must_be_aligned(cp):

@@ -19,6 +19,10 @@ def test_a_window_that_removes_no_key_needs_no_window_kernel():
         assert ("window", "exact") not in needs(role, window=(INT_MAX, 7), attn_sink=3)
         assert ("window", "exact") in needs(role, window=(INT_MAX - 1, 0))
         assert ("window", "exact") in needs(role, window=(5, 0))
+        # FlashAttention's -1: no bound on that side (the same neutral window)
+        assert ("window", "exact") not in needs(role, window=(-1, 0))
+        assert ("window", "exact") not in needs(role, window=(-1, -1))
+        assert ("window", "exact") in needs(role, window=(5, -1))
 
 
 def test_under_a_full_mask_the_right_bound_counts():

@@ -8,7 +8,6 @@ kgen.testing.fakecupy (the GPU replay is tests/gpu/test_paged.py)."""
 from __future__ import annotations
 
 import copy
-import types
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from kgen.runtime import ContractError, tuned
 from kgen.runtime.paged import DecodeMetadata, PagedKVCache
 from kgen.testing.built import needs_build
-from kgen.testing.fakecupy import FakeArray, Guarded
+from kgen.testing.fakecupy import FakeArray, FakeStream, Guarded
 
 pytestmark = needs_build
 HK, H, HD = 2, 4, 256  # KV heads, q heads, head_dim
@@ -94,7 +93,7 @@ def test_a_step_uploads_nothing_and_launches_the_same_every_step(cp, cache):
     assert [t[0] for t in touched] == ["launch", "alloc", "alloc", "alloc", "launch", "launch"]
     signatures, tables = [], [meta.block_table.host.tolist()]
     for _ in range(4):  # the second sequence takes a new block on the first of these
-        touched, launched = _step(cp, cache, meta, io, validate_pos=False)
+        touched, launched = _step(cp, cache, meta, io, validate=False)
         assert touched == [("launch", n) for n, *_ in launched], touched  # no upload, fill
         assert len(launched) == 3                                         # or allocation
         signatures.append([_signature(x) for x in launched])
@@ -115,7 +114,7 @@ def test_prepare_stages_what_decode_would_upload(cp, cache):
     """The staged block table, lengths and slots are decode's, in stream order."""
     twin = copy.deepcopy(cache)
     meta = cache.decode_metadata(len(ROWS), max_seq_len=64)
-    stream = types.SimpleNamespace(synchronize=lambda: None)
+    stream = FakeStream()
     sids = list(cache.tables)
     for _ in range(3):
         cp.armed, cp.touched = True, []
@@ -140,7 +139,7 @@ def test_prepare_stages_what_decode_would_upload(cp, cache):
 def test_the_step_and_decode_run_the_same_kernels_and_plan(cp, cache):
     twin = copy.deepcopy(cache)
     sids = list(cache.tables)
-    for kw in ({}, PLAN, dict(window=(9, 0), softcap=2.0)):
+    for kw in ({}, PLAN, dict(window_size=(9, 0), softcap=2.0)):
         meta = cache.decode_metadata(len(ROWS), max_seq_len=64)
         cache.prepare(meta, sids)
         first = len(cp.launched)
@@ -187,7 +186,7 @@ def staged(cp, cache):
 STEP_REFUSALS = [  # (what to change, match)
     (dict(q=lambda cp: cp.empty((3, H, HD))), "q must be float32 \\[2\\]"),
     (dict(q=lambda cp: cp.empty((2, 3, HD))), "GQA"),
-    (dict(q=lambda cp: np.zeros((2, H, HD), np.float32)), "q must be a cupy array"),
+    (dict(q=lambda cp: np.zeros((2, H, HD), np.float32)), "q must be a GPU array"),
     (dict(q=lambda cp: FakeArray((2, H, HD), device=1)), "q lives on device 1"),
     (dict(k_new=lambda cp: cp.empty((1, HK, HD))), "k_new must be float32"),
     (dict(v_new=lambda cp: cp.empty((2, HK, 128))), "v_new must be float32"),
@@ -197,10 +196,10 @@ STEP_REFUSALS = [  # (what to change, match)
      "out must be C-contiguous"),
     (dict(out=lambda cp: FakeArray((2, H, HD), device=1)), "out lives on device 1"),
     (dict(sinks=lambda cp: cp.empty((H,))), "sinks must be C-contiguous float32 \\[2\\]"),
-    (dict(sinks=lambda cp: np.zeros((2, H), np.float32)), "sinks must be a cupy array"),
+    (dict(sinks=lambda cp: np.zeros((2, H), np.float32)), "sinks must be a GPU array"),
     (dict(kps=0), "kps"), (dict(splits_cap=2.0), "splits_cap"),
-    (dict(validate_pos=1), "validate_pos"), (dict(scale=float("inf")), "scale"),
-    (dict(window=(3, -1)), "window"),
+    (dict(validate=1), "validate must be True, False or None"), (dict(scale=float("inf")), "scale"),
+    (dict(window_size=(3, -2)), "window right"),
 ]
 
 
@@ -232,8 +231,8 @@ def test_the_step_refuses_stale_or_foreign_metadata(cp, cache, staged):
 
 
 def test_the_launch_contracts_read_the_tensors_when_validating(cp, cache, staged):
-    """validate_pos (the default) reads the staged tensors back: a caller that wrote
-    a length past the metadata's bound is refused before anything launches."""
+    """validate (None, the default, outside a capture) reads the staged tensors back: a
+    caller that wrote a length past the metadata's bound is refused before anything launches."""
     io = _io(cp)[:3]
     staged.seq_lens.host = np.array([5, 50], np.int32)
     _refused(cp, cache, staged, "above max_seq_len = 48", cache.decode_device, *io, staged,

@@ -158,7 +158,7 @@ def test_neutral_options_split_as_the_plain_call(monkeypatch):
         cache = KVCache(8, hd, 4096, kv="f16")
         n0 = len(cp.launched)
         cache.prefill(cp.empty((128, 32, hd)), cp.empty((128, 8, hd)), cp.empty((128, 8, hd)),
-                      pos0=3968, window=(INT_MAX, 0), softcap=0.0, sinks=cp.empty((32,)))
+                      pos0=3968, window_size=(INT_MAX, 0), softcap=0.0, sinks=cp.empty((32,)))
         got = cp.launched[n0:]
         assert cache.last_prefill_splits == plain.last_prefill_splits > 1, hd
         assert cache.last_prefill_split == plain.last_prefill_split + "_opts"

@@ -125,7 +125,7 @@ def test_device_position_decode_replays_in_a_cuda_graph(cp, kv):
     graphed.decode_device(q, k1, v1, pos, out=out, **kw)  # warm-up: loads the modules
     with stream:
         stream.begin_capture()
-        graphed.decode_device(q, k1, v1, pos, out=out, validate_pos=False, stream=stream, **kw)
+        graphed.decode_device(q, k1, v1, pos, out=out, stream=stream, **kw)  # capturing: unread
         graph = stream.end_capture()
     cp.cuda.Device().synchronize()  # the warm-up (legacy stream) is done before the replays
     for p in (n0, n0 + 1, n0 + 57, n0 + 200):
@@ -402,11 +402,11 @@ def test_no_kernel_for_a_shape_is_a_clear_error(cp):
 
 OPTIONS = [
     {},
-    {"window": (37, 0)},
-    {"window": (0, 0), "attn_sink": 4},
+    {"window_size": (37, 0)},
+    {"window_size": (0, 0), "attn_sink": 4},
     {"softcap": 1.5},
     {"sinks": True},
-    {"window": (20, 0), "softcap": 2.0, "sinks": True, "attn_sink": 2},
+    {"window_size": (20, 0), "softcap": 2.0, "sinks": True, "attn_sink": 2},
 ]
 
 
@@ -439,7 +439,7 @@ def test_engine_options_through_the_cache(cp, kv, opt):
              if kp.ring_floor.value == "batch" else None)
     want = ref.prefill_attention_cache(q, host, H // hk, 0, sink, win, kw.get("attn_sink", 0),
                                        0, scale, floor, tile=kp.tile_keys,
-                                       window=kw.get("window"), softcap=kw.get("softcap", 0),
+                                       window=kw.get("window_size"), softcap=kw.get("softcap", 0),
                                        sinks=sinks)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
                                err_msg=f"{kv} {opt} prefill ({kp.name}) seed={seed}")
@@ -450,7 +450,7 @@ def test_engine_options_through_the_cache(cp, kv, opt):
     kr, vr = ref.read_kv_rows(host, n, sink, win)
     kd = cache.kernels.get("decode_dev", H // hk, needs=_needs(cache, opt, "decode_dev"))[0]
     want = ref.decode_attention(qd, kr, vr, H // hk, n + 1, 32, 4, kw.get("attn_sink", 0), 0,
-                                scale, tile=kd.tile_keys, sinks=sinks, window=kw.get("window"),
+                                scale, tile=kd.tile_keys, sinks=sinks, window=kw.get("window_size"),
                                 softcap=kw.get("softcap", 0))
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
                                err_msg=f"{kv} {opt} decode ({kd.name}) seed={seed}")
@@ -459,7 +459,7 @@ def test_engine_options_through_the_cache(cp, kv, opt):
 def _needs(cache, opt, role):
     from kgen.runtime.kv import Options
 
-    return Options(window=opt.get("window"), softcap=opt.get("softcap", 0.0),
+    return Options(window=opt.get("window_size"), softcap=opt.get("softcap", 0.0),
                    sinks=True if opt.get("sinks") else None).needs(role)
 
 
@@ -475,7 +475,7 @@ def test_neutral_options_are_the_plain_path_bit_for_bit(cp, kv):
     q, kn, vn = _rand(g, n, H, hd), _rand(g, n, hk, hd), _rand(g, n, hk, hd)
     qd, k1, v1 = _rand(g, H, hd), _rand(g, 1, hk, hd), _rand(g, 1, hk, hd)
     outs = []
-    for opts in ({}, {"window": (INT_MAX, 0), "softcap": 0.0,
+    for opts in ({}, {"window_size": (INT_MAX, 0), "softcap": 0.0,
                       "sinks": cp.full(H, -np.inf, cp.float32)}):
         cache = KVCache(hk, hd, ms, kv=kv, sink=sink, win=win)
         try:

@@ -39,7 +39,7 @@ SHIM = Path(__file__).resolve().parents[1] / "cpp" / "kgen_ops_shim.cpp"
 SMOKE = SHIM.with_name("launch_smoke.py")
 RTOL, ATOL = 2e-4, 2e-5
 HD, HK, H, MS = 128, 2, 8, 256
-OPTIONS = [{}, {"window": (23, 0), "softcap": 1.5, "sinks": True}]
+OPTIONS = [{}, {"window_size": (23, 0), "softcap": 1.5, "sinks": True}]
 
 
 def _dense_formats() -> list[str]:
@@ -111,9 +111,9 @@ def _rand(g, *shape):
 def _option_fields(opt: dict, sinks_dev) -> tuple[dict, dict]:
     """(Python keywords, the shim's fields) of one option set."""
     py, c = {}, {}
-    if "window" in opt:
-        py["window"] = opt["window"]
-        c["window_left"], c["window_right"] = opt["window"]
+    if "window_size" in opt:
+        py["window_size"] = opt["window_size"]
+        c["window_left"], c["window_right"] = opt["window_size"]
     if "softcap" in opt:
         py["softcap"] = c["logits_soft_cap"] = opt["softcap"]
     if sinks_dev is not None:
@@ -171,7 +171,7 @@ def test_dense_prefill_and_decode_match_python(lib, kv, opt):
              if kp.ring_floor.value == "batch" else None)
     exp = ref.prefill_attention_cache(q.get(), host, H // HK, 0, sink, win, 0, 0,
                                       1 / math.sqrt(HD), floor, tile=kp.tile_keys,
-                                      window=opt.get("window"),
+                                      window=opt.get("window_size"),
                                       softcap=opt.get("softcap", 0.0),
                                       sinks=None if sinks is None else sinks.get())
     np.testing.assert_allclose(out.get(), exp, rtol=RTOL, atol=ATOL,

@@ -23,6 +23,11 @@ RTOL, ATOL = 2e-4, 2e-5
 H, HK, BS = 8, 2, 16
 
 
+def _ws(window: int):
+    """The kernels' sliding window W (<= 0: none) as the public window_size (W - 1, 0)."""
+    return (window - 1, 0) if window > 0 else None
+
+
 def _rand(g, *shape):
     return g.standard_normal(shape).astype(np.float32)
 
@@ -57,7 +62,7 @@ def test_entry_points_against_the_references(D, causal, window):
     cp.cuda.Device().synchronize()
     dflash_paged_block_attention(out, d["q"], d["bk"], d["bv"], d["ck"], d["cv"], d["cu"],
                                  d["lens"], d["table"], scale=scale, causal=causal,
-                                 sliding_window=window, num_reqs=3, block_size=BS)
+                                 window_size=_ws(window), num_reqs=3, block_size=BS)
     want = ref.dflash_paged_block_attention(x["q"], x["bk"], x["bv"], x["ck"], x["cv"],
                                             x["cu"], x["lens"], x["table"], scale, causal,
                                             window)
@@ -65,7 +70,7 @@ def test_entry_points_against_the_references(D, causal, window):
                                err_msg=f"paged, seed={seed}")
     out = cp.full(x["q"].shape, np.nan, cp.float32)
     dflash_block_attention(out, d["q"], d["bk"], d["bv"], d["cu"], scale=scale,
-                           causal=causal, sliding_window=window, num_reqs=3)
+                           causal=causal, window_size=_ws(window), num_reqs=3)
     want = ref.dflash_block_attention(x["q"], x["bk"], x["bv"], x["cu"], scale, causal,
                                       window)
     np.testing.assert_allclose(out.get(), want, rtol=RTOL, atol=ATOL,
@@ -94,9 +99,9 @@ def test_16bit_entry_points_against_the_references(fi, fo, causal, window):
     cp.cuda.Device().synchronize()
     dflash_paged_block_attention(paged, d["q"], d["bk"], d["bv"], d["ck"], d["cv"], d["cu"],
                                  d["lens"], d["table"], scale=scale, causal=causal,
-                                 sliding_window=window, num_reqs=3, block_size=BS)
+                                 window_size=_ws(window), num_reqs=3, block_size=BS)
     dflash_block_attention(dense, d["q"], d["bk"], d["bv"], d["cu"], scale=scale,
-                           causal=causal, sliding_window=window, num_reqs=3)
+                           causal=causal, window_size=_ws(window), num_reqs=3)
     want = ref.dflash_paged_block_attention(x["q"], x["bk"], x["bv"], x["ck"], x["cv"],
                                             x["cu"], x["lens"], x["table"], scale, causal,
                                             window)
@@ -148,18 +153,18 @@ def test_paged_graph_replay_reads_the_index_arrays_in_place():
         return cu, ctxs.astype(np.int32), table
 
     meta = step_inputs(0)
-    dflash_paged_block_attention(*args(out), scale=0.1, causal=True, sliding_window=20,
+    dflash_paged_block_attention(*args(out), scale=0.1, causal=True, window_size=(19, 0),
                                  stream=stream)  # loads the kernel, validated
     with stream:
         stream.begin_capture()
-        dflash_paged_block_attention(*args(out), scale=0.1, causal=True, sliding_window=20,
+        dflash_paged_block_attention(*args(out), scale=0.1, causal=True, window_size=(19, 0),
                                      validate=False, stream=stream)
         graph = stream.end_capture()
     for step in range(1, 6):
         meta = step_inputs(step)
         graph.launch(stream)
         dflash_paged_block_attention(*args(direct), scale=0.1, causal=True,
-                                     sliding_window=20, stream=stream)
+                                     window_size=(19, 0), stream=stream)
         stream.synchronize()
         got, want_bits = out.get(), direct.get()
         assert np.array_equal(got.view(np.uint32), want_bits.view(np.uint32)), \

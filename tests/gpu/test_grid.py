@@ -73,14 +73,14 @@ def test_grid(case):
     else:
         from kgen.runtime.kv import Options
 
-        needs = Options(window=kw.get("window"), softcap=kw.get("softcap", 0.0),
+        needs = Options(window=kw.get("window_size"), softcap=kw.get("softcap", 0.0),
                         sinks=sinks).needs("prefill")
         kp = cache.kernels.get("prefill", case.gqa, needs=needs)[0]
     floor = (ref.prefill_live_floor(L - n, n, cache.RING_ROWS)
              if kp.ring_floor.value == "batch" else None)
     want = ref.prefill_attention_cache(q, host, case.gqa, L - n, sink, win,
                                        kw.get("attn_sink", 0), 0, scale, floor,
-                                       tile=kp.tile_keys, window=kw.get("window"),
+                                       tile=kp.tile_keys, window=kw.get("window_size"),
                                        softcap=kw.get("softcap", 0.0), sinks=sinks)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
                                err_msg=f"{case} prefill ({kp.name}) seed={seed}")
@@ -100,7 +100,7 @@ def test_grid(case):
             cache.kernels.get("decode_dev", case.gqa, needs=_needs(kw, "decode_dev"))[0]
             .tile_keys)
     want = ref.decode_attention(q1, kr, vr, case.gqa, L + 1, 64, 8, kw.get("attn_sink", 0), 0,
-                                scale, tile=tile, sinks=sinks, window=kw.get("window"),
+                                scale, tile=tile, sinks=sinks, window=kw.get("window_size"),
                                 softcap=kw.get("softcap", 0.0))
     np.testing.assert_allclose(out, want, rtol=RTOL, atol=ATOL,
                                err_msg=f"{case} decode seed={seed}")
@@ -109,4 +109,4 @@ def test_grid(case):
 def _needs(kw, role):
     from kgen.runtime.kv import Options
 
-    return Options(window=kw.get("window"), softcap=kw.get("softcap", 0.0)).needs(role)
+    return Options(window=kw.get("window_size"), softcap=kw.get("softcap", 0.0)).needs(role)

@@ -223,7 +223,7 @@ def test_prefill_context_chunks_merge_to_the_whole():
                                   np.array([0, hi - lo], np.int32), False)
         out = cp.empty_like(acc)
         out_lse = cp.empty_like(acc_lse)
-        merge_attn_states(out, out_lse, part, part_lse, acc, acc_lse)
+        merge_attn_states(out, part, part_lse, acc, acc_lse, out_lse)
         acc, acc_lse = out, out_lse
     want, want_lse = ref.mla_prefill(q, k, v, cu_q, np.array([0, C + T], np.int32), SCALE,
                                      True)
@@ -370,7 +370,7 @@ def test_mla_cache_16bit_store_decode_gather_prefill_merge(dtype, n_head, bs):
         parts.append(part_want)
         out = cp.empty_like(acc)
         out_lse = cp.empty_like(acc_lse)
-        merge_attn_states(out, out_lse, part, part_lse, acc, acc_lse)
+        merge_attn_states(out, part, part_lse, acc, acc_lse, out_lse)
         acc, acc_lse = out, out_lse
     def over(hi):  # attention over context rows [0, hi) then the new tokens, causal
         key, val = np.concatenate([k_ctx[:hi], k_new]), np.concatenate([v_ctx[:hi], v_new])

@@ -45,8 +45,8 @@ def _rand(g, *shape):
     return g.standard_normal(shape).astype(np.float32)
 
 
-OPTIONS = [{}, {"window": (23, 0)}, {"softcap": 1.5}, {"sinks": True},
-           {"window": (9, 0), "attn_sink": 3, "softcap": 2.0, "sinks": True}]
+OPTIONS = [{}, {"window_size": (23, 0)}, {"softcap": 1.5}, {"sinks": True},
+           {"window_size": (9, 0), "attn_sink": 3, "softcap": 2.0, "sinks": True}]
 
 
 @pytest.mark.parametrize("kv", _paged_formats())
@@ -89,7 +89,7 @@ def test_varlen_prefill_then_decode_every_sequence(kv, opt):
             klen = sum(len(r[0]) for r in hosts[s])
             want = ref.prefill_attention_cache(q[lo:lo + n], c, G, klen - n, 0, 0,
                                                kw.get("attn_sink", 0), 0, scale,
-                                               window=kw.get("window"),
+                                               window=kw.get("window_size"),
                                                softcap=kw.get("softcap", 0.0), sinks=sinks)
             np.testing.assert_allclose(out[lo:lo + n], want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{kv} {opt} prefill seq {s} seed={seed}")
@@ -105,7 +105,7 @@ def test_varlen_prefill_then_decode_every_sequence(kv, opt):
             klen = c.max_seq
             kr, vr = ref.read_kv_rows(c, klen - 1)
             want = ref.decode_attention(q[i], kr, vr, G, klen, 16, 4, kw.get("attn_sink", 0),
-                                        0, scale, window=kw.get("window"),
+                                        0, scale, window=kw.get("window_size"),
                                         softcap=kw.get("softcap", 0.0), sinks=sinks)
             np.testing.assert_allclose(out[i], want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{kv} {opt} decode seq {s} seed={seed}")
@@ -201,7 +201,7 @@ def test_pages_of_any_size_give_the_dense_prefill_bits(kv, block_size, hd):
         f"{kv} hd{hd} block_size {block_size} ({paged.last_prefill}), seed={seed}"
 
 
-GRAPH_OPTIONS = [{}, {"window": (23, 0), "softcap": 1.5}, {"sinks": True}]
+GRAPH_OPTIONS = [{}, {"window_size": (23, 0), "softcap": 1.5}, {"sinks": True}]
 
 
 @pytest.mark.parametrize("kv", _paged_formats())
@@ -268,7 +268,7 @@ def test_paged_decode_replays_in_a_cuda_graph(kv, opt):
     check(0, qh, kh, vh)
     with stream:
         stream.begin_capture()
-        graphed.decode_device(q, kn, vn, meta, out=out, validate_pos=False, stream=stream,
+        graphed.decode_device(q, kn, vn, meta, out=out, validate=False, stream=stream,
                               **plan, **graph_kw)
         graph = stream.end_capture()
     for step in range(1, 20):  # every sequence crosses a block boundary on the way

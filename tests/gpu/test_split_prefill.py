@@ -106,7 +106,7 @@ def test_one_split_and_the_combine_give_the_whole_bits(whole, split):
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16", "q8_0", "fp8_e4m3", "bf16"])
-@pytest.mark.parametrize("opt", [{}, {"window": (700, 0), "softcap": 4.0, "sinks": True}],
+@pytest.mark.parametrize("opt", [{}, {"window_size": (700, 0), "softcap": 4.0, "sinks": True}],
                          ids=["plain", "options"])
 def test_a_chunk_that_leaves_sms_idle_runs_split(kv, opt):
     """128 rows after 1920 keys at 32/8 heads, head_dim 128 (64 blocks): on a device
@@ -144,7 +144,7 @@ def test_a_chunk_that_leaves_sms_idle_runs_split(kv, opt):
     host = ref.HostCache.empty(dense.pair, hk, ctx + rows, hd, 0, 0)
     ref.append(k_all, v_all, host, 0)
     want = ref.prefill_attention_cache(q, host, H // hk, ctx, 0, 0, 0, 0, 1 / math.sqrt(hd),
-                                       tile=k.tile_keys, window=opt.get("window"),
+                                       tile=k.tile_keys, window=opt.get("window_size"),
                                        softcap=opt.get("softcap", 0.0), sinks=sinks)
     np.testing.assert_allclose(b, want, rtol=RTOL, atol=ATOL,
                                err_msg=f"{kv} {dense.last_prefill} x "

@@ -12,7 +12,7 @@ The cases are every generated test case of every kernel of those ops
 each through the entry point both with the kernel named (variant) and chosen; the
 refusals are every contract mutation of those kernels (kgen.testing.contracts) that a
 kgen::Tensor can carry, and the entry points' own refusals. The Python side runs on
-kgen.testing.fakecupy with validate_pos = False / validate = False (the C++ side reads no
+kgen.testing.fakecupy with validate = False (the C++ side reads no
 device memory).
 
 kgen::ops::slot_attention is kgen.runtime.kv.SlotKVCache's decode and prefill, compared
@@ -29,7 +29,7 @@ import pytest
 
 from kgen.ir.axes import IoDtype, Lse, Mask, Op
 from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, mla_default_splits
-from kgen.ir.params import ENTRY_PARAMS
+from kgen.ir.params import ENTRY_PARAMS, INT_MAX
 from kgen.runtime import device, dflash, merge, mla
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.select import generated
@@ -163,7 +163,9 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
     if k.op is Op.MERGE_ATTN_STATES:
         names = ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output",
                  "suffix_lse")
-        pos = [a.get(n) for n in names] + [a["prefill_tokens_with_context"]]
+        order = ("output", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse",
+                 "output_lse")  # vLLM's, in Python
+        pos = [a.get(n) for n in order] + [a["prefill_tokens_with_context"]]
         c = {"op": "merge_attn_states", **{n: a.get(n) for n in names},
              "prefill_tokens_with_context": a["prefill_tokens_with_context"],
              "in_dtype": io(a["prefix_output"]), "out_dtype": io(a["output"]),
@@ -179,14 +181,14 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
         c = {"op": "concat_and_cache_mla", **{n: a[n] for n in names},
              "in_dtype": io(a["kv_c"]), "variant": variant}
         return mla.concat_and_cache_mla, [a[n] for n in names], \
-            {"validate_pos": False, "variant": variant}, c, a
+            {"validate": False, "variant": variant}, c, a
     if k.op is Op.MLA_GATHER:
         names = ("dst", "src_cache", "block_table", "cu_seq_lens", "token_to_seq",
                  "seq_starts")
         c = {"op": "gather_mla_cache", **{n: a.get(n) for n in names},
              "num_tokens": a["num_tokens"], "in_dtype": io(a["src_cache"]), "variant": variant}
         return mla.gather_mla_cache, [a.get(n) for n in names] + [a["num_tokens"]], \
-            {"validate_pos": False, "variant": variant}, c, a
+            {"validate": False, "variant": variant}, c, a
     if k.op in (Op.MLA_DECODE, Op.MLA_COMBINE):
         # kgen's test case of either stage: the decode over the split stage's arguments
         # (the combine's outputs with them); the kernel named for its own stage.
@@ -200,7 +202,7 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
         splits = x.pop("num_kv_splits", ENTRY_PARAMS["num_kv_splits"].default)
         names = ("out", "lse", "query", "kv_cache", "block_table", "seq_lens")
         kw = {"scale": x.pop("scale", None), "num_kv_splits": splits,
-              "max_seq_len": x.pop("max_seq_len", None), "validate_pos": False,
+              "max_seq_len": x.pop("max_seq_len", None), "validate": False,
               "variants": (variant, None)}
         room = scratch_for(a, max(splits, 2 * SMS))
         c = {"op": "mla_decode_attention", **{n: a.get(n) for n in names},
@@ -212,7 +214,7 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
         names = ("out", "lse", "query", "key", "value", "cu_seqlens_q", "cu_seqlens_k")
         causal = k.mask is Mask.CAUSAL
         pos = [a.get(n) for n in names] + [a["scale"], causal, a["max_seqlen_q"]]
-        kw = {"max_seqlen_k": x.pop("max_seqlen_k", None), "validate_pos": False,
+        kw = {"max_seqlen_k": x.pop("max_seqlen_k", None), "validate": False,
               "variant": variant}
         c = {"op": "mla_prefill_attention", **{n: a.get(n) for n in names},
              "scale": a["scale"], "causal": causal, "max_seqlen_q": a["max_seqlen_q"],
@@ -227,13 +229,18 @@ def entry(k, a: dict, variant: str | None, extra: dict | None = None):
               "cu_seqlens", "seq_lens", "block_table") if paged else
              ("out", "query", "key", "value", "cu_seqlens"))
     scale = a.get("scale", x.pop("scale", 0.125))
+    w = a["sliding_window"]  # the kernels' W; Python's window_size=(W - 1, 0), none for 0
+    if type(w) is not int or w < 0 or w > INT_MAX or (w > 0 and a["block_causal"] != 1):
+        return None  # no window_size spells it
     kw = {"scale": scale, "causal": bool(a["block_causal"]),
-          "sliding_window": a["sliding_window"], "num_reqs": x.pop("num_reqs", None),
+          "window_size": (w - 1, 0) if w else None, "num_reqs": x.pop("num_reqs", None),
           "validate": False, "variant": variant}
     if paged:
         kw["block_size"] = x.pop("block_size", None)
     c = {"op": "dflash_paged_block_attention" if paged else "dflash_block_attention",
-         **{n: a[n] for n in names}, **{n: v for n, v in kw.items() if n != "validate"},
+         **{n: a[n] for n in names},
+         **{n: v for n, v in kw.items() if n not in ("validate", "window_size")},
+         "sliding_window": w,
          "in_dtype": io(a["query"]), "out_dtype": io(a["out"])}
     c["causal"] = a["block_causal"]  # the kernel's own flag (2: a broken one)
     fn = dflash.dflash_paged_block_attention if paged else dflash.dflash_block_attention
@@ -472,8 +479,8 @@ def _slot_options(case, k) -> tuple[dict, dict]:
     """The case's attention options: SlotKVCache.decode's keywords and the shim's fields."""
     py, c = {}, {}
     if k.window.value == "exact" and case.window is not None:
-        py["window"] = case.window
-        c["window_left"], c["window_right"] = py["window"]
+        py["window_size"] = case.window
+        c["window_left"], c["window_right"] = py["window_size"]
     if k.softcap.value == "tanh":
         py["softcap"] = c["logits_soft_cap"] = float(case.softcap)
     if case.attn_win and k.window.value != "exact":

@@ -217,7 +217,7 @@ def _opts(o: dict, prefill: bool) -> dict:
     if "scale" in o:
         py["scale"] = c["scale"] = o["scale"]
     if "window" in o:
-        py["window"] = o["window"]
+        py["window_size"] = o["window"]
         c["window_left"], c["window_right"] = o["window"]
     if "softcap" in o:
         py["softcap"] = c["logits_soft_cap"] = o["softcap"]
@@ -516,7 +516,8 @@ def test_paged_ops_launch_as_python(shim, cp):
 
 BAD = [  # (mode, options, shape change): refusals both sides must give alike
     ("prefill", {"scale": -1.0}, {}), ("prefill", {"softcap": -2.0}, {}),
-    ("prefill", {"window": (4, 0), "attn_win": 16}, {}), ("decode", {"window": (-1, 0)}, {}),
+    ("prefill", {"window": (4, 0), "attn_win": 16}, {}), ("decode", {"window": (-2, 0)}, {}),
+    ("prefill", {"window": (0, -3)}, {}),
     ("prefill", {}, {"n_head": 3}), ("decode", {}, {"n_head": 5}),
     ("prefill", {}, {"pos": 510}), ("decode", {}, {"pos": 512}), ("decode", {}, {"pos": -1}),
     ("decode", {}, {"plan": (0, 4)}), ("decode", {}, {"plan": (16, 0)}),

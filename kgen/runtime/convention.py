@@ -1,0 +1,377 @@
+"""The one convention of every public kgen call, written once.
+
+Every public entry point (the ops in kgen.runtime, the cache objects' methods) is
+wrapped by :func:`public`, which applies, before the call's own contracts run:
+
+* **Arrays from any GPU library.** An array argument may be a ``cupy.ndarray``, a
+  ``torch.Tensor`` on a CUDA device, any object with ``__cuda_array_interface__``
+  (Numba, PyCUDA, ...) or ``__dlpack__`` (JAX, ...), or a DLPack capsule. Each becomes a
+  CuPy view of the same memory (no copy; strides kept); the call's contracts then read
+  it as they read a CuPy array. ``torch.bfloat16`` arrives as its bit patterns
+  (uint16), the form kgen's bf16 kernels take. Host memory (NumPy, a CPU tensor) and
+  anything that is not an array are a ContractError.
+* **The caller's stream.** ``stream=`` may be a CuPy stream, a ``torch.cuda.Stream`` or
+  a raw ``cudaStream_t`` handle (an int). Without one, a call given torch tensors runs
+  on torch's current stream for their device; otherwise on CuPy's current stream. The
+  whole call (its allocations, its launches) runs on that stream.
+* **Results in the caller's library.** Where torch tensors came in, the arrays a call
+  returns are torch tensors (views of the same memory; bf16 as ``torch.bfloat16``).
+* **One read-back switch.** ``validate`` (see :func:`read_back`): None by default, which
+  reads device index arrays back for their contracts unless the stream is capturing a
+  CUDA graph, so a call captures with its defaults.
+* **The model's dtypes.** An argument declared ``widen`` (the caches' q, k and v: their
+  kernels read float32) takes float32, float16 or bfloat16; 16-bit values are widened
+  exactly to float32 on the call's stream, and the call's float32 result is returned in
+  the first such argument's element type (bf16 rounded to nearest even, as
+  kgen.formats.bf16 rounds).
+
+The scalar conventions are single functions here too: :func:`softmax_scale` (None
+means ``head_dim ** -0.5``) and :func:`window_size` (FlashAttention's ``(left,
+right)``, -1 for no bound on that side).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import sys
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from kgen.formats import bf16
+from kgen.ir.params import INT_MAX
+from kgen.runtime import device
+from kgen.runtime.contracts import ContractError
+
+# ---- arrays --------------------------------------------------------------------------
+
+_F32, _F16, _BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint16)
+
+
+def _torch():
+    """The torch module if the caller has imported it (kgen never imports it itself)."""
+    return sys.modules.get("torch")
+
+
+def is_torch(x) -> bool:
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _from_torch(name: str, x, who: str):
+    t = _torch()
+    if x.device.type != "cuda":
+        raise ContractError(who, "device", f"{name} must be on a CUDA device, not "
+                            f"{x.device}")
+    cp = device.cupy()
+    bits = x.dtype == t.bfloat16
+    if bits:
+        x = x.view(t.int16)  # cupy has no bfloat16: its bit patterns, as kgen's bf16 takes
+    try:
+        dt = np.dtype(str(x.dtype).removeprefix("torch."))
+    except TypeError:
+        raise ContractError(who, "dtype", f"{name} holds {x.dtype}, which kgen's kernels "
+                            "do not read") from None
+    if bits:
+        dt = _BF16
+    n = x.numel()
+    item = dt.itemsize
+    if n == 0:
+        return cp.empty(tuple(x.shape), dt)
+    # The extent the view spans, from its first element's address (strides >= 0 in torch).
+    span = (1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride(), strict=True))) * item
+    mem = cp.cuda.UnownedMemory(x.data_ptr(), span, x, x.device.index)
+    return cp.ndarray(tuple(x.shape), dt, cp.cuda.MemoryPointer(mem, 0),
+                      strides=tuple(s * item for s in x.stride()))
+
+
+def as_device_array(name: str, x, who: str):
+    """``x`` as a CuPy array on the GPU (the same memory), or a ContractError."""
+    cp = device.cupy()
+    if isinstance(x, cp.ndarray):
+        return x
+    if is_torch(x):
+        return _from_torch(name, x, who)
+    if isinstance(x, np.ndarray | np.generic) or (
+            hasattr(x, "__array_interface__") and not hasattr(x, "__cuda_array_interface__")):
+        raise ContractError(who, "device", f"{name} must be a GPU array (CuPy, torch on "
+                            f"CUDA, DLPack), not host memory ({type(x).__name__})")
+    try:
+        if hasattr(x, "__cuda_array_interface__"):
+            return cp.asarray(x)
+        if hasattr(x, "__dlpack__") or type(x).__name__ == "PyCapsule":
+            return cp.from_dlpack(x)
+    except (TypeError, ValueError, BufferError, RuntimeError) as e:
+        raise ContractError(who, "array", f"{name} cannot be read as a GPU array: {e}") \
+            from None
+    raise ContractError(who, "array", f"{name} must be a GPU array (CuPy, torch on CUDA, "
+                        f"__cuda_array_interface__ or DLPack), not {type(x).__name__}")
+
+
+def _on_gpu(x) -> bool:
+    """Whether ``x`` is an array some GPU library holds (not host values)."""
+    if is_torch(x):
+        return x.device.type == "cuda"
+    return hasattr(x, "__cuda_array_interface__") or (
+        hasattr(x, "__dlpack__") and not hasattr(x, "__array_interface__"))
+
+
+def to_torch(a):
+    """A CuPy array as a torch tensor over the same memory (uint16 as torch.bfloat16)."""
+    t = _torch()
+    if a.dtype == _BF16:
+        return t.from_dlpack(a.view(np.int16)).view(t.bfloat16)
+    return t.from_dlpack(a)
+
+
+def widen(a, who: str, name: str):
+    """A float32 form of a float32, float16 or bf16 (uint16 bits) array: itself, or its
+    values widened exactly on the current stream (C-contiguous)."""
+    if a.dtype == _F32:
+        return a
+    if a.dtype == _F16:
+        return a.astype(np.float32)
+    if a.dtype == _BF16:
+        return bf16.decode(a, xp=device.cupy())
+    raise ContractError(who, "dtype", f"{name} must be float32, float16 or bfloat16, not "
+                        f"{a.dtype}")
+
+
+def narrow(a, dtype):
+    """A float32 result in ``dtype`` (float16 by IEEE rounding, bf16 bits rounded to
+    nearest even)."""
+    if dtype == _F32 or a.dtype != _F32:
+        return a
+    if dtype == _BF16:
+        return bf16.encode(a, xp=device.cupy())
+    return a.astype(dtype)
+
+
+_ND: list = [None, None]  # (device.cupy as last seen, its ndarray type)
+
+
+def _ndarray():
+    """The current CuPy's ndarray type (device.cupy may be a stand-in: asked again when
+    it changes)."""
+    f = device.cupy
+    if _ND[0] is not f:
+        _ND[:] = [f, f().ndarray]
+    return _ND[1]
+
+
+# ---- streams -------------------------------------------------------------------------
+
+_EXTERNAL: dict[tuple[int, int], object] = {}
+
+
+def _external(handle: int, dev: int):
+    s = _EXTERNAL.get((handle, dev))
+    if s is None:
+        s = _EXTERNAL[(handle, dev)] = device.cupy().cuda.ExternalStream(handle, dev)
+    return s
+
+
+def resolve_stream(stream, torch_device: int | None, who: str):
+    """The CuPy stream a call runs on: ``stream`` as given (a CuPy stream, a torch stream,
+    a raw handle), else torch's current stream where torch tensors came in (on their
+    device), else None (CuPy's current stream)."""
+    cp = device.cupy()
+    if stream is None:
+        if torch_device is None:
+            return None
+        t = _torch()
+        return _external(int(t.cuda.current_stream(torch_device).cuda_stream), torch_device)
+    if isinstance(stream, cp.cuda.Stream | cp.cuda.ExternalStream):
+        return stream
+    handle = getattr(stream, "cuda_stream", stream)  # torch.cuda.Stream
+    if isinstance(handle, int | np.integer) and not isinstance(handle, bool) and handle >= 0:
+        return _external(int(handle), cp.cuda.runtime.getDevice())
+    raise ContractError(who, "stream", "stream must be a CuPy stream, a torch.cuda.Stream or "
+                        f"a cudaStream_t handle (int), not {type(stream).__name__}")
+
+
+# ---- scalars -------------------------------------------------------------------------
+
+def softmax_scale(scale, head_dim: int):
+    """``scale``, or ``head_dim ** -0.5`` for None (a given scale is checked by the kernel's
+    own contract: finite and > 0)."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else scale
+
+
+def window_size(win, who: str) -> tuple[int, int] | None:
+    """FlashAttention's ``window_size=(left, right)``: a query at p sees keys in
+    [p - left, p + right], -1 on a side meaning no bound there (read as INT_MAX, the
+    kernels' unbounded; (-1, -1) is then no window at all). None stays None. The shape
+    is checked here, each side's range by the call's own parameters (win_left,
+    win_right: kgen.ir.params)."""
+    if win is None:
+        return None
+    ok = isinstance(win, tuple | list) and len(win) == 2 and all(
+        isinstance(v, int | np.integer) and not isinstance(v, bool) for v in win)
+    if not ok:
+        raise ContractError(who, "window_size", "window_size must be (left, right), two "
+                            f"integers (-1: no bound on that side), not {win!r}")
+    return tuple(INT_MAX if int(v) == -1 else int(v) for v in win)
+
+
+def capturing(stream) -> bool:
+    """Whether ``stream`` (None: CuPy's current stream) is capturing a CUDA graph."""
+    cp = device.cupy()
+    ptr = stream.ptr if stream is not None else cp.cuda.get_current_stream().ptr
+    return cp.cuda.runtime.streamIsCapturing(ptr) != 0
+
+
+def read_back(validate, stream, who: str) -> bool:
+    """The one read-back switch (``validate``) of every call whose contracts can read
+    device arrays back (positions, tables, lengths, slots): True reads them, False
+    trusts the caller, None (the default) reads them unless ``stream`` is capturing a
+    CUDA graph (a read-back there would break the capture; the caller then owns their
+    contents)."""
+    if validate is None:
+        return not capturing(stream)
+    if type(validate) is not bool:
+        raise ContractError(who, "type", f"validate must be True, False or None, not "
+                            f"{validate!r}")
+    return validate
+
+
+# ---- the wrapper ---------------------------------------------------------------------
+
+class _Call:
+    """What one public call learned of its arrays: torch's device, if torch came in; the
+    dtype the result returns in (a widened argument's)."""
+
+    __slots__ = ("torch_device", "result_dtype", "given")
+
+    def __init__(self):
+        self.torch_device: int | None = None
+        self.result_dtype = None
+        self.given: dict[int, object] = {}  # id(view) -> the caller's own array
+
+
+def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
+           host_ok: Iterable[str] = ()) -> Callable:
+    """Decorate a public entry point: its parameters named in ``arrays`` (may be None)
+    take any GPU array (converted as the module says), those in ``widen_args`` also the
+    model's 16-bit dtypes (widened; the first one given sets the result's dtype), those
+    in ``host_ok`` a GPU array or host values (a list of positions, say: left as they
+    are); ``stream`` is resolved; returned arrays come back in the caller's library."""
+    widen_args, host_ok = tuple(widen_args), frozenset(host_ok)
+    touched = tuple(dict.fromkeys((*widen_args, *arrays, *host_ok)))
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+        names = list(sig.parameters)
+        method = names[:1] == ["self"]
+        pos = {n: i for i, n in enumerate(names)}
+        unknown = set(touched) - set(pos)
+        if unknown:
+            raise TypeError(f"{fn.__qualname__}: no parameters {sorted(unknown)}")
+        if "stream" not in pos:
+            raise TypeError(f"{fn.__qualname__}: a public call takes stream=")
+
+        def convert(call: _Call, name: str, v, step):
+            return v if v is None else step(call, name, v, name, device.cupy().ndarray)
+
+        def view(call: _Call, label: str, v, name: str, ndarray=None):
+            """The argument as a CuPy view (no GPU work)."""
+            if type(v) is not ndarray:
+                if name in host_ok and not _on_gpu(v):
+                    return v
+                if call.torch_device is None and is_torch(v) and v.device.type == "cuda":
+                    call.torch_device = v.device.index
+                a = as_device_array(label, v, who)
+                call.given[id(a)] = v
+                v = a
+            if name in widen_args and call.result_dtype is None and \
+                    v.dtype in (_F32, _F16, _BF16):
+                call.result_dtype = v.dtype
+            return v
+
+        def widened(call: _Call, label: str, v, name: str, ndarray=None):
+            """16-bit values widened; any other dtype as given (the call's contracts
+            refuse what they do not take)."""
+            return widen(v, who, label) if v.dtype in (_F16, _BF16) else v
+
+        def back(call: _Call, r):
+            cp = device.cupy()
+            if isinstance(r, cp.ndarray):
+                mine = call.given.get(id(r))
+                if mine is not None:  # an argument (out=): the caller's own object
+                    return mine
+                if call.result_dtype is not None:
+                    r = narrow(r, call.result_dtype)
+                return to_torch(r) if call.torch_device is not None else r
+            if type(r) is tuple:  # (out, lse); a Launch (a named tuple) stays as it is
+                return tuple(back(call, x) for x in r)
+            return r
+
+        def run(call: _Call, args: list, kw: dict):
+            if widen_args:  # on the call's stream: after the views, before the call
+                for name in widen_args:
+                    i = pos[name]
+                    if i < len(args):
+                        args[i] = convert(call, name, args[i], widened)
+                    elif name in kw:
+                        kw[name] = convert(call, name, kw[name], widened)
+            return back(call, fn(*args, **kw))
+
+        at = tuple(pos[n] for n in touched)  # where the touched parameters sit
+        widen_at = frozenset(pos[n] for n in widen_args)
+        at_stream = pos["stream"]
+
+        def plain(args: tuple, kw: dict) -> bool:
+            """Whether the call needs nothing of the convention: every array given is a
+            CuPy array (float32 where it would be widened), no stream is named. The
+            common case of a CuPy caller, checked first, at the cost of a few type
+            checks (a result is then returned as the call made it)."""
+            nd = _ndarray()
+            n = len(args)
+            if at_stream < n and args[at_stream] is not None:
+                return False
+            for i in at:
+                if i < n:
+                    v = args[i]
+                    if v is not None and (type(v) is not nd or (
+                            i in widen_at and v.dtype is not _F32)):
+                        return False
+            if kw:
+                if kw.get("stream") is not None:
+                    return False
+                for name in touched:
+                    v = kw.get(name)
+                    if v is not None and (type(v) is not nd or (
+                            name in widen_args and v.dtype is not _F32)):
+                        return False
+            return True
+
+        @functools.wraps(fn)
+        def entry(*args, **kw):
+            if plain(args, kw):
+                return fn(*args, **kw)
+            call = _Call()
+            args = list(args)
+            for name in touched:
+                i = pos[name]
+                if i < len(args):
+                    args[i] = convert(call, name, args[i], view)
+                elif name in kw:
+                    kw[name] = convert(call, name, kw[name], view)
+            i = pos["stream"]
+            given = args[i] if i < len(args) else kw.get("stream")
+            stream = resolve_stream(given, call.torch_device, who)
+            if stream is None:
+                return run(call, args, kw)
+            if i < len(args):
+                args[i] = stream
+            else:
+                kw["stream"] = stream
+            with stream:
+                return run(call, args, kw)
+
+        entry.__kgen_public__ = (who, frozenset(touched), method)
+        return entry
+
+    return wrap
