@@ -74,7 +74,7 @@ verify: setup
 	$(KGEN) verify
 
 lint: $(STAMPS)/venv
-	$(BIN)/ruff check kgen tests
+	$(BIN)/ruff check kgen tests examples
 
 test: setup lint build
 	$(BIN)/python -m pytest -q tests

@@ -24,6 +24,7 @@ from kgen.runtime.attention_dense import attention_dense_fast, attention_dense_f
 from kgen.runtime.bind import Launch, bind
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.dflash import dflash_block_attention, dflash_paged_block_attention
+from kgen.runtime.engine import PagedMetadata, paged_attention, reshape_and_cache
 from kgen.runtime.kv import KVCache, SlotKVCache
 from kgen.runtime.merge import merge_attn_states
 from kgen.runtime.mla import (
@@ -37,8 +38,8 @@ from kgen.runtime.paged import DecodeMetadata, PagedKVCache
 from kgen.runtime.plan import DecodePlan, decode_plan
 
 __all__ = ["ContractError", "DecodeMetadata", "DecodePlan", "KVCache", "Launch", "MLACache",
-           "PagedKVCache", "SlotKVCache", "attention_dense_fast",
+           "PagedKVCache", "PagedMetadata", "SlotKVCache", "attention_dense_fast",
            "attention_dense_flash", "bind", "concat_and_cache_mla",
            "decode_plan", "dflash_block_attention", "dflash_paged_block_attention",
            "gather_mla_cache", "merge_attn_states", "mla_decode_attention",
-           "mla_prefill_attention"]
+           "mla_prefill_attention", "paged_attention", "reshape_and_cache"]

@@ -70,6 +70,61 @@ class DecodeMetadata:
         self.staged: tuple[np.ndarray, ...] = ()  # the host values it wrote
 
 
+def prefill_calls(calls: Calls, kernels: CacheKernels, scratch: Scratch, q, k, v, index: dict,
+                  max_rows: int, requests: int, G: int, opts: Options, scales: dict,
+                  out) -> tuple:
+    """The launches of a varlen paged prefill of ``requests`` requests (at most
+    ``max_rows`` query rows each) over pages ``k``, ``v`` through ``index`` (block_table,
+    seq_lens, query_start_loc) into ``out``: the kernel serving G q heads per kv head and
+    the options, split where its tiles leave SMs idle (one request splits as the dense
+    cache's prefill of its rows: the same bits). Returns (the kernel, the kernel that
+    attends, its splits). Shared by PagedKVCache and kgen.runtime.engine."""
+    kp, fn = kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"), rows=max_rows)
+    n_head_kv = int(k.shape[2])
+    grid = paged_prefill_grid(kp, int(q.shape[0]), max_rows, G, n_head_kv, requests)
+    ran, splits = attend_calls(calls, kernels, scratch, kp, fn, (q, k, v), out,
+                               math.prod(grid), G,
+                               dict(**index, max_query_len=max_rows, **scales,
+                                    **opts.kwargs(kp, q.shape[1]), validate_pos=False))
+    return kp, ran, splits
+
+
+def decode_kernels(kernels: CacheKernels, n_head_kv: int, G: int, opts: Options, kps,
+                   splits_cap, batch: int, who: str) -> tuple:
+    """(decode kernel, its launcher, combine kernel, its launcher, kps, splits_cap): the
+    kernels serving ``G`` q heads per KV head with ``opts``, and the plan for ``batch``
+    sequences (the given one checked, the missing parts derived: kgen.runtime.plan)."""
+    kd, fdec = kernels.get("decode_paged", G, needs=opts.needs("decode_paged"))
+    kps, splits_cap = kernel_plan(kd, kernels.head_dim, n_head_kv, kps, splits_cap, who, batch)
+    kc, fcomb = kernels.get("combine", needs=opts.needs("combine"))
+    return kd, fdec, kc, fcomb, kps, splits_cap
+
+
+def decode_calls(calls: Calls, scratch: Scratch, q, k, v, index: dict, bound: int, plan: tuple,
+                 opts: Options, scales: dict, sinks, out):
+    """The launches of a paged decode of q [R][n_head][hd] (one row a sequence) over pages
+    ``k``, ``v`` through ``index`` (block_table, seq_lens), ``bound`` the host's bound on
+    the lengths, ``plan`` = (decode kernel, its launcher, combine kernel, its launcher,
+    kps, splits_cap): the split decode and the combine into ``out`` (None: a new one).
+    Returns the output, [R * n_head][hd]. Shared by PagedKVCache and
+    kgen.runtime.engine."""
+    kd, fdec, kc, fcomb, kps, splits_cap = plan
+    R, n_head, hd = (int(x) for x in q.shape)
+    # Every row's plan has at most min(ceil(bound / kps), cap) splits: the width.
+    width = min(max(-(-bound // kps), 1), splits_cap)
+    heads = R * n_head
+    m, l, acc = scratch.pending(heads, width, hd)
+    calls.add(fdec, q, k, v, m, l, acc, **index, kps=kps, splits_cap=splits_cap,
+              max_seq_len=bound, **scales, **opts.kwargs(kd), validate_pos=False)
+    flat = empty((heads, hd)) if out is None else out.reshape(heads, hd)
+    tiled = opts.combine_arrays(kc)
+    if tiled:  # one sink logit per q head, for every sequence's heads
+        calls.source(fcomb, "sinks", sinks)
+        tiled = (Pending((heads,), np.float32, lambda: device.cupy().tile(sinks, R)),)
+    calls.add(fcomb, m, l, acc, flat, *tiled, n_splits=width)
+    return flat
+
+
 class PagedKVCache(PagedBlocks):
     WHO = WHO
 
@@ -169,20 +224,14 @@ class PagedKVCache(PagedBlocks):
         G = self._check_q(q, sum(counts))
         opts = Options.checked(q.shape[1], attn_sink, attn_win, scale, window_size, softcap, sinks,
                                causal)
-        kp, fn = self.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"),
-                                  rows=max(counts))
         calls = Calls()
         rows, tables = self._append_calls(calls, sids, k_new, v_new, counts)
         qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
         out = empty(q.shape)
-        grid = paged_prefill_grid(kp, int(q.shape[0]), max(rows), G, self.n_head_kv, len(rows))
-        # One request splits as the dense cache's prefill of its rows (the same bits).
-        ran, splits = attend_calls(
-            calls, self.kernels, self.prefill_scratch, kp, fn, (q, self.k, self.v), out,
-            math.prod(grid), G, dict(**self._uploads(sids, rows, tables),
-                                     query_start_loc=upload(qsl), max_query_len=max(rows),
-                                     **self._scales, **opts.kwargs(kp, q.shape[1]),
-                                     validate_pos=False))
+        index = dict(**self._uploads(sids, rows, tables), query_start_loc=upload(qsl))
+        kp, ran, splits = prefill_calls(calls, self.kernels, self.prefill_scratch, q, self.k,
+                                        self.v, index, max(rows), len(rows), G, opts,
+                                        self._scales, out)
         calls.run(stream)
         self._commit(sids, rows, tables)
         self.last_prefill = kp.name
@@ -215,22 +264,13 @@ class PagedKVCache(PagedBlocks):
             # a decode does.
             return self.prefill(sids, q, k_new, v_new, [1] * R, attn_sink, attn_win, scale,
                                 window_size, softcap, sinks, True, stream)
-        kd, fdec, kc, fcomb, kps, splits_cap = self._decode_kernels(G, opts, kps, splits_cap, R)
+        plan = self._decode_kernels(G, opts, kps, splits_cap, R)
         calls = Calls()
         rows, tables = self._append_calls(calls, sids, k_new, v_new, [1] * R)
         bound = max(self.lengths[s] + 1 for s in sids)
-        width = min(max(-(-bound // kps), 1), splits_cap)
-        heads = R * n_head
-        m, l, acc = self.scratch.pending(heads, width, self.head_dim)
-        calls.add(fdec, q, self.k, self.v, m, l, acc, **self._uploads(sids, rows, tables),
-                  kps=kps, splits_cap=splits_cap, max_seq_len=bound, **self._scales,
-                  **opts.kwargs(kd), validate_pos=False)
-        out = empty((heads, self.head_dim))
-        tiled = opts.combine_arrays(kc)
-        if tiled:  # one sink logit per q head, for every sequence's heads
-            calls.source(fcomb, "sinks", sinks)
-            tiled = (Pending((heads,), np.float32, lambda: device.cupy().tile(sinks, R)),)
-        calls.add(fcomb, m, l, acc, out, *tiled, n_splits=width)
+        out = decode_calls(calls, self.scratch, q, self.k, self.v,
+                           self._uploads(sids, rows, tables), bound, plan, opts, self._scales,
+                           sinks, None)
         calls.run(stream)
         self._commit(sids, rows, tables)
         return out.made().reshape(R, n_head, self.head_dim)
@@ -239,11 +279,8 @@ class PagedKVCache(PagedBlocks):
         """(decode kernel, its launcher, combine kernel, its launcher, kps, splits_cap):
         the kernels serving ``G`` q heads per KV head with ``opts``, and the plan
         (the given one checked, the missing parts derived: kgen.runtime.plan)."""
-        kd, fdec = self.kernels.get("decode_paged", G, needs=opts.needs("decode_paged"))
-        kps, splits_cap = kernel_plan(kd, self.head_dim, self.n_head_kv, kps, splits_cap, WHO,
-                                      batch)
-        kc, fcomb = self.kernels.get("combine", needs=opts.needs("combine"))
-        return kd, fdec, kc, fcomb, kps, splits_cap
+        return decode_kernels(self.kernels, self.n_head_kv, G, opts, kps, splits_cap, batch,
+                              WHO)
 
     # ---- decode captured in a CUDA graph ---------------------------------------------
 

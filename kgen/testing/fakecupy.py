@@ -43,6 +43,11 @@ class FakeArray:
         self.data = data
         self.host = host
 
+    def astype(self, dtype, order="K"):
+        """A new array of ``dtype`` (its host values converted, where it has them)."""
+        host = None if self.host is None else np.asarray(self.host).astype(dtype)
+        return FakeArray(self.shape, dtype, device=self.data.device_id, host=host)
+
     @property
     def flags(self):
         c = self.strides == _contiguous(self.shape, self.dtype.itemsize)
