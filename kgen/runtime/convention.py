@@ -252,18 +252,24 @@ class _Call:
 
 
 def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
-           host_ok: Iterable[str] = ()) -> Callable:
+           host_ok: Iterable[str] = (), out_like: str | None = None) -> Callable:
     """Decorate a public entry point: its parameters named in ``arrays`` (may be None)
     take any GPU array (converted as the module says), those in ``widen_args`` also the
     model's 16-bit dtypes (widened; the first one given sets the result's dtype), those
     in ``host_ok`` a GPU array or host values (a list of positions, say: left as they
-    are); ``stream`` is resolved; returned arrays come back in the caller's library."""
+    are); ``stream`` is resolved; returned arrays come back in the caller's library.
+    ``out_like``: the call returns an array shaped as this parameter and takes ``out=``
+    (an array of that shape, float32, float16 or bfloat16, checked before the call runs)
+    that the result is written into and returned as."""
     widen_args, host_ok = tuple(widen_args), frozenset(host_ok)
     touched = tuple(dict.fromkeys((*widen_args, *arrays, *host_ok)))
 
     def wrap(fn):
         sig = inspect.signature(fn)
         names = list(sig.parameters)
+        if out_like is not None and "out" in names:
+            raise TypeError(f"{fn.__qualname__}: takes out= itself; out_like is for calls "
+                            "that do not")
         method = names[:1] == ["self"]
         pos = {n: i for i, n in enumerate(names)}
         unknown = set(touched) - set(pos)
@@ -272,8 +278,19 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
         if "stream" not in pos:
             raise TypeError(f"{fn.__qualname__}: a public call takes stream=")
 
-        def convert(call: _Call, name: str, v, step):
-            return v if v is None else step(call, name, v, name, device.cupy().ndarray)
+        def convert(call: _Call, names, args: list, kw: dict, step) -> None:
+            """``step`` applied to each of ``names`` given (positionally or by keyword)."""
+            nd = device.cupy().ndarray
+            for name in names:
+                i = pos[name]
+                v = args[i] if i < len(args) else kw.get(name)
+                if v is None:
+                    continue
+                v = step(call, name, v, name, nd)
+                if i < len(args):
+                    args[i] = v
+                else:
+                    kw[name] = v
 
         def view(call: _Call, label: str, v, name: str, ndarray=None):
             """The argument as a CuPy view (no GPU work)."""
@@ -308,15 +325,28 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
                 return tuple(back(call, x) for x in r)
             return r
 
-        def run(call: _Call, args: list, kw: dict):
-            if widen_args:  # on the call's stream: after the views, before the call
-                for name in widen_args:
-                    i = pos[name]
-                    if i < len(args):
-                        args[i] = convert(call, name, args[i], widened)
-                    elif name in kw:
-                        kw[name] = convert(call, name, kw[name], widened)
-            return back(call, fn(*args, **kw))
+        def into(call: _Call, out, args: list, kw: dict):
+            """``out`` as a CuPy view, checked against the result's shape before the call
+            (which then changes state) runs."""
+            mine = as_device_array("out", out, who)
+            i = pos[out_like]
+            like = args[i] if i < len(args) else kw.get(out_like)
+            want = tuple(getattr(like, "shape", ()))
+            if tuple(mine.shape) != want or mine.dtype not in (_F32, _F16, _BF16):
+                raise ContractError(who, "out", f"out must be float32, float16 or bfloat16 "
+                                    f"of {out_like}'s shape {want}, not {mine.dtype} "
+                                    f"{tuple(mine.shape)}")
+            if call.torch_device is None and is_torch(out):
+                call.torch_device = out.device.index
+            return mine
+
+        def run(call: _Call, args: list, kw: dict, out=None, mine=None):
+            convert(call, widen_args, args, kw, widened)  # on the call's stream
+            r = fn(*args, **kw)
+            if mine is None:
+                return back(call, r)
+            mine[...] = narrow(r, mine.dtype)
+            return out
 
         at = tuple(pos[n] for n in touched)  # where the touched parameters sit
         widen_at = frozenset(pos[n] for n in widen_args)
@@ -349,27 +379,29 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
 
         @functools.wraps(fn)
         def entry(*args, **kw):
-            if plain(args, kw):
+            out = kw.pop("out", None) if out_like is not None else None
+            if out is None and plain(args, kw):
                 return fn(*args, **kw)
             call = _Call()
             args = list(args)
-            for name in touched:
-                i = pos[name]
-                if i < len(args):
-                    args[i] = convert(call, name, args[i], view)
-                elif name in kw:
-                    kw[name] = convert(call, name, kw[name], view)
+            convert(call, touched, args, kw, view)
+            mine = None if out is None else into(call, out, args, kw)
             i = pos["stream"]
             given = args[i] if i < len(args) else kw.get("stream")
             stream = resolve_stream(given, call.torch_device, who)
             if stream is None:
-                return run(call, args, kw)
+                return run(call, args, kw, out, mine)
             if i < len(args):
                 args[i] = stream
             else:
                 kw["stream"] = stream
             with stream:
-                return run(call, args, kw)
+                return run(call, args, kw, out, mine)
+
+        if out_like is not None:  # the signature a caller sees: out= besides fn's own
+            entry.__signature__ = sig.replace(parameters=[
+                *sig.parameters.values(),
+                inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None)])
 
         entry.__kgen_public__ = (who, frozenset(touched), method)
         return entry

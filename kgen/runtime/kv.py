@@ -243,7 +243,8 @@ class KVCache:
         return Options.checked(n_head, attn_sink, attn_win, scale, window_size, softcap, sinks,
                                causal)
 
-    @public("KVCache.prefill", widen_args=("q", "k_new", "v_new"), arrays=("sinks",))
+    @public("KVCache.prefill", widen_args=("q", "k_new", "v_new"), arrays=("sinks",),
+            out_like="q")
     def prefill(self, q, k_new, v_new, pos0: int, attn_sink: int = 0, attn_win: int = 0,
                 scale: float | None = None, window_size: tuple[int, int] | None = None,
                 softcap: float = 0.0, sinks=None, causal: bool = True, stream=None):
@@ -300,7 +301,8 @@ class KVCache:
         self._check_rows("v_new", v_new, 1)
         return self._groups(q)
 
-    @public("KVCache.decode", widen_args=("q", "k_new", "v_new"), arrays=("sinks",))
+    @public("KVCache.decode", widen_args=("q", "k_new", "v_new"), arrays=("sinks",),
+            out_like="q")
     def decode(self, q, k_new, v_new, pos: int, kps: int | None = None,
                splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
                scale: float | None = None, window_size: tuple[int, int] | None = None,
@@ -615,7 +617,8 @@ class SlotKVCache:
         calls.add(fn, k_new, v_new, self.k, self.v, *self.shadows, pos, **self._shadow_args,
                   validate_pos=not isinstance(pos, Pending))  # an upload: checked positions
 
-    @public("SlotKVCache.decode", widen_args=("q", "k_new", "v_new"), host_ok=("pos",))
+    @public("SlotKVCache.decode", widen_args=("q", "k_new", "v_new"), host_ok=("pos",),
+            out_like="q")
     def decode(self, q, k_new, v_new, pos, kps: int | None = None,
                splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
                scale: float | None = None, window_size: tuple[int, int] | None = None,

@@ -212,7 +212,8 @@ class PagedKVCache(PagedBlocks):
         return {"block_table": upload(self._block_table([tables[s] for s in sids])),
                 "seq_lens": upload(lens)}
 
-    @public("PagedKVCache.prefill", widen_args=("q", "k_new", "v_new"), arrays=("sinks",))
+    @public("PagedKVCache.prefill", widen_args=("q", "k_new", "v_new"), arrays=("sinks",),
+            out_like="q")
     def prefill(self, sids: list[int], q, k_new, v_new, rows: list[int], attn_sink: int = 0,
                 attn_win: int = 0, scale: float | None = None, window_size=None,
                 softcap: float = 0.0, sinks=None, causal: bool = True, stream=None):
@@ -239,7 +240,8 @@ class PagedKVCache(PagedBlocks):
         self.last_prefill_splits = splits
         return out.made()
 
-    @public("PagedKVCache.decode", widen_args=("q", "k_new", "v_new"), arrays=("sinks",))
+    @public("PagedKVCache.decode", widen_args=("q", "k_new", "v_new"), arrays=("sinks",),
+            out_like="q")
     def decode(self, sids: list[int], q, k_new, v_new, kps: int | None = None,
                splits_cap: int | None = None, attn_sink: int = 0, attn_win: int = 0,
                scale: float | None = None, window_size=None, softcap: float = 0.0, sinks=None,

@@ -23,6 +23,22 @@ from kgen.testing.keywords import (
 )
 
 
+def step_tensors(cache, sids: list[int], rows: list[int]) -> tuple:
+    """(query_start_loc, seq_lens, block_table, slot_mapping) as NumPy arrays: the index
+    tensors of a step of ``rows[i]`` new tokens for sequence ``sids[i]`` of a PagedKVCache,
+    laid out as the cache's own call will lay them (read before that call, which changes
+    nothing here): what an engine owning those pages would pass kgen.PagedMetadata."""
+    lens = [cache.lengths[s] + n for s, n in zip(sids, rows, strict=True)]
+    tables = cache._grown(sids, rows)
+    table = cache._block_table([tables[s] for s in sids])
+    slots = np.concatenate([cache._slots(tables[s], range(cache.lengths[s],
+                                                          cache.lengths[s] + n))
+                            for s, n in zip(sids, rows, strict=True)])
+    qsl = np.concatenate([[0], np.cumsum(rows)])
+    return (qsl.astype(np.int32), np.array(lens, np.int32), table.astype(np.int32),
+            slots.astype(np.int64))
+
+
 def layout(case: Case, shuffle=None) -> dict:
     """Block tables (each request's blocks distinct; shuffled when ``shuffle`` is a
     generator), seq_lens and query_start_loc of a case's requests."""

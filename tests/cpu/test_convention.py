@@ -176,3 +176,29 @@ def test_read_back_by_default_except_in_a_capture(cp):
         with pytest.raises(ContractError) as e:
             convention.read_back(bad, s, "who")
         assert e.value.contract == "type"
+
+
+def test_out_is_written_and_returned_as_the_callers_own(cp):
+    """A call that returns an array shaped as q takes out=: checked before the call runs
+    (a wrong one changes nothing), then the result is written into it and it is what the
+    call returns."""
+    ran = []
+
+    @convention.public("x", widen_args=("q",), out_like="q")
+    def f(q, stream=None):
+        ran.append(q)
+        return cp.empty(q.shape)
+    q = cp.empty((3, 4))
+    written = []
+
+    class Out(type(q)):
+        def __setitem__(self, key, value):
+            written.append((key, value.shape))
+    out = Out((3, 4), np.float32)
+    assert f(q, out=out) is out and written == [(Ellipsis, (3, 4))] and len(ran) == 1
+    for bad in (cp.empty((4, 3)), cp.empty((3, 4), np.int32)):
+        with pytest.raises(ContractError) as e:
+            f(q, out=bad)
+        assert e.value.contract == "out"
+    assert len(ran) == 1
+    assert "out" in inspect.signature(f).parameters

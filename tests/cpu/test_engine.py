@@ -20,6 +20,7 @@ from kgen.runtime import (
 from kgen.runtime import engine as eng
 from kgen.testing.built import needs_build
 from kgen.testing.fakecupy import FakeArray, Guarded
+from kgen.testing.paged import step_tensors
 
 pytestmark = needs_build
 HK, HD, NB, BS = 2, 128, 16, 16
@@ -45,19 +46,6 @@ def _host(cp, a, dtype=np.int32):
     return cp.asarray(np.asarray(a, dtype))
 
 
-def _step_tensors(cache, sids, rows):
-    """The index tensors of a step of ``rows[i]`` new tokens for sequence ``sids[i]``,
-    as the cache will lay them out (before the call: lengths without the tokens)."""
-    lens = [cache.lengths[s] + n for s, n in zip(sids, rows, strict=True)]
-    tables = cache._grown(sids, rows)
-    table = cache._block_table([tables[s] for s in sids])
-    slots = np.concatenate([cache._slots(tables[s], range(cache.lengths[s],
-                                                          cache.lengths[s] + n))
-                            for s, n in zip(sids, rows, strict=True)])
-    qsl = np.concatenate([[0], np.cumsum(rows)])
-    return qsl, np.array(lens), table, slots
-
-
 @pytest.mark.parametrize("kv, H", [("f32", 8), ("q8_0", 8), ("f16", 2), ("fp8_e4m3", 8)])
 @pytest.mark.parametrize("slot_dtype", [np.int32, np.int64])
 def test_the_engine_launches_what_the_cache_launches(cp, kv, H, slot_dtype):
@@ -70,7 +58,7 @@ def test_the_engine_launches_what_the_cache_launches(cp, kv, H, slot_dtype):
     for rows in ([5, 17, 1], [1, 1, 1]):
         T = sum(rows)
         q, kn, vn = cp.empty((T, H, HD)), cp.empty((T, HK, HD)), cp.empty((T, HK, HD))
-        qsl, lens, table, slots = _step_tensors(cache, sids, rows)
+        qsl, lens, table, slots = step_tensors(cache, sids, rows)
         meta = PagedMetadata(_host(cp, qsl), _host(cp, lens), _host(cp, table),
                              _host(cp, slots, slot_dtype), max(rows), int(lens.max()))
         mine = len(cp.launched)
@@ -88,7 +76,7 @@ def test_the_engine_launches_what_the_cache_launches(cp, kv, H, slot_dtype):
 def test_int64_slots_are_narrowed_once_a_step(cp):
     cache = PagedKVCache(NB, BS, HK, HD, kv="f32")
     sid = cache.add()
-    qsl, lens, table, slots = _step_tensors(cache, [sid], [3])
+    qsl, lens, table, slots = step_tensors(cache, [sid], [3])
     meta = PagedMetadata(_host(cp, qsl), _host(cp, lens), _host(cp, table),
                          _host(cp, slots, np.int64), 3, 3)
     assert meta.slot_mapping.dtype == np.int32

@@ -251,3 +251,23 @@ def test_host_memory_and_non_arrays_are_contract_errors():
     assert e.value.contract == "stream"
     torch.cuda.synchronize()
     assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+def test_cache_calls_write_out(dt):
+    """prefill and decode with out=: the caller's tensor is written (q's shape, its own
+    dtype) and returned, with the bits the call returns without it."""
+    g, seed = rng()
+    hk, H, D, n = 2, 8, 128, 19
+    q, k, v = (_values(g, (n + 1, h, D), dt) for h in (H, hk, hk))
+    tq, tk, tv = (_tensor(x, dt) for x in (q, k, v))
+    a, b = KVCache(hk, D, 64, kv="f32"), KVCache(hk, D, 64, kv="f32")
+    out = torch.full((n, H, D), float("nan"), dtype=DTYPES[dt], device="cuda")
+    step = torch.full((1, H, D), float("nan"), dtype=DTYPES[dt], device="cuda")
+    assert a.prefill(tq[:n], tk[:n], tv[:n], 0, out=out) is out
+    assert a.decode(tq[n:], tk[n:], tv[n:], n, out=step) is step
+    want = b.prefill(tq[:n], tk[:n], tv[:n], 0)
+    want_step = b.decode(tq[n:], tk[n:], tv[n:], n)
+    torch.cuda.synchronize()
+    assert np.array_equal(_bits(out), _bits(want)), f"prefill out=, seed={seed}"
+    assert np.array_equal(_bits(step), _bits(want_step)), f"decode out=, seed={seed}"

@@ -15,6 +15,7 @@ from kgen import numpy_ref as ref
 from kgen.runtime import PagedKVCache, PagedMetadata, paged_attention, reshape_and_cache
 from kgen.testing import rng
 from kgen.testing.device import assert_close
+from kgen.testing.paged import step_tensors
 
 pytestmark = pytest.mark.gpu
 HK, H, HD, NB, BS = 2, 8, 128, 32, 16
@@ -25,17 +26,6 @@ def cp():
     import cupy
 
     return cupy
-
-
-def _tensors(cache, sids, rows):
-    lens = [cache.lengths[s] + n for s, n in zip(sids, rows, strict=True)]
-    tables = cache._grown(sids, rows)
-    table = cache._block_table([tables[s] for s in sids])
-    slots = np.concatenate([cache._slots(tables[s], range(cache.lengths[s],
-                                                          cache.lengths[s] + n))
-                            for s, n in zip(sids, rows, strict=True)])
-    qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
-    return qsl, np.array(lens, np.int32), table.astype(np.int32), slots.astype(np.int64)
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16", "q8_0"])
@@ -53,7 +43,7 @@ def test_engine_pages_give_the_caches_bits(cp, kv):
     for step, rows in enumerate(([7, 20, 1], [1, 1, 1], [1, 1, 1])):
         T = sum(rows)
         q, k, v = (g.standard_normal((T, h, HD)).astype(np.float32) for h in (H, HK, HK))
-        qsl, lens, table, slots = _tensors(cache, sids, rows)
+        qsl, lens, table, slots = step_tensors(cache, sids, rows)
         meta = PagedMetadata(cp.asarray(qsl), cp.asarray(lens), cp.asarray(table),
                              cp.asarray(slots), max(rows), int(lens.max()))
         dq, dk, dv = cp.asarray(q), cp.asarray(k), cp.asarray(v)
