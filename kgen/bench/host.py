@@ -7,6 +7,10 @@ beside a bare call of the fake kernel function with prepared arguments: the
   launcher   the generated launcher of the f32 split decode, a memo hit
   decode     KVCache.decode, one f32 step (append + split + combine), plan given
   default    the same with no plan (the tuned plan is asked each step)
+  paged      PagedKVCache.decode of 32 sequences (tables, lengths and slots built and
+             uploaded in Python each call), beside the engine-owned path: PagedMetadata
+             once a step (validated: read back and checked), then per layer
+             reshape_and_cache + paged_attention (kgen.runtime.engine)
 
 Each arm runs in rounds of back-to-back calls; the best round is reported (µs
 per call), and the overhead over the raw calls the arm makes.
@@ -82,7 +86,47 @@ def main() -> int:
         extra = t - raws * r - (e if raws == 3 else 0)
         print(f"{name:36s} {t:7.2f} µs  (kgen: {extra:5.2f} µs over {raws} raw"
               f"{' + cp.empty' if raws == 3 else ''})")
+    _paged(cp)
     return 0
+
+
+def _paged(cp, batch: int = 32, keys: int = 4096, block: int = 16) -> None:
+    """32 sequences of 4k keys, f32 pages, 32/8 heads at head_dim 128: the cache object's
+    decode step against the engine's step (metadata) and layer (two calls)."""
+    import numpy as np
+
+    from kgen.runtime import PagedKVCache, PagedMetadata, paged_attention, reshape_and_cache
+    from kgen.testing.paged import step_tensors
+
+    hk, h, hd = 8, 32, 128
+    cache = PagedKVCache(batch * (keys // block + 1), block, hk, hd, kv="f32")
+    sids = [cache.add() for _ in range(batch)]
+    for s in sids:
+        cache.lengths[s] = keys - 1
+        cache.tables[s] = [cache.free_blocks.pop() for _ in range(keys // block)]
+    q, k = cp.empty((batch, h, hd)), cp.empty((batch, hk, hd))
+    qsl, lens, table, slots = (cp.asarray(x) for x in step_tensors(cache, sids, [1] * batch))
+    args = (qsl, lens, table, slots, 1, keys)
+    meta = PagedMetadata(*args)
+    out = cp.empty((batch, h, hd))
+
+    def cache_step():
+        for s in sids:  # the step, undone: every call is the same decode
+            cache.lengths[s] = keys - 1
+        cache.decode(sids, q, k, k)
+
+    def layer():
+        reshape_and_cache(k, k, cache.k, cache.v, meta)
+        paged_attention(q, cache.k, cache.v, meta, out)
+
+    for name, fn, calls in (
+            (f"PagedKVCache.decode, {batch} seqs", cache_step, 500),
+            ("PagedMetadata, once a step", lambda: PagedMetadata(*args), 2000),
+            ("PagedMetadata, validate=False", lambda: PagedMetadata(*args, validate=False),
+             2000),
+            ("engine layer: store + attention", layer, 2000)):
+        print(f"{name:36s} {_best(fn, calls):7.2f} µs")
+    _ = np
 
 
 if __name__ == "__main__":

@@ -129,6 +129,7 @@ class PagedMetadata:
         self.query_start_loc, self.seq_lens = query_start_loc, seq_lens
         self.block_table, self.slot_mapping = block_table[:B], slot_mapping
         self._pages_checked: set[tuple[int, int]] = set()
+        self.plans: dict[tuple, tuple] = {}  # decode kernels and plan, per layer shape
 
     def _check(self, qsl, lens, table, slots: int) -> None:
         self._host = (qsl, lens, table[: self.batch])
@@ -169,8 +170,25 @@ class PagedMetadata:
         self._pages_checked.add(key)
 
 
+_SCALES: dict[tuple, dict] = {}
+
+
 def _scales(kv: str, k_scale, v_scale, who: str) -> dict:
-    """The format's per-tensor scale arguments, as PagedKVCache passes them."""
+    """The format's per-tensor scale arguments, as PagedKVCache passes them (kept per
+    format and value: a layer asks each step)."""
+    try:
+        key = (kv, type(k_scale), k_scale, type(v_scale), v_scale)
+        hit = _SCALES.get(key)
+    except TypeError:  # unhashable: the checks below refuse it
+        key = hit = None
+    if hit is None:
+        hit = _checked_scales(kv, k_scale, v_scale, who)
+        if key is not None and len(_SCALES) < 4096:
+            _SCALES[key] = hit
+    return hit
+
+
+def _checked_scales(kv: str, k_scale, v_scale, who: str) -> dict:
     pair = cache_formats(who, kv, None)
     ks, vs = scales(pair, k_scale, v_scale, who)
     given = {"k_scale": ks, "v_scale": vs}
@@ -249,7 +267,12 @@ def paged_attention(query, key_cache, value_cache, metadata: PagedMetadata, out=
         if meta.batch != T:
             raise ContractError(who, "shape", f"a decode step has one query row a sequence: "
                                 f"{meta.batch}, not {T}")
-        plan = decode_kernels(kernels, int(key_cache.shape[2]), G, opts, None, None, T, who)
+        key = (id(kernels), int(key_cache.shape[2]), G, tuple(opts.needs("decode_paged")),
+               tuple(opts.needs("combine")))
+        plan = meta.plans.get(key)
+        if plan is None:  # the plan once a step: every layer of one shape shares it
+            plan = meta.plans[key] = decode_kernels(kernels, int(key_cache.shape[2]), G, opts,
+                                                    None, None, T, who)
         flat = decode_calls(calls, dec, query, key_cache, value_cache,
                             {"block_table": meta.block_table, "seq_lens": meta.seq_lens},
                             meta.max_seq_len, plan, opts, sc, sinks, out)

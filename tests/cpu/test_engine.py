@@ -147,3 +147,20 @@ def test_metadata_must_be_the_engines(cp):
     cache = PagedKVCache(NB, BS, HK, HD, kv="f32")
     with pytest.raises(ContractError, match="PagedMetadata"):
         paged_attention(cp.empty((1, 4, HD)), cache.k, cache.v, {"seq_lens": None})
+
+
+def test_a_step_plans_once_for_every_layer(cp):
+    """The decode kernels and plan are derived once a step (the metadata keeps them per
+    layer shape); a scale that is no number is refused, not cached."""
+    cache = PagedKVCache(NB, BS, HK, HD, kv="f32")
+    sids = [cache.add(), cache.add()]
+    qsl, lens, table, slots = step_tensors(cache, sids, [1, 1])
+    meta = PagedMetadata(_host(cp, qsl), _host(cp, lens), _host(cp, table),
+                         _host(cp, slots), 1, int(lens.max()))
+    q = cp.empty((2, 8, HD))
+    for _ in range(3):
+        paged_attention(q, cache.k, cache.v, meta)
+    assert len(meta.plans) == 1
+    with pytest.raises(ContractError) as e:
+        paged_attention(q, cache.k, cache.v, meta, k_scale=[1.0])
+    assert e.value.contract == "scales"
