@@ -126,17 +126,14 @@ def to_torch(a):
     return t.from_dlpack(a)
 
 
-def widen(a, who: str, name: str):
-    """A float32 form of a float32, float16 or bf16 (uint16 bits) array: itself, or its
-    values widened exactly on the current stream (C-contiguous)."""
-    if a.dtype == _F32:
-        return a
+def widen(a):
+    """A float16 or bf16 (uint16 bits) array's values widened exactly to float32 on the
+    current stream; any other array as it is (the call's contracts judge it)."""
     if a.dtype == _F16:
         return a.astype(np.float32)
     if a.dtype == _BF16:
         return bf16.decode(a, xp=device.cupy())
-    raise ContractError(who, "dtype", f"{name} must be float32, float16 or bfloat16, not "
-                        f"{a.dtype}")
+    return a
 
 
 def narrow(a, dtype):
@@ -308,9 +305,7 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
             return v
 
         def widened(call: _Call, label: str, v, name: str, ndarray=None):
-            """16-bit values widened; any other dtype as given (the call's contracts
-            refuse what they do not take)."""
-            return widen(v, who, label) if v.dtype in (_F16, _BF16) else v
+            return widen(v)
 
         def back(call: _Call, r):
             cp = device.cupy()
