@@ -24,6 +24,14 @@ class OpDef:
     op: ClassVar[Op]  # the spec's spelling (``op = ...`` in a kernel block)
 
     # --- spec: axes and checks (kgen.compiler.spec, kgen.ir.axes)
+    # What kind of op it is; the tiers ask these in place of lists of op names.
+    cache: ClassVar[bool] = False      # reads or writes the KV formats' cache (kv, v_kv axes)
+    mla: ClassVar[bool] = False        # over the MLA latent cache: one row width, fixed
+    #                                    at compile time
+    planned: ClassVar[bool] = False    # a device, slots or paged position reads the plan
+    #                                    (keys per split, splits cap)
+    in_dtype: ClassVar[bool] = False   # its input tensors have an element type of their own
+    out_dtype: ClassVar[bool] = False  # its output tensors have an element type of their own
 
     # --- signature and geometry (kgen.ir.signature, kgen.ir.geometry, kgen.ir.pyapi)
 

@@ -10,6 +10,7 @@ class DecodeCombine(OpDef):
     op = Op.DECODE_COMBINE
 
     # --- spec: axes and checks
+    planned = True
 
     # --- signature and geometry
 

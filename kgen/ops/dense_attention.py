@@ -12,6 +12,8 @@ class DenseAttention(OpDef):
     op = Op.DENSE_ATTENTION
 
     # --- spec: axes and checks
+    in_dtype = True
+    out_dtype = True
 
     # --- signature and geometry
 

@@ -12,6 +12,8 @@ class DflashAttention(OpDef):
     op = Op.DFLASH_ATTENTION
 
     # --- spec: axes and checks
+    in_dtype = True
+    out_dtype = True
 
     # --- signature and geometry
 

@@ -10,6 +10,8 @@ class Flash(OpDef):
     op = Op.FLASH
 
     # --- spec: axes and checks
+    cache = True
+    planned = True
 
     # --- signature and geometry
 

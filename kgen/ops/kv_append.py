@@ -12,6 +12,7 @@ class KvAppend(OpDef):
     op = Op.KV_APPEND
 
     # --- spec: axes and checks
+    cache = True
 
     # --- signature and geometry
 

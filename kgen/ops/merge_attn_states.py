@@ -12,6 +12,8 @@ class MergeAttnStates(OpDef):
     op = Op.MERGE_ATTN_STATES
 
     # --- spec: axes and checks
+    in_dtype = True
+    out_dtype = True
 
     # --- signature and geometry
 

@@ -10,6 +10,8 @@ class MlaCombine(OpDef):
     op = Op.MLA_COMBINE
 
     # --- spec: axes and checks
+    mla = True
+    out_dtype = True
 
     # --- signature and geometry
 

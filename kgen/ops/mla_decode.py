@@ -10,6 +10,8 @@ class MlaDecode(OpDef):
     op = Op.MLA_DECODE
 
     # --- spec: axes and checks
+    mla = True
+    in_dtype = True
 
     # --- signature and geometry
 

@@ -12,6 +12,8 @@ class MlaGather(OpDef):
     op = Op.MLA_GATHER
 
     # --- spec: axes and checks
+    mla = True
+    in_dtype = True
 
     # --- signature and geometry
 

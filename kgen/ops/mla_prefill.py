@@ -12,6 +12,9 @@ class MlaPrefill(OpDef):
     op = Op.MLA_PREFILL
 
     # --- spec: axes and checks
+    mla = True
+    in_dtype = True
+    out_dtype = True
 
     # --- signature and geometry
 

@@ -12,6 +12,8 @@ class MlaStore(OpDef):
     op = Op.MLA_STORE
 
     # --- spec: axes and checks
+    mla = True
+    in_dtype = True
 
     # --- signature and geometry
 
