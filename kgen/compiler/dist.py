@@ -11,14 +11,18 @@ wheel.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import tomllib
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from kgen import __version__
 from kgen.compiler import cpp_api
 from kgen.config import Settings
 from kgen.errors import KgenError
@@ -27,21 +31,38 @@ from kgen.runtime import manifest
 LOADER = Path(__file__).resolve().parents[1] / "kgen_kernels" / "__init__.py"
 EPOCH = "315532800"  # 1980-01-01, the earliest time a zip entry can carry
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "kgen_kernels")
+SETUPTOOLS = 77  # the oldest setuptools that writes a licence expression (PEP 639)
+
+
+# What the wheel's metadata carries over from the checkout's [project] table, as it is.
+_CARRIED = ("name", "description", "readme", "license", "license-files", "requires-python",
+            "keywords", "classifiers", "authors", "urls", "dependencies",
+            "optional-dependencies", "scripts")
+
+
+def _toml(value) -> str:
+    """A TOML value of the [project] table's kinds: strings, lists, inline tables."""
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no TOML spelling for {value!r}")
 
 
 def _pyproject(project: dict, packages: list[str]) -> str:
-    deps = ", ".join(f'"{d}"' for d in project.get("dependencies", ()))
+    meta = {k: project[k] for k in _CARRIED if k in project}
+    meta["description"] = meta.get("description", "kgen") + " (with its built kernels)"
+    table = "\n".join(f"{k} = {_toml(v)}" for k, v in meta.items())
     pkgs = ", ".join(f'"{p}"' for p in packages)
     return f'''[build-system]
-requires = ["setuptools>=61"]
+requires = ["setuptools>={SETUPTOOLS}"]
 build-backend = "setuptools.build_meta"
 
 [project]
-name = "{project["name"]}"
-version = "{project["version"]}"
-description = "{project.get("description", "")} (with its built kernels)"
-requires-python = "{project.get("requires-python", ">=3.11")}"
-dependencies = [{deps}]
+version = "{__version__}"
+{table}
 
 [tool.setuptools]
 packages = [{pkgs}]
@@ -50,8 +71,18 @@ include-package-data = false
 [tool.setuptools.package-data]
 kgen_kernels = ["{manifest.MANIFEST}", "*.h", "{cpp_api.HEADER}", "{cpp_api.SOURCE}",
                 "{manifest.KERNELS_DIR}/*.fatbin", "{manifest.SOURCES_DIR}/*.cu"]
-kgen = ["compiler/spec/*.lark"]
+kgen = ["compiler/spec/*.lark", "py.typed"]
 '''
+
+
+def _isolated() -> bool:
+    """Whether pip must build in an isolated environment: this one's setuptools is
+    older than the metadata needs (a licence expression, a built-in bdist_wheel)."""
+    try:
+        have = version("setuptools")
+    except PackageNotFoundError:
+        return True
+    return tuple(int(x) for x in re.findall(r"\d+", have)[:2]) < (SETUPTOOLS, 0)
 
 
 def _packages(root: Path) -> list[str]:
@@ -78,16 +109,25 @@ def wheel(settings: Settings, out: Path) -> Path:
             shutil.copytree(settings.generated / sub, kk / sub)
         (stage / "pyproject.toml").write_text(
             _pyproject(project, [*_packages(stage), "kgen_kernels"]), "utf-8")
+        for name in ("README.md", "LICENSE"):  # the metadata's readme and licence files
+            shutil.copy2(settings.root / name, stage / name)
         for p in stage.rglob("*"):
             os.utime(p, (int(EPOCH), int(EPOCH)))
         env = {**os.environ, "SOURCE_DATE_EPOCH": EPOCH}
         wheels = Path(tmp) / "wheels"
+        # This environment's setuptools when it is new enough (no download); else pip
+        # fetches one into an isolated build environment.
+        isolated = _isolated()
+        isolation = [] if isolated else ["--no-build-isolation"]
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
              "--quiet", "-w", str(wheels), str(stage)],
             capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0:
-            raise KgenError("pip wheel failed:\n" + (proc.stdout + proc.stderr).strip())
+            hint = (f"\n(kgen dist needs setuptools>={SETUPTOOLS}: "
+                    f"pip install 'setuptools>={SETUPTOOLS}', or network access for pip's "
+                    "isolated build)") if isolated else ""
+            raise KgenError("pip wheel failed:\n" + (proc.stdout + proc.stderr).strip() + hint)
         (made,) = wheels.glob("*.whl")
         target = out / made.name
         shutil.copy2(made, target)

@@ -88,16 +88,17 @@ def _from_torch(name: str, x, who: str):
 
 
 def as_device_array(name: str, x, who: str):
-    """``x`` as a CuPy array on the GPU (the same memory), or a ContractError."""
-    cp = device.cupy()
-    if isinstance(x, cp.ndarray):
+    """``x`` as a CuPy array on the GPU (the same memory), or a ContractError (host
+    memory is refused before CuPy is asked for: that check needs none)."""
+    if isinstance(x, _ndarray()):
         return x
-    if is_torch(x):
-        return _from_torch(name, x, who)
     if isinstance(x, np.ndarray | np.generic) or (
             hasattr(x, "__array_interface__") and not hasattr(x, "__cuda_array_interface__")):
         raise ContractError(who, "device", f"{name} must be a GPU array (CuPy, torch on "
                             f"CUDA, DLPack), not host memory ({type(x).__name__})")
+    if is_torch(x):
+        return _from_torch(name, x, who)
+    cp = device.cupy()
     try:
         if hasattr(x, "__cuda_array_interface__"):
             return cp.asarray(x)
@@ -154,8 +155,16 @@ def _ndarray():
     it changes)."""
     f = device.cupy
     if _ND[0] is not f:
-        _ND[:] = [f, f().ndarray]
+        try:
+            nd = f().ndarray
+        except ModuleNotFoundError:  # no CuPy: nothing is plain; the arrays' checks speak
+            nd = _NoCupy
+        _ND[:] = [f, nd]
     return _ND[1]
+
+
+class _NoCupy:
+    """The ndarray type where CuPy is not installed: no argument is one."""
 
 
 # ---- streams -------------------------------------------------------------------------
@@ -277,7 +286,7 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
 
         def convert(call: _Call, names, args: list, kw: dict, step) -> None:
             """``step`` applied to each of ``names`` given (positionally or by keyword)."""
-            nd = device.cupy().ndarray
+            nd = _ndarray()
             for name in names:
                 i = pos[name]
                 v = args[i] if i < len(args) else kw.get(name)

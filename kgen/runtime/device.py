@@ -6,10 +6,18 @@ from __future__ import annotations
 
 from kgen.ir.target import TARGET, Target
 
+CUPY_HINT = ("CuPy is not installed: pip install 'kgen[cuda11|cuda12|cuda13]' by the "
+             "driver's CUDA version (nvidia-smi's \"CUDA Version\"); building and verifying "
+             "need none")
+
 
 def cupy():
-    import cupy
-
+    try:
+        import cupy
+    except ModuleNotFoundError as e:
+        if e.name != "cupy":
+            raise
+        raise ModuleNotFoundError(CUPY_HINT, name="cupy") from None
     return cupy
 
 
