@@ -68,10 +68,10 @@ cuda: $(STAMPS)/venv
 
 build: setup
 	$(KGEN) build $(KGEN_FLAGS) specs/
-	$(KGEN) verify
+	$(KGEN) verify --quiet
 
 verify: setup
-	$(KGEN) verify
+	$(KGEN) verify --quiet
 
 lint: $(STAMPS)/venv
 	$(BIN)/ruff check kgen tests examples

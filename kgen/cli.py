@@ -179,7 +179,8 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
     if args.json:
         print(json.dumps([v.__dict__ for v in verdicts], indent=2))
     else:
-        print(table(verdicts))
+        if not args.quiet:  # --quiet: the summary and what failed, not the table
+            print(table(verdicts))
         for v in verdicts:
             if v.status in ("different", "new") and v.detail:
                 if v.status == "new" and args.allow_new:
@@ -254,13 +255,55 @@ def cmd_golden(args, settings: Settings, say: Reporter) -> int:
     return 0
 
 
+def _spec_errors(inputs: tuple[Path, ...], settings: Settings, args):
+    """Every spec file of ``inputs`` that does not check, one error each: the set is
+    checked, the file of its error is set aside and the rest checked again, until the
+    rest checks (a file set aside still gives its definitions to the files beside it,
+    where it parses). The work of the last round that checked, or None."""
+    from kgen.compiler import pipeline
+    from kgen.compiler.spec.files import spec_paths
+
+    ctx = _context(settings, args)
+    left = [Path(os.path.realpath(p)) for p in spec_paths(list(inputs))]
+    errors: list[SpecError] = []
+    while left:
+        try:
+            return pipeline.run(pipeline.CHECK, pipeline.Work(inputs=tuple(left)), ctx), errors
+        except SpecError as exc:
+            if getattr(args, "debug", False) or (errors and any(
+                    e.pos.path in exc.message for e in errors)):
+                # --debug: the first, with its traceback; an error that points at a file
+                # set aside (a name it defines too) is that file's, said already.
+                if not errors:
+                    raise
+                return None, errors
+            where = {Path(os.path.realpath(settings.root / exc.pos.path)),
+                     Path(os.path.realpath(exc.pos.path))}
+            rest = [p for p in left if p not in where]
+            if len(rest) == len(left):  # in a file set aside (read as context) or none
+                #                         named: said already, or no further round helps
+                return None, errors or [exc]
+            errors.append(exc)
+            left = rest
+    return None, errors
+
+
 def cmd_check(args, settings: Settings, say: Reporter) -> int:
     """Check the named files; definitions they need from other specs beside them
-    (parents, related kernels) are read as context."""
-    from kgen.compiler import pipeline
-
-    work = pipeline.run(pipeline.CHECK, pipeline.Work(inputs=_inputs(settings, args.specs)),
-                        _context(settings, args))
+    (parents, related kernels) are read as context. Every file that does not check is
+    reported, each with its first error."""
+    inputs = _inputs(settings, args.specs)
+    work, errors = _spec_errors(inputs, settings, args)
+    if errors:
+        if args.json:
+            print(json.dumps({"ok": False, "errors": [
+                {"path": e.pos.path, "line": e.pos.line, "col": e.pos.col,
+                 "message": e.message} for e in errors]}, indent=2))
+        for e in errors:
+            print(e.render(), file=sys.stderr)
+        if len(errors) > 1:
+            print(f"kgen: {len(errors)} spec files do not check", file=sys.stderr)
+        return SpecError.exit_code
     mine = {f.path for f in work.files}
     count = sum(k.spec_path in mine for k in work.kernels)
     extra = len(work.context)
@@ -284,16 +327,56 @@ def _resources(settings: Settings, args) -> dict[str, dict]:
     return {n: c.resources.as_dict() for n, c in work.compiled.items()}
 
 
+def _listed(kernels, args) -> list:
+    """The kernels ``kgen list``'s filters keep: a name pattern (a regular expression
+    searched in the name), --op, --kv (K's or V's format) and --head-dim (launches at
+    that head_dim with one group)."""
+    from kgen.errors import did_you_mean
+    from kgen.formats import FORMATS
+    from kgen.ir.axes import Op
+    from kgen.runtime.bind import shape_refusal
+
+    for flag, given, known in (("--op", args.op, [o.value for o in Op]),
+                               ("--kv", args.kv, list(FORMATS))):
+        for name in given:
+            if name not in known:
+                raise UsageError(f"kgen list {flag}: unknown '{name}'"
+                                 + (did_you_mean(name, known) or f" (one of {', '.join(known)})"))
+    try:
+        pattern = re.compile(args.pattern or "")
+    except re.error as e:
+        raise UsageError(f"kgen list: the pattern {args.pattern!r} is not a regular "
+                         f"expression: {e}") from None
+    out = []
+    for k in kernels:
+        if not pattern.search(k.name):
+            continue
+        if args.op and k.op.value not in args.op:
+            continue
+        if args.kv and not ({k.kv.value, k.v_kv.value} & set(args.kv)):
+            continue
+        if args.head_dim and any(shape_refusal(k, hd, 1) is not None for hd in args.head_dim):
+            continue
+        out.append(k)
+    return out
+
+
 def cmd_list(args, settings: Settings, say: Reporter) -> int:
+    """The spec kernels, one line each (or --json). The head_dims each launches at are
+    worked out on request (--coverage; --json always has them): every head_dim up to a
+    block's limit is tried against the launch contracts, seconds for the whole set."""
     from kgen.compiler import coverage
     from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS
     from kgen.runtime.record import axes_of
 
-    kernels = _kernels(settings, args)
+    kernels = _listed(_kernels(settings, args), args)
     if args.json:
         res = _resources(settings, args) if args.resources else {}
         print(json.dumps([{"name": k.name, "axes": axes_of(k),
                            **coverage.limits(k, res.get(k.name))} for k in kernels], indent=1))
+        return 0
+    if not kernels:
+        say("no kernel matches")
         return 0
     w = max(len(k.name) for k in kernels)
     for k in kernels:
@@ -318,8 +401,8 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
             axes += f" in_dtype={k.in_dtype.value}"
         if k.op in OUT_DTYPE_OPS:
             axes += f" out_dtype={k.out_dtype.value}"
-        dims = coverage.runs(coverage.head_dims(k))
-        print(f"{k.name:<{w}}  {k.module:<14}  {axes}  head_dim {dims}")
+        dims = f"  head_dim {coverage.runs(coverage.head_dims(k))}" if args.coverage else ""
+        print(f"{k.name:<{w}}  {k.module:<14}  {axes}{dims}")
     return 0
 
 
@@ -482,6 +565,14 @@ def _sm_arch(text: str) -> str:
     return text
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names (``f16,q8_0``)."""
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one name")
+    return out
+
+
 def _positive_ints(text: str) -> list[int]:
     """A comma-separated list of positive integers (``128,256``)."""
     out = []
@@ -535,6 +626,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("specs", nargs="*")
     c.set_defaults(fn=cmd_check)
     li = sub.add_parser("list", parents=[common], help="list kernels")
+    li.add_argument("pattern", nargs="?", default="",
+                    help="only kernels whose name this regular expression finds")
+    li.add_argument("--op", type=_names, default=[], help="only these ops (comma-separated)")
+    li.add_argument("--kv", type=_names, default=[],
+                    help="only kernels over these KV formats (K or V; comma-separated)")
+    li.add_argument("--head-dim", type=_positive_ints, default=[],
+                    help="only kernels that launch at these head_dims (comma-separated)")
+    li.add_argument("--coverage", action="store_true",
+                    help="each kernel's head_dims (every head_dim tried: seconds)")
     li.add_argument("--resources", action="store_true",
                     help="with --json: each kernel's ptxas resources and sm_37 occupancy "
                     "(compiles what the store lacks)")

@@ -233,6 +233,65 @@ def test_list_and_show(capsys):
     assert main(["show", "no_such_kernel"]) == 1
 
 
+def test_list_filters(capsys):
+    """A name pattern, --op, --kv and --head-dim keep exactly the kernels they name;
+    --coverage adds each kernel's head_dims, the plain list has none."""
+    from kgen.runtime.bind import shape_refusal
+
+    every = real_kernels()
+    cases = [
+        (["list", "decode"], [k for k in every if "decode" in k.name]),
+        (["list", "--op", "merge_attn_states,dense_attention"],
+         [k for k in every if k.op.value in ("merge_attn_states", "dense_attention")]),
+        (["list", "--kv", "q8_0", "--op", "flash"],
+         [k for k in every if k.op.value == "flash" and "q8_0" in (k.kv.value, k.v_kv.value)]),
+        (["list", "--head-dim", "96", "--op", "flash"],
+         [k for k in every if k.op.value == "flash" and shape_refusal(k, 96, 1) is None]),
+    ]
+    for argv, want in cases:
+        assert want, argv  # each filter keeps some kernels of the real specs
+        assert main(argv) == 0
+        rows = capsys.readouterr().out.splitlines()
+        assert [r.split()[0] for r in rows] == [k.name for k in want], argv
+        assert not any("head_dim" in r for r in rows)
+    assert main(["list", "--coverage", "^fc_attn_kv_append$"]) == 0
+    assert capsys.readouterr().out.split()[-2:] == ["head_dim", "1..1024"]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["list", "--op", "flsh"], "kgen list --op: unknown 'flsh' (did you mean 'flash'?)"),
+    (["list", "--kv", "q5"], "kgen list --kv: unknown 'q5' (one of f32, "),
+    (["list", "("], "kgen list: the pattern '(' is not a regular expression"),
+    (["list", "--head-dim", "0"], "'0' is not a positive whole number"),
+])
+def test_list_refuses_unknown_filters(capsys, argv, said):
+    rc, err = _run(capsys, *argv)
+    assert rc == 2 and said in err
+
+
+def test_check_reports_every_broken_file(tmp_path, capsys):
+    """A directory with three broken files and a good one: each broken file is reported
+    with its own first error, exit 2; the good one says nothing."""
+    (tmp_path / "a_good.kspec").write_text(BASE + "kernel ok : base { module = m_ok }\n")
+    (tmp_path / "b_parse.kspec").write_text("kernel x {\n  op = flash\n  garbage\n}\n")
+    (tmp_path / "c_key.kspec").write_text("kernel y : base {\n  module = m_y\n"
+                                          "  nosuchkey = 3\n}\n")
+    (tmp_path / "d_value.kspec").write_text("kernel z : base {\n  module = m_z\n"
+                                            "  kv = f33\n}\n")
+    rc, out, err = check(capsys, tmp_path)
+    assert rc == 2 and out == ""
+    said = [line.split(": error: ")[0] for line in err.splitlines() if ": error: " in line]
+    assert said == [f"{tmp_path}/b_parse.kspec:4:1", f"{tmp_path}/c_key.kspec:3:3",
+                    f"{tmp_path}/d_value.kspec:3:8"]
+    assert err.rstrip().endswith("kgen: 3 spec files do not check")
+    assert main(["check", "--json", str(tmp_path)]) == 2
+    import json
+
+    got = json.loads(capsys.readouterr().out)
+    assert not got["ok"] and [e["path"] for e in got["errors"]] == [
+        f"{tmp_path}/b_parse.kspec", f"{tmp_path}/c_key.kspec", f"{tmp_path}/d_value.kspec"]
+
+
 def _run(capsys, *argv) -> tuple[int, str]:
     try:
         rc = main(list(argv))
