@@ -8,7 +8,7 @@ names registered in ``kgen.formats``, which the built-in set ``formats`` holds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from kgen.formats import FORMATS, KvFormat, KvFormatName
@@ -211,20 +211,48 @@ class RingFloor(StrEnum):
 
 @dataclass(frozen=True)
 class Key:
-    """One settable key: its type (an Enum, int or str), default and scope; an int
-    key is at least ``lo`` (positive unless said) and at most ``hi`` (None: no bound
-    of its own), ``hi_why`` saying what bounds it."""
+    """One settable key: its type (an Enum, int or str) and default; an int key is at
+    least ``lo`` (positive unless said) and at most ``hi`` (None: no bound of its own),
+    ``hi_why`` saying what bounds it. Its scope is the ops whose objects take it
+    (``OpDef.spec_keys``), or every op (``every_op``: module, doc, op)."""
 
     type: type
     default: object
-    ops: frozenset[Op] | None = None  # None: every op
     doc: str = ""
     hi: int | None = None
     hi_why: str = ""
     lo: int = 1
+    every_op: bool = False  # a key of every kernel, whatever its op
+    name: str = field(default="", compare=False)  # its name in KEYS (set there)
+
+    @property
+    def ops(self) -> frozenset[Op] | None:
+        """The ops that take the key (None: every op), as the op registry declared them."""
+        if self.every_op:
+            return None
+        if not _KEY_OPS:
+            raise RuntimeError("Key.ops is the op registry's: import kgen.ops first")
+        return _KEY_OPS[self.name]
 
 
-ALL = None
+# Each key's ops, as the op objects declare them (``OpDef.spec_keys``). The registry
+# (kgen.ops, which imports this module: this one cannot import it) hands them over.
+_KEY_OPS: dict[str, frozenset[Op]] = {}
+
+
+def declare_key_ops(takes: Mapping[Op, frozenset[str]]) -> None:
+    """Records the keys each registered op takes (``kgen.ops`` calls it when it
+    registers the ops); a key KEYS does not define is refused."""
+    unknown = sorted({key for keys in takes.values() for key in keys} - KEYS.keys())
+    if unknown:
+        raise KeyError(f"op objects take keys KEYS does not define: {', '.join(unknown)}")
+    _KEY_OPS.clear()
+    _KEY_OPS.update({name: frozenset(op for op, keys in takes.items() if name in keys)
+                     for name in KEYS})
+
+
+# Sets of ops that modules outside the spec stage still name; the spec stage asks the op
+# objects (kgen.ops: their spec_keys and kind: cache, mla, planned, in/out dtype).
 FLASH = frozenset({Op.FLASH})
 CACHE_OPS = frozenset({Op.FLASH, Op.KV_APPEND})
 PLAN_OPS = frozenset({Op.FLASH, Op.DECODE_COMBINE})
@@ -240,105 +268,99 @@ IN_DTYPE_OPS = DENSE | DFLASH | frozenset({Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_D
 OUT_DTYPE_OPS = DENSE | DFLASH | frozenset({Op.MLA_COMBINE, Op.MLA_PREFILL,
                                             Op.MERGE_ATTN_STATES})
 
-KEYS: dict[str, Key] = {
-    "module": Key(str, None, ALL, "generated file the kernel lands in"),
-    "doc": Key(str, "", ALL, "one line saying what the kernel is for"),
-    "op": Key(Op, None, ALL, "what the kernel computes"),
-    "mode": Key(Mode, Mode.PREFILL, FLASH, "prefill (query rows) or split decode"),
-    "position": Key(Position, Position.HOST, frozenset({Op.FLASH, Op.KV_APPEND,
-                                                        Op.DECODE_COMBINE}),
-                    "where the current position comes from"),
-    "kv": Key(KvFormatName, KvFormatName("f32"), CACHE_OPS, "KV-cache row format (of the "
-              "K rows, and of the V rows unless v_kv says otherwise)"),
-    "v_kv": Key(KvFormatName, None, CACHE_OPS, "the V rows' format (default: kv's; "
-                "another format makes a mixed cache: K rows kv, V rows v_kv)"),
-    "q_stage": Key(QStage, QStage.F32, FLASH, "element type of the staged q group"),
-    "k_stage": Key(KStage, KStage.SHARED_F32, FLASH, "where a K tile lives"),
-    "v_stage": Key(VStage, VStage.GLOBAL, FLASH, "where V rows are read from"),
-    "threads": Key(Threads, Threads.HEAD_DIM, FLASH, "threads of a block"),
-    "schedule": Key(Schedule, Schedule.BLOCK_TILE, FLASH, "how a block walks its keys"),
-    "keys_per_step": Key(int, 2, FLASH | DFLASH | DENSE, "keys a warp_stream unit (dflash, "
-                         "dense_attention: a warp) "
-                         "loads before scoring them"),
-    "window": Key(Window, Window.SINK_RECENT, FLASH, "which key tiles are attended"),
-    "mask": Key(Mask, Mask.CAUSAL, frozenset({Op.FLASH, Op.MLA_PREFILL}), "which keys a "
-                "query sees before any window"),
-    "softcap": Key(SoftCap, SoftCap.NONE, FLASH, "logit soft-capping"),
-    "sinks": Key(Sinks, Sinks.NONE, frozenset({Op.FLASH, Op.DECODE_COMBINE}),
-                 "learned attention-sink logits (decode: in the combine)"),
-    "ring_floor": Key(RingFloor, RingFloor.NONE, FLASH, "fp16 window-ring liveness"),
-    "stream_loads": Key(StreamLoads, StreamLoads.GUARDED, FLASH, "warp_stream: guarded "
+# Every settable key; the ops that take it say so (their objects' ``spec_keys``).
+KEYS: dict[str, Key] = {n: replace(key, name=n) for n, key in {
+    "module": Key(str, None, "generated file the kernel lands in", every_op=True),
+    "doc": Key(str, "", "one line saying what the kernel is for", every_op=True),
+    "op": Key(Op, None, "what the kernel computes", every_op=True),
+    "mode": Key(Mode, Mode.PREFILL, "prefill (query rows) or split decode"),
+    "position": Key(Position, Position.HOST, "where the current position comes from"),
+    "kv": Key(KvFormatName, KvFormatName("f32"), "KV-cache row format (of the K rows, and "
+              "of the V rows unless v_kv says otherwise)"),
+    "v_kv": Key(KvFormatName, None, "the V rows' format (default: kv's; another format "
+                "makes a mixed cache: K rows kv, V rows v_kv)"),
+    "q_stage": Key(QStage, QStage.F32, "element type of the staged q group"),
+    "k_stage": Key(KStage, KStage.SHARED_F32, "where a K tile lives"),
+    "v_stage": Key(VStage, VStage.GLOBAL, "where V rows are read from"),
+    "threads": Key(Threads, Threads.HEAD_DIM, "threads of a block"),
+    "schedule": Key(Schedule, Schedule.BLOCK_TILE, "how a block walks its keys"),
+    "keys_per_step": Key(int, 2, "keys a warp_stream unit (dflash, dense_attention: a "
+                         "warp) loads before scoring them"),
+    "window": Key(Window, Window.SINK_RECENT, "which key tiles are attended"),
+    "mask": Key(Mask, Mask.CAUSAL, "which keys a query sees before any window"),
+    "softcap": Key(SoftCap, SoftCap.NONE, "logit soft-capping"),
+    "sinks": Key(Sinks, Sinks.NONE, "learned attention-sink logits (decode: in the combine)"),
+    "ring_floor": Key(RingFloor, RingFloor.NONE, "fp16 window-ring liveness"),
+    "stream_loads": Key(StreamLoads, StreamLoads.GUARDED, "warp_stream: guarded "
                         "loads for any head_dim, or hoisted: one head_dim, every load "
                         "unconditional"),
-    "stream_steps": Key(StreamSteps, StreamSteps.SPLIT, FLASH, "hoisted warp_stream decode: "
+    "stream_steps": Key(StreamSteps, StreamSteps.SPLIT, "hoisted warp_stream decode: "
                         "full steps run an unmasked copy of the step (split), or every step "
                         "masks (masked)"),
-    "lane_dims": Key(LaneDims, LaneDims.STRIDED, FLASH, "hoisted warp_stream: which dims "
+    "lane_dims": Key(LaneDims, LaneDims.STRIDED, "hoisted warp_stream: which dims "
                      "a dot lane owns (strided: one element a lane per dot_lanes; quads: a "
                      "float4 of dims per dot_lanes quads, read a quad a load)"),
-    "prefetch": Key(Prefetch, Prefetch.NONE, FLASH, "lane_dims = quads: whether a step's "
+    "prefetch": Key(Prefetch, Prefetch.NONE, "lane_dims = quads: whether a step's "
                     "K/V loads are issued a step ahead (next_step) or in the step (none); "
                     "qtile_loads = swizzle: whether a K tile's loads are issued a tile "
                     "ahead and a V tile's under its S patch (next_step) or each where it is "
                     "stored (none)"),
-    "tile_keys": Key(int, 16, PLAN_OPS | DENSE, "keys per tile (and split rounding; "
-                      "dense_attention, kv_reads = shared_tile: keys of a staged K/V tile)"),
-    "dot_lanes": Key(int, 16, FLASH, "lanes cooperating on one q.k dot"),
-    "max_groups": Key(int, 8, FLASH, "compile-time bound on kv_groups"),
-    "rows_per_block": Key(int, 1, FLASH, "query rows of a prefill block (K/V tiles shared)"),
-    "k_pad": Key(int, 16, FLASH, "floats of padding per shared K row (0: none)", lo=0),
-    "kreg_max_chunk": Key(int, 16, FLASH, "compile-time bound on head_dim/dot_lanes",
+    "tile_keys": Key(int, 16, "keys per tile (and split rounding; dense_attention, "
+                      "kv_reads = shared_tile: keys of a staged K/V tile)"),
+    "dot_lanes": Key(int, 16, "lanes cooperating on one q.k dot"),
+    "max_groups": Key(int, 8, "compile-time bound on kv_groups"),
+    "rows_per_block": Key(int, 1, "query rows of a prefill block (K/V tiles shared)"),
+    "k_pad": Key(int, 16, "floats of padding per shared K row (0: none)", lo=0),
+    "kreg_max_chunk": Key(int, 16, "compile-time bound on head_dim/dot_lanes",
                           hi=TARGET.registers_per_thread,
                           hi_why="a dot lane keeps its K chunk in registers, and a thread has "
                           f"{TARGET.registers_per_thread}"),
-    "v_rounds": Key(int, 3, FLASH, "blockDim-strided rounds that stage the V tile"),
-    "ring_rows": Key(int, 256, CACHE_OPS, "rows of the fp16 window ring (it laps here)"),
-    "sink_rows": Key(int, 8, CACHE_OPS, "rows of the fp16 sink buffer"),
-    "max_head_dim": Key(int, 1024, frozenset({Op.KV_APPEND, Op.FLASH}) | DFLASH | DENSE,
-                        "static staging bound (append); the widest head_dim a query_tile "
-                        "thread's output patch holds (dflash: a warp's q and output row, "
-                        "in registers)"),
-    "tile_rows": Key(int, 64, FLASH, "query_tile: rows (query position, q head) of a "
+    "v_rounds": Key(int, 3, "blockDim-strided rounds that stage the V tile"),
+    "ring_rows": Key(int, 256, "rows of the fp16 window ring (it laps here)"),
+    "sink_rows": Key(int, 8, "rows of the fp16 sink buffer"),
+    "max_head_dim": Key(int, 1024, "static staging bound (append); the widest head_dim a "
+                        "query_tile thread's output patch holds (dflash: a warp's q and "
+                        "output row, in registers)"),
+    "tile_rows": Key(int, 64, "query_tile: rows (query position, q head) of a "
                      "block's query tile"),
-    "micro_rows": Key(int, 2, FLASH, "query_tile: rows of a thread's score and output patch"),
-    "micro_keys": Key(int, 4, FLASH, "query_tile: keys of a thread's score patch"),
-    "min_blocks": Key(int, 0, FLASH, "query_tile: blocks an SM that the kernel's registers "
+    "micro_rows": Key(int, 2, "query_tile: rows of a thread's score and output patch"),
+    "micro_keys": Key(int, 4, "query_tile: keys of a thread's score patch"),
+    "min_blocks": Key(int, 0, "query_tile: blocks an SM that the kernel's registers "
                       "must allow (__launch_bounds__ with the block's threads; 0: no bound): "
                       "a bound for every target the PTX is compiled for, so one whose SMs "
                       "have fewer registers than sm_37's (a driver's JIT of the PTX) keeps "
                       "that many blocks; on sm_37 (128K registers an SM) it holds a thread "
                       "under 255 registers only where min_blocks x threads x 255 exceed them",
                       lo=0),
-    "qk_split": Key(int, 1, FLASH, "query_tile, qtile_loads = swizzle: shares of head_dim "
+    "qk_split": Key(int, 1, "query_tile, qtile_loads = swizzle: shares of head_dim "
                     "that S = q.K^T is split into, one a warp (1: a thread sums its patch over "
                     "every dim; the block's warps: each warp sums the whole S tile over its "
                     "share in 8 x 4 lanes, and the shares meet in shared memory)"),
-    "qtile_loads": Key(QtileLoads, QtileLoads.SCALAR, FLASH, "query_tile: the width of "
+    "qtile_loads": Key(QtileLoads, QtileLoads.SCALAR, "query_tile: the width of "
                        "its shared-memory loads (scalar; vec4: float4 along head_dim; "
                        "swizzle: float4 over swizzled rows, P by shuffles)"),
-    "key_split": Key(KeySplit, KeySplit.WHOLE, FLASH, "query_tile prefill: a block walks "
+    "key_split": Key(KeySplit, KeySplit.WHOLE, "query_tile prefill: a block walks "
                      "all its tile's keys (whole), or one of n_splits even shares of them and "
                      "writes (m, l, acc) partials for the decode combine (partials)"),
-    "combine": Key(Combine, Combine.SERIAL, frozenset({Op.DECODE_COMBINE}), "decode_combine: "
-                   "a thread per dim folds the splits one load at a time (serial), or a warp "
-                   "per 32 dims loads 32 splits at once (staged; the same bits)"),
-    "lse": Key(Lse, Lse.NONE, frozenset({Op.MERGE_ATTN_STATES, Op.MLA_COMBINE,
-                                         Op.MLA_PREFILL}), "whether the (merged) "
-               "log-sum-exp is written too (output_lse, lse), or not (none)"),
-    "seq_starts": Key(SeqStarts, SeqStarts.NONE, frozenset({Op.MLA_GATHER}), "whether a "
-                      "request's context rows start at seq_starts[b] (given) or at 0 (none)"),
-    "key_source": Key(KeySource, KeySource.DENSE, DFLASH, "dflash: the block's own key rows "
+    "combine": Key(Combine, Combine.SERIAL, "decode_combine: a thread per dim folds the "
+                   "splits one load at a time (serial), or a warp per 32 dims loads 32 "
+                   "splits at once (staged; the same bits)"),
+    "lse": Key(Lse, Lse.NONE, "whether the (merged) log-sum-exp is written too "
+               "(output_lse, lse), or not (none)"),
+    "seq_starts": Key(SeqStarts, SeqStarts.NONE, "whether a request's context rows start "
+                      "at seq_starts[b] (given) or at 0 (none)"),
+    "key_source": Key(KeySource, KeySource.DENSE, "dflash: the block's own key rows "
                       "(dense), or the request's paged context then its block (paged)"),
-    "kv_reads": Key(KvReads, KvReads.GLOBAL, DENSE, "dense_attention: each warp reads K/V "
+    "kv_reads": Key(KvReads, KvReads.GLOBAL, "dense_attention: each warp reads K/V "
                     "from global (Fast), or a block stages K/V tiles in shared (Flash)"),
-    "in_dtype": Key(IoDtype, IoDtype.F32, IN_DTYPE_OPS, "element type of the input tensors "
+    "in_dtype": Key(IoDtype, IoDtype.F32, "element type of the input tensors "
                     "(dense_attention: query, key, value; dflash_attention: query and every "
                     "key and value row, block and context; MLA: kv_c / k_pe rows, the latent "
                     "cache, queries, prefill K and V; merge_attn_states: the two outputs "
                     "merged); math is f32"),
-    "out_dtype": Key(IoDtype, IoDtype.F32, OUT_DTYPE_OPS, "element type of the output "
+    "out_dtype": Key(IoDtype, IoDtype.F32, "element type of the output "
                      "(f32, or a 16-bit type rounded to nearest even); an LSE is f32"),
-}
+}.items()}
 
 
 @dataclass(frozen=True)

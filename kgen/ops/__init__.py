@@ -9,7 +9,7 @@ switches on an op.
 
 from __future__ import annotations
 
-from kgen.ir.axes import Op
+from kgen.ir.axes import Op, declare_key_ops
 from kgen.ops import (
     decode_combine,
     dense_attention,
@@ -30,6 +30,8 @@ from kgen.ops.base import OpDef
 OPS: dict[Op, OpDef] = {m.OP.op: m.OP for m in (
     qz_split, kv_append, flash, decode_combine, merge_attn_states, mla_store, mla_gather,
     mla_decode, mla_combine, mla_prefill, dflash_attention, dense_attention)}
+# The spec keys each op takes, for the vocabulary's Key.ops (kgen.ir.axes cannot import this).
+declare_key_ops({op: d.spec_keys for op, d in OPS.items()})
 
 
 def get(op: Op | str) -> OpDef:

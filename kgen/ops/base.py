@@ -13,9 +13,14 @@ spec, signature and geometry, render, binding and launch, C++ view, testing.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from functools import cached_property
+from typing import TYPE_CHECKING, ClassVar
 
 from kgen.ir.axes import Op
+
+if TYPE_CHECKING:
+    from kgen.compiler.spec.contract import Ctx
+    from kgen.ir.kernel import Kernel
 
 
 class OpDef:
@@ -32,6 +37,56 @@ class OpDef:
     #                                    (keys per split, splits cap)
     in_dtype: ClassVar[bool] = False   # its input tensors have an element type of their own
     out_dtype: ClassVar[bool] = False  # its output tensors have an element type of their own
+    # The spec keys of its own (``kgen.ir.axes.KEYS``); those of its kind come with it.
+    own_keys: ClassVar[frozenset[str]] = frozenset()
+
+    @cached_property
+    def spec_keys(self) -> frozenset[str]:
+        """The keys its kernels may set beside every kernel's (module, doc, op): its own,
+        a cache op's formats and fp16 shadow rows, its in_dtype and out_dtype."""
+        kind = ((("kv", "v_kv", "ring_rows", "sink_rows") if self.cache else ())
+                + (("in_dtype",) if self.in_dtype else ())
+                + (("out_dtype",) if self.out_dtype else ()))
+        return self.own_keys | frozenset(kind)
+
+    # Its part of the semantic checks (kgen.compiler.spec.check): each hook raises
+    # ``ctx.error(...)`` for what the contract of its name refuses for this op; check.py
+    # runs them in CHECKS' order. The default refuses nothing.
+    def check_limits(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses compile-time bounds of its own that admit no launch or exceed the target."""
+
+    def check_mode_position(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses a position that its mode (or the op) has no form for."""
+
+    def check_attention_options(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses a mask or sinks that its mode cannot apply."""
+
+    def check_rows_per_block(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses query rows a block cannot share K/V tiles across."""
+
+    def check_schedule(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses a schedule (and its keys) that the kernel's other axes do not serve."""
+
+    def check_ring_floor(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses a window-ring live floor without the ring or the batch it is taken from."""
+
+    def check_dot_shape(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses dot lanes and tiles that do not reduce in a warp or fit a block."""
+
+    def check_register_k(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses register-K chunks that miss a legal head_dim or a format's lane layout."""
+
+    def check_shared_v(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses a shared-V tile that does not stage in whole words and v_rounds rounds."""
+
+    def check_shared_budget(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses a smallest launch whose shared memory exceeds a block's."""
+
+    def check_dflash_registers(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses a lane's q, output and in-flight K/V dims beyond a thread's registers."""
+
+    def check_dense_tile(self, k: Kernel, ctx: Ctx) -> None:
+        """Refuses staged K/V tiles beyond the shared memory a block may use."""
 
     # --- signature and geometry (kgen.ir.signature, kgen.ir.geometry, kgen.ir.pyapi)
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from kgen.ir.axes import Op
+from typing import TYPE_CHECKING
+
+from kgen.ir.axes import Op, Position
 from kgen.ops.base import OpDef
+
+if TYPE_CHECKING:
+    from kgen.compiler.spec.contract import Ctx
+    from kgen.ir.kernel import Kernel
 
 
 class DecodeCombine(OpDef):
@@ -11,6 +17,14 @@ class DecodeCombine(OpDef):
 
     # --- spec: axes and checks
     planned = True
+    own_keys = frozenset({"position", "tile_keys", "sinks", "combine"})
+
+    def check_mode_position(self, k: Kernel, ctx: Ctx) -> None:
+        """The combine has no per-slot or paged form."""
+        if k.position in (Position.SLOTS, Position.PAGED):
+            raise ctx.error(k.where("position"), f"combine has no {k.position.value} form: those "
+                            "partials are merged by the host-position combine over every "
+                            "request's heads (n_splits = the launch width)")
 
     # --- signature and geometry
 

@@ -14,6 +14,7 @@ class MergeAttnStates(OpDef):
     # --- spec: axes and checks
     in_dtype = True
     out_dtype = True
+    own_keys = frozenset({"lse"})
 
     # --- signature and geometry
 

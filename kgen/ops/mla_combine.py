@@ -12,6 +12,7 @@ class MlaCombine(OpDef):
     # --- spec: axes and checks
     mla = True
     out_dtype = True
+    own_keys = frozenset({"lse"})
 
     # --- signature and geometry
 

@@ -14,6 +14,7 @@ class MlaGather(OpDef):
     # --- spec: axes and checks
     mla = True
     in_dtype = True
+    own_keys = frozenset({"seq_starts"})
 
     # --- signature and geometry
 

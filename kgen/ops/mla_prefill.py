@@ -15,6 +15,7 @@ class MlaPrefill(OpDef):
     mla = True
     in_dtype = True
     out_dtype = True
+    own_keys = frozenset({"mask", "lse"})
 
     # --- signature and geometry
 
