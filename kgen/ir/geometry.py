@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgen.ir.axes import (
-    Combine,
     KeySplit,
     KStage,
     KvReads,
@@ -395,7 +394,9 @@ COMBINE_DIMS = 32
 
 
 def combine_staged(k: Kernel) -> bool:
-    return k.op is Op.DECODE_COMBINE and k.combine is Combine.STAGED
+    from kgen.ops import get  # the op modules import this one
+
+    return get(k.op).combine_staged(k)
 
 
 def combine_threads(k: Kernel, head_dim: int) -> int:
@@ -480,14 +481,16 @@ def mla_width(op: Op) -> int:
     """The one row width the MLA kernels of ``op`` serve (their "head_dim"): MLA_LATENT
     for the merge stage (V rows), MLA_PREFILL_QK for the prefill (its q.k head size),
     else MLA_ROW (cache rows, queries)."""
-    return {Op.MLA_COMBINE: MLA_LATENT, Op.MLA_PREFILL: MLA_PREFILL_QK}.get(op, MLA_ROW)
+    from kgen.ops import get  # the op modules import this one
+
+    return get(op).mla_width()
 
 
 def mla_threads(k: Kernel) -> int:
     """Threads of an MLA kernel's block (fixed by its op)."""
-    return {Op.MLA_STORE: MLA_STORE_THREADS, Op.MLA_GATHER: mla_gather_threads(),
-            Op.MLA_DECODE: MLA_THREADS, Op.MLA_COMBINE: MLA_COMBINE_THREADS,
-            Op.MLA_PREFILL: MLA_PREFILL_ROWS * TARGET.warp}[k.op]
+    from kgen.ops import get  # the op modules import this one
+
+    return get(k.op).mla_threads(k)
 
 
 def mla_row_quads(k: Kernel) -> int:

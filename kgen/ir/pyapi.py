@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.ir.axes import MLA_OPS, Mode, Op, Position
 from kgen.ir.kernel import Kernel
 from kgen.ir.params import PARAMS
 from kgen.ir.signature import params
@@ -41,6 +40,8 @@ class PyArg:
 
 def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
     """(positional arrays, keyword-only scalars) of the launcher for ``k``."""
+    from kgen.ops import get  # the op modules import this one
+
     arrays, scalars = [], []
     for p in params(k):
         if p.name in DERIVED:
@@ -50,15 +51,9 @@ def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
         else:
             ann = "float | None" if p.ctype == "float" else "int"
             scalars.append(PyArg(p.name, ann, DEFAULTS.get(p.name)))
-    if k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.SLOTS:
-        scalars.append(PyArg("launch_splits", "int | None", "None"))
-    if k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.PAGED:
-        scalars.append(PyArg("max_seq_len", "int | None", "None"))  # host bound: the grid
-    if k.op is Op.FLASH and k.mode is Mode.PREFILL and k.position is Position.PAGED:
-        scalars.append(PyArg("max_query_len", "int | None", "None"))  # host bound: the grid
-    if k.op is Op.MLA_PREFILL:
-        scalars.append(PyArg("max_seqlen_q", "int"))  # host bound: the grid
+    op = get(k.op)
+    scalars += op.host_bounds(k)
     # Positions, tables and lengths on the device (the MLA ops' index tensors too).
-    if (k.position is not Position.HOST and k.op is not Op.QZ_SPLIT) or k.op in MLA_OPS:
+    if op.validates_pos(k):
         scalars.append(PyArg("validate_pos", "bool", "True"))
     return arrays, scalars

@@ -4,8 +4,15 @@ sequence, a warp per (query, q head).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kgen.ir.axes import Op
+from kgen.ir.signature import elems, fixed
 from kgen.ops.base import OpDef
+
+if TYPE_CHECKING:
+    from kgen.ir.kernel import Kernel
+    from kgen.ir.signature import Param
 
 
 class DenseAttention(OpDef):
@@ -16,6 +23,13 @@ class DenseAttention(OpDef):
     out_dtype = True
 
     # --- signature and geometry
+    def params(self, k: Kernel) -> list[Param]:
+        # the engine's Attention(out, query, key, value)
+        out = elems(k.out_dtype, "", "out")
+        out += elems(k.in_dtype, "const ", "query", "key", "value")
+        out += fixed("int", "n_rows", "n_head", "n_head_kv", "head_dim", "block_causal")
+        out += fixed("float", "scale")
+        return out
 
     # --- render
 
