@@ -13,10 +13,16 @@ def __getattr__(name: str):
     kgen.runtime, imported on first use (the CLI never pays for them)."""
     if name.startswith("_"):
         raise AttributeError(f"module 'kgen' has no attribute {name!r}")
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec(f"kgen.{name}") is not None:  # a subpackage: itself
+        return importlib.import_module(f"kgen.{name}")
     import kgen.runtime as runtime
 
     if name in runtime.__all__:
-        return getattr(runtime, name)
+        value = globals()[name] = getattr(runtime, name)  # asked once
+        return value
     raise AttributeError(f"module 'kgen' has no attribute {name!r}")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from kgen import ops
 from kgen.ir.axes import MLA_OPS, KStage, Op, VStage
 from kgen.ir.geometry import (
     block_threads,
@@ -15,7 +16,6 @@ from kgen.ir.geometry import (
     flash_shared_bytes,
     head_dim_step,
     merge_threads,
-    mla_threads,
     query_tiles,
     tile_threads,
 )
@@ -180,7 +180,7 @@ def _block(k: Kernel, hd: int | None, static: int) -> Block:
     if k.op is Op.MERGE_ATTN_STATES:  # a fixed block of warps, a warp per row
         return Block(hd, None, merge_threads(), static)
     if k.op in MLA_OPS:  # a fixed block per op, all its shared memory static
-        return Block(hd, None, mla_threads(k), static)
+        return Block(hd, None, ops.get(k.op).mla_threads(k), static)
     if k.op is Op.DFLASH_ATTENTION:  # likewise, whatever head_dim
         return Block(hd, None, dflash_threads(), static)
     if k.op is Op.DENSE_ATTENTION:  # likewise; its tiles are static shared memory

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kgen import __version__
+from kgen import __version__, ops
 from kgen.formats.base import SHADOW_SCALARS, SHADOWS, TENSOR_SCALES
 from kgen.ir import geometry as geo
 from kgen.ir.axes import (
@@ -42,9 +42,9 @@ from kgen.ir.axes import (
     Window,
 )
 from kgen.ir.params import INT_MAX, PARAMS
-from kgen.ir.pyapi import HOST_BOUNDS, py_args
-from kgen.ir.signature import params
+from kgen.ir.pyapi import HOST_BOUNDS
 from kgen.ir.target import TARGET
+from kgen.ops import params, py_args
 from kgen.runtime.bind import REGISTERS
 from kgen.runtime.record import Built
 
@@ -308,7 +308,7 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
         "index": i, "rank": rank_order[i], "kv": k.pair.name, "op": k.op.value,
         "mode": k.mode.value, "position": k.position.value,
         "options": [getattr(k, a).value for a in need_axes],
-        "mla_width": geo.mla_width(k.op) if k.op in MLA_OPS else 0,
+        "mla_width": ops.get(k.op).mla_width() if k.op in MLA_OPS else 0,
         "device_sibling": sibling(k),
         "split_twin": twin(k),
         "plan": plan_rule(k),
@@ -323,7 +323,7 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
         "op_roles": [{"name": n, "op": r.op.name, "position": r.position.name,
                       "op_value": r.op.value, "position_value": r.position.value,
                       "needs": list(r.needs),
-                      "width": geo.mla_width(r.op) if r.op in MLA_OPS else 0}
+                      "width": ops.get(r.op).mla_width() if r.op in MLA_OPS else 0}
                      for n, r in op_roles.items()],
         "roles": [{"name": n, "op": r.op.name, "position": r.position.name,
                    "mode": "" if r.mode is None else r.mode.name,

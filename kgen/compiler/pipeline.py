@@ -49,8 +49,8 @@ from kgen.compiler.verify import Compiled, Verdict, compare
 from kgen.config import Settings
 from kgen.errors import KgenError, SpecError, ToolError
 from kgen.ir.kernel import Kernel
-from kgen.ir.pyapi import py_args
 from kgen.ir.target import TARGET
+from kgen.ops import py_args
 from kgen.runtime import manifest, record
 from kgen.runtime.record import axes_of
 from kgen.toolchain import compile, elf, ptx_entries, resources, sass_listing

@@ -57,8 +57,9 @@ from kgen.ir.geometry import (
     swizzle_stride,
 )
 from kgen.ir.kernel import Kernel
-from kgen.ir.signature import Param, params
+from kgen.ir.signature import Param
 from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM, SHARED_SYMBOL
+from kgen.ops import params
 
 
 @dataclass(frozen=True)

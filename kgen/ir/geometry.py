@@ -16,7 +16,6 @@ from kgen.ir.axes import (
     KvReads,
     LaneDims,
     Mode,
-    Op,
     Prefetch,
     QtileLoads,
     Schedule,
@@ -395,7 +394,8 @@ COMBINE_DIMS = 32
 
 
 def combine_staged(k: Kernel) -> bool:
-    return k.op is Op.DECODE_COMBINE and k.combine is Combine.STAGED
+    """Whether ``k`` merges split partials in stages (only a combine takes the key)."""
+    return k.combine is Combine.STAGED
 
 
 def combine_threads(k: Kernel, head_dim: int) -> int:
@@ -474,20 +474,6 @@ def mla_prefill_shared() -> int:
     """mla_prefill's static shared memory in bytes: the K and V tiles, each row's p."""
     return 4 * (MLA_PREFILL_TILE * (MLA_PREFILL_QK + MLA_PREFILL_V)
                 + MLA_PREFILL_ROWS * MLA_PREFILL_TILE)
-
-
-def mla_width(op: Op) -> int:
-    """The one row width the MLA kernels of ``op`` serve (their "head_dim"): MLA_LATENT
-    for the merge stage (V rows), MLA_PREFILL_QK for the prefill (its q.k head size),
-    else MLA_ROW (cache rows, queries)."""
-    return {Op.MLA_COMBINE: MLA_LATENT, Op.MLA_PREFILL: MLA_PREFILL_QK}.get(op, MLA_ROW)
-
-
-def mla_threads(k: Kernel) -> int:
-    """Threads of an MLA kernel's block (fixed by its op)."""
-    return {Op.MLA_STORE: MLA_STORE_THREADS, Op.MLA_GATHER: mla_gather_threads(),
-            Op.MLA_DECODE: MLA_THREADS, Op.MLA_COMBINE: MLA_COMBINE_THREADS,
-            Op.MLA_PREFILL: MLA_PREFILL_ROWS * TARGET.warp}[k.op]
 
 
 def mla_row_quads(k: Kernel) -> int:

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.ir.axes import MLA_OPS, Mode, Op, Position
-from kgen.ir.kernel import Kernel
 from kgen.ir.params import PARAMS
-from kgen.ir.signature import params
 
 DERIVED = frozenset({"kv_groups", "head_dim", "max_seq", "n_head_kv", "total", "n_rows",
                      "block_size", "max_blocks", "num_reqs", "n_tokens", "n_head",
@@ -37,28 +34,3 @@ class PyArg:
     def decl(self) -> str:
         d = f" = {self.default}" if self.default is not None else ""
         return f"{self.name}: {self.annotation}{d}"
-
-
-def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
-    """(positional arrays, keyword-only scalars) of the launcher for ``k``."""
-    arrays, scalars = [], []
-    for p in params(k):
-        if p.name in DERIVED:
-            continue
-        if p.is_pointer:
-            arrays.append(PyArg(p.name, "cupy.ndarray", dtype=p.dtype))
-        else:
-            ann = "float | None" if p.ctype == "float" else "int"
-            scalars.append(PyArg(p.name, ann, DEFAULTS.get(p.name)))
-    if k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.SLOTS:
-        scalars.append(PyArg("launch_splits", "int | None", "None"))
-    if k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.PAGED:
-        scalars.append(PyArg("max_seq_len", "int | None", "None"))  # host bound: the grid
-    if k.op is Op.FLASH and k.mode is Mode.PREFILL and k.position is Position.PAGED:
-        scalars.append(PyArg("max_query_len", "int | None", "None"))  # host bound: the grid
-    if k.op is Op.MLA_PREFILL:
-        scalars.append(PyArg("max_seqlen_q", "int"))  # host bound: the grid
-    # Positions, tables and lengths on the device (the MLA ops' index tensors too).
-    if (k.position is not Position.HOST and k.op is not Op.QZ_SPLIT) or k.op in MLA_OPS:
-        scalars.append(PyArg("validate_pos", "bool", "True"))
-    return arrays, scalars

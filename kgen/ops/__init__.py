@@ -10,6 +10,9 @@ switches on an op.
 from __future__ import annotations
 
 from kgen.ir.axes import Op, declare_key_ops
+from kgen.ir.kernel import Kernel
+from kgen.ir.pyapi import DEFAULTS, DERIVED, PyArg
+from kgen.ir.signature import Param
 from kgen.ops import (
     decode_combine,
     dense_attention,
@@ -39,4 +42,40 @@ def get(op: Op | str) -> OpDef:
     return OPS[Op(op)]
 
 
-__all__ = ["OPS", "OpDef", "get"]
+_PARAMS: dict[int, tuple[Kernel, tuple[Param, ...]]] = {}
+
+
+def params(k: Kernel) -> tuple[Param, ...]:
+    """The kernel's parameter list, as its op builds it (memoised per kernel object:
+    launches ask often)."""
+    hit = _PARAMS.get(id(k))
+    if hit is not None and hit[0] is k:
+        return hit[1]
+    out = tuple(OPS[k.op].params(k))
+    _PARAMS[id(k)] = (k, out)
+    return out
+
+
+def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
+    """(positional arrays, keyword-only scalars) of the launcher for ``k``: its
+    parameters less those the launcher derives from shapes (kgen.ir.pyapi.DERIVED),
+    then its op's host bounds and, where it reads indices from the device, the
+    read-back switch."""
+    arrays, scalars = [], []
+    for p in params(k):
+        if p.name in DERIVED:
+            continue
+        if p.is_pointer:
+            arrays.append(PyArg(p.name, "cupy.ndarray", dtype=p.dtype))
+        else:
+            ann = "float | None" if p.ctype == "float" else "int"
+            scalars.append(PyArg(p.name, ann, DEFAULTS.get(p.name)))
+    op = OPS[k.op]
+    scalars += op.host_bounds(k)
+    # Positions, tables and lengths on the device (the MLA ops' index tensors too).
+    if op.validates_pos(k):
+        scalars.append(PyArg("validate_pos", "bool", "True"))
+    return arrays, scalars
+
+
+__all__ = ["OPS", "OpDef", "get", "params", "py_args"]

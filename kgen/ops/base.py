@@ -16,11 +16,14 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
-from kgen.ir.axes import Op
+from kgen.ir.axes import Op, Position
+from kgen.ir.geometry import MLA_ROW
 
 if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
     from kgen.ir.kernel import Kernel
+    from kgen.ir.pyapi import PyArg
+    from kgen.ir.signature import Param
 
 
 class OpDef:
@@ -89,6 +92,26 @@ class OpDef:
         """Refuses staged K/V tiles beyond the shared memory a block may use."""
 
     # --- signature and geometry (kgen.ir.signature, kgen.ir.geometry, kgen.ir.pyapi)
+    def params(self, k: Kernel) -> list[Param]:
+        """The parameter list of ``k``'s kernel, in argument order (kgen.ir.signature)."""
+        return []
+
+    def host_bounds(self, k: Kernel) -> list[PyArg]:
+        """Launcher scalars that are no kernel parameter: host bounds that size the grid."""
+        return []
+
+    def validates_pos(self, k: Kernel) -> bool:
+        """Whether the launcher takes validate_pos: ``k`` reads indices from the device."""
+        # positions, tables or lengths on the device (the MLA ops' index tensors too)
+        return k.position is not Position.HOST or self.mla
+
+    def mla_width(self) -> int:
+        """The one row width the op's MLA kernels serve (their "head_dim")."""
+        return MLA_ROW
+
+    def mla_threads(self, k: Kernel) -> int:
+        """Threads of an MLA kernel's block, fixed by its op (no MLA block: KeyError)."""
+        raise KeyError(self.op)
 
     # --- render (kgen.compiler.render, kgen.compiler.coverage, kgen.compiler.view)
 

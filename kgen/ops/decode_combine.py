@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kgen.ir.axes import Op, Position
+from kgen.ir.axes import Op, Position, Sinks
+from kgen.ir.signature import fixed, position_params
 from kgen.ops.base import OpDef
 
 if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
     from kgen.ir.kernel import Kernel
+    from kgen.ir.signature import Param
 
 
 class DecodeCombine(OpDef):
@@ -27,6 +29,15 @@ class DecodeCombine(OpDef):
                             "request's heads (n_splits = the launch width)")
 
     # --- signature and geometry
+    def params(self, k: Kernel) -> list[Param]:
+        out = fixed("const float *", "m_in", "l_in", "acc_in") + fixed("float *", "out")
+        if k.sinks is Sinks.LEARNED:
+            out += fixed("const float *", "sinks")
+        out += fixed("int", "head_dim")
+        out += position_params(k, fixed("int", "n_splits"))
+        if k.position is not Position.HOST:
+            out += fixed("int", "kps", "splits_cap")
+        return out
 
     # --- render
 

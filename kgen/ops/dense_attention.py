@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kgen.ir.axes import Op
+from kgen.ir.signature import elems, fixed
 from kgen.ir.target import TARGET
 from kgen.ops.base import OpDef
 from kgen.ops.dflash_attention import DflashAttention
@@ -14,6 +15,7 @@ from kgen.ops.dflash_attention import DflashAttention
 if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
     from kgen.ir.kernel import Kernel
+    from kgen.ir.signature import Param
 
 
 class DenseAttention(OpDef):
@@ -40,6 +42,13 @@ class DenseAttention(OpDef):
                             f"memory; a block may use {limit}")
 
     # --- signature and geometry
+    def params(self, k: Kernel) -> list[Param]:
+        # the engine's Attention(out, query, key, value)
+        out = elems(k.out_dtype, "", "out")
+        out += elems(k.in_dtype, "const ", "query", "key", "value")
+        out += fixed("int", "n_rows", "n_head", "n_head_kv", "head_dim", "block_causal")
+        out += fixed("float", "scale")
+        return out
 
     # --- render
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kgen.ir.axes import Op
+from kgen.ir.axes import KeySource, Op
+from kgen.ir.signature import elems, fixed
 from kgen.ir.target import TARGET
 from kgen.ops.base import OpDef
 
 if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
     from kgen.ir.kernel import Kernel
+    from kgen.ir.signature import Param
 
 
 class DflashAttention(OpDef):
@@ -38,6 +40,17 @@ class DflashAttention(OpDef):
                             f"floats); a {TARGET.arch} thread has {limit} registers")
 
     # --- signature and geometry
+    def params(self, k: Kernel) -> list[Param]:  # the engine's argument order and names
+        paged = k.key_source is KeySource.PAGED
+        out = elems(k.out_dtype, "", "out") + elems(k.in_dtype, "const ", "query")
+        out += elems(k.in_dtype, "const ", *(("block_key", "block_value", "ctx_key",
+                                              "ctx_value") if paged else ("key", "value")))
+        out += fixed("const int *", "cu_seqlens", *(("seq_lens", "block_table") if paged else ()))
+        out += fixed("int", "n_rows", "n_head", "n_head_kv", "head_dim", "num_reqs")
+        if paged:
+            out += fixed("int", "block_size", "max_blocks", "num_pages")
+        out += fixed("int", "block_causal", "sliding_window") + fixed("float", "scale")
+        return out
 
     # --- render
 

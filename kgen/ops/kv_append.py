@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kgen.ir.axes import Op
+from kgen.ir.axes import Op, Position
+from kgen.ir.signature import cache_arrays, fixed, position_params
 from kgen.ir.target import TARGET
 from kgen.ops.base import OpDef
 
 if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
     from kgen.ir.kernel import Kernel
+    from kgen.ir.signature import Param
 
 
 class KvAppend(OpDef):
@@ -37,6 +39,22 @@ class KvAppend(OpDef):
                             f"values (max_head_dim >= {fmt.block})")
 
     # --- signature and geometry
+    def params(self, k: Kernel) -> list[Param]:
+        fmt = k.pair  # the cache's formats: shadows and scales of the roles that keep them
+        shadows = [s.name for s in fmt.shadow_buffers()]
+        shadow_scalars = list(fmt.shadow_scalars())
+        scales = list(fmt.scale_scalars())
+        out = fixed("const float *", "k_new", "v_new")
+        out += cache_arrays(k, "")
+        out += fixed("__half *", *shadows)
+        if k.position is Position.PAGED:  # reshape_and_cache
+            out += fixed("const int *", "slot_mapping") + fixed("int", "n_head_kv", "head_dim")
+        else:
+            out += fixed("int", "n_head_kv", "head_dim", "max_seq")
+            out += position_params(k, fixed("int", "pos0"))
+        out += fixed("int", *shadow_scalars)
+        out += fixed("float", *scales)
+        return out
 
     # --- render
 

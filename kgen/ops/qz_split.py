@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kgen.ir.axes import Op
+from kgen.ir.signature import fixed
 from kgen.ops.base import OpDef
+
+if TYPE_CHECKING:
+    from kgen.ir.kernel import Kernel
+    from kgen.ir.signature import Param
 
 
 class QzSplit(OpDef):
@@ -12,6 +19,12 @@ class QzSplit(OpDef):
     # --- spec: axes and checks
 
     # --- signature and geometry
+    def params(self, k: Kernel) -> list[Param]:
+        return (fixed("const float *", "qg") + fixed("float *", "q", "z")
+                + fixed("int", "head_dim", "total"))
+
+    def validates_pos(self, k: Kernel) -> bool:
+        return False  # its kernels read no positions, whatever the position axis says
 
     # --- render
 

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kgen import ops
 from kgen.ir.axes import (
     MLA_OPS,
     KeySource,
@@ -59,7 +60,6 @@ from kgen.ir.geometry import (
     mla_gather_threads,
     mla_prefill_grid,
     mla_store_grid,
-    mla_width,
     out_cols,
     padded,
     paged_prefill_grid,
@@ -73,8 +73,8 @@ from kgen.ir.geometry import (
 )
 from kgen.ir.kernel import Kernel
 from kgen.ir.params import INT_MAX, PARAMS
-from kgen.ir.signature import params
 from kgen.ir.target import TARGET
+from kgen.ops import params
 from kgen.runtime.contracts import Checker, ContractError
 from kgen.runtime.plan import decode_plan
 from kgen.runtime.record import registers
@@ -403,7 +403,7 @@ def shape_error(k: Kernel, head_dim: int, groups: int = 1) -> ContractError | No
         elif k.op is Op.MERGE_ATTN_STATES:  # a warp per row strides any head_dim
             c.require(head_dim >= 1, "shape", lambda: f"head_dim = {head_dim}: nothing to merge")
         elif k.op in MLA_OPS:  # one latent row width, fixed at compile time
-            want = mla_width(k.op)
+            want = ops.get(k.op).mla_width()
             c.require(head_dim == want, "shape", lambda: f"head_dim = {head_dim}: {k.op.value} "
                       f"serves rows of {want} only")
         elif k.op in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION):  # a warp's rows

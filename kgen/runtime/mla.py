@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kgen import ops
 from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS, IoDtype, Lse, Mask, Op, SeqStarts
-from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, MLA_ROW, mla_default_splits, mla_width
+from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, MLA_ROW, mla_default_splits
 from kgen.ir.params import ENTRY_PARAMS, INT_MAX
 from kgen.runtime import device
 from kgen.runtime.blocks import PagedBlocks
@@ -63,7 +64,7 @@ def launcher(r: Role, variant: str | None = None):
     key = (r, variant)
     fn = _CHOSEN.get(key)
     if fn is None:
-        fn = _CHOSEN[key] = find(r, mla_width(r.op), 1, variant)[1]
+        fn = _CHOSEN[key] = find(r, ops.get(r.op).mla_width(), 1, variant)[1]
     return fn
 
 

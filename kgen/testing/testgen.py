@@ -21,8 +21,8 @@ from kgen.errors import SpecError
 from kgen.ir.axes import KEYS, MLA_OPS, KeySource, Mode, Op, Position, Sinks, SoftCap, Window
 from kgen.ir.geometry import head_dim_step, min_head_dim, query_tiles
 from kgen.ir.kernel import Kernel
-from kgen.ir.signature import params
 from kgen.ir.target import TARGET
+from kgen.ops import params
 from kgen.runtime.bind import REGISTERS, bind, shape_error, shape_refusal
 from kgen.runtime.contracts import ContractError
 from kgen.testing import Case, host_args

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from kgen.ir.axes import MLA_OPS, Mode, Op, Position
+from kgen import ops
+from kgen.ir.axes import Mode, Op, Position
 from kgen.ir.geometry import (
     block_threads,
     combine_threads,
     head_dim_step,
-    mla_threads,
     query_tiles,
 )
 from kgen.ir.target import TARGET
@@ -130,7 +130,8 @@ def test_no_built_kernel_accepts_a_block_its_registers_cannot_hold(records):
         for hd in served:
             threads = (block_threads(k, hd) if k.op is Op.FLASH else
                        256 if k.op is Op.QZ_SPLIT else
-                       mla_threads(k) if k.op in MLA_OPS else combine_threads(k, hd))
+                       ops.get(k.op).mla_threads(k) if ops.get(k.op).mla else
+                       combine_threads(k, hd))
             assert threads <= widest_block(regs), (name, hd, regs)
         plain = kernel(name, axes_of(k))  # no registers: what the other contracts accept
         if k.op is Op.FLASH and not query_tiles(k) and served != _served(plain):

@@ -28,10 +28,10 @@ from kgen.formats import FORMATS
 from kgen.ir.axes import IoDtype, KeySource, Op
 from kgen.ir.geometry import DFLASH_ROWS, dflash_chunks, dflash_threads
 from kgen.ir.params import INT_MAX, PARAMS
-from kgen.ir.signature import params
 from kgen.numpy_ref import dflash_block_attention as ref_dense
 from kgen.numpy_ref import dflash_paged_block_attention as ref_paged
 from kgen.numpy_ref.dflash import gather_context, widen
+from kgen.ops import params
 from kgen.runtime import ContractError, bind, dflash_block_attention, dflash_paged_block_attention
 from kgen.runtime import dflash as runtime_dflash
 from kgen.testing import dflash as tdflash

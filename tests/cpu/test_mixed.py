@@ -14,8 +14,8 @@ import pytest
 from kgen import numpy_ref as ref
 from kgen.formats import FORMATS, KvPair, as_pair, pair
 from kgen.ir.axes import Op
-from kgen.ir.signature import params
 from kgen.numpy_ref.paged import dense as gather
+from kgen.ops import params
 from kgen.runtime import ContractError, tuned
 from kgen.runtime.kv import KVCache
 from kgen.runtime.paged import PagedKVCache

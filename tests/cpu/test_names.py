@@ -11,7 +11,7 @@ import pytest
 from kgen.compiler import pipeline
 from kgen.compiler.spec.names import GENERATED_PY_NAMES, kernel_name_problem, module_name_problem
 from kgen.compiler.spec.parser import parse_spec
-from kgen.ir.pyapi import py_args
+from kgen.ops import py_args
 from kgen.runtime.kernels import make_launcher
 from kgen.runtime.manifest import Arg, Entry
 from kgen.runtime.record import axes_of

@@ -19,7 +19,7 @@ from kgen.compiler import pipeline
 from kgen.formats import FORMATS, as_pair
 from kgen.ir.axes import Mode, Op, Position
 from kgen.ir.geometry import flash_shared_bytes, min_head_dim
-from kgen.ir.pyapi import py_args
+from kgen.ops import py_args
 from kgen.runtime import ContractError, bind, decode_plan
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.record import axes_of

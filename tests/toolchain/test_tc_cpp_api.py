@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kgen.ir.pyapi import py_args
-from kgen.ir.signature import params
+from kgen.ops import params, py_args
 from kgen.runtime.bind import bind
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.record import kernel as built_kernel
