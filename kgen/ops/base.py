@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
     from kgen.ir.pyapi import PyArg
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class OpDef:
@@ -116,6 +117,27 @@ class OpDef:
     # --- render (kgen.compiler.render, kgen.compiler.coverage, kgen.compiler.view)
 
     # --- binding and launch (kgen.runtime)
+    sets_combine_tile: ClassVar[bool] = False  # its kernel's tile_keys is the tile a cache's
+    #                                            combine then plans with (kgen.runtime.roles)
+    sinks_keyword: ClassVar[bool] = False      # learned sinks come as the ``sinks`` keyword
+    #                                            of Options.kwargs (a combine: its arrays)
+    entries: ClassVar[tuple[str, ...]] = ()   # the public calls that launch its kernels, by
+    #                                            name in kgen.runtime (and kgen); () where only
+    #                                            the cache objects or its launchers reach them
+
+    def bind(self, k: Kernel, c: Checker, a: dict) -> tuple:
+        """``a`` checked against ``k``'s contracts: (grid, block, shared bytes, values)."""
+        raise NotImplementedError(f"no binder for {self.op.value}")
+
+    def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
+        """Refuses (``c``) a head_dim / q heads per kv head ``k`` can't launch, by shape."""
+        from kgen.runtime.checks import check_head_dim
+
+        check_head_dim(k, c, hd, rows=False)  # a block is head_dim threads
+
+    def rank(self, k: Kernel, options: int) -> tuple:
+        """Order among its kernels serving a role (min first), ``options``: axes off default."""
+        return (options, False)
 
     # --- C++ view (kgen.compiler.cpp_api)
 

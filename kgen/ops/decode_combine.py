@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kgen.ir.axes import Op, Position, Sinks
+from kgen.ir.params import INT_MAX
 from kgen.ir.signature import fixed, position_params
 from kgen.ops.base import OpDef
 
@@ -12,6 +15,7 @@ if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
     from kgen.ir.kernel import Kernel
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class DecodeCombine(OpDef):
@@ -42,6 +46,55 @@ class DecodeCombine(OpDef):
     # --- render
 
     # --- binding and launch
+    entries = ("paged_attention",)  # kgen.runtime's public calls
+
+    def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
+        """A serial combine block is head_dim threads, a staged one COMBINE_THREADS (a block
+        per COMBINE_DIMS dims, any head_dim), with the registers they need."""
+        from kgen.ir.geometry import combine_staged, combine_threads
+        from kgen.runtime.checks import block_registers, check_head_dim
+
+        if combine_staged(k):  # any head_dim: a block per COMBINE_DIMS dims (grid y, checked)
+            c.require(hd >= 1, "shape", lambda: f"head_dim = {hd}: nothing to combine")
+        else:
+            check_head_dim(k, c, hd, rows=False)
+        block_registers(k, c, combine_threads(k, hd), hd)
+
+    def bind(self, k: Kernel, c: Checker, a: dict):
+        """The (m, l, acc) partials of out's heads into out [heads][head_dim]: n_splits of
+        them (host), or the live plan's of the device position (kps, splits_cap)."""
+        from kgen.ir.geometry import combine_grid, combine_threads
+        from kgen.runtime.checks import PARTIALS_IN, device_positions, learned_sinks, partials
+        from kgen.runtime.plan import decode_plan
+
+        out = a["out"]
+        c.array("out", out, np.float32, 2)
+        heads, hd = (int(x) for x in out.shape)
+        self.check_launch_shape(k, c, hd)
+        for name in ("m_in", "l_in", "acc_in"):
+            c.array(name, a[name], np.float32)
+        values = dict(m_in=a["m_in"], l_in=a["l_in"], acc_in=a["acc_in"], out=out, head_dim=hd)
+        if k.sinks is Sinks.LEARNED:
+            values["sinks"] = learned_sinks(c, a, heads)
+        if k.position is Position.HOST:
+            width = c.integer("n_splits", a["n_splits"], 1)
+            values["n_splits"] = width
+        else:
+            values["kps"] = c.integer("kps", a["kps"], 1)
+            values["splits_cap"] = width = c.integer("splits_cap", a["splits_cap"], 1)
+            values["pos"] = a["pos"]
+            host = device_positions(k, c, a, 1, INT_MAX, rows=1, wrap=True)
+            if host is not None:  # the live plan: partials are strided by its n_splits
+                width = decode_plan(int(host[0]) + 1, values["kps"], width, k.tile_keys).n_splits
+        partials(c, a, PARTIALS_IN, heads, width, hd)
+        return combine_grid(k, heads, hd), (combine_threads(k, hd), 1, 1), 0, values
+
+    def rank(self, k: Kernel, options: int) -> tuple:
+        """The staged form (its loads in flight at once; the serial form's bits) before
+        the serial one."""
+        from kgen.ir.geometry import combine_staged
+
+        return (options, not combine_staged(k))
 
     # --- C++ view
 

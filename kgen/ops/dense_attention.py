@@ -4,9 +4,13 @@ sequence, a warp per (query, q head).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kgen.ir.axes import Op
+from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
 from kgen.ir.target import TARGET
 from kgen.ops.base import OpDef
@@ -16,6 +20,7 @@ if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
     from kgen.ir.kernel import Kernel
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class DenseAttention(OpDef):
@@ -53,6 +58,46 @@ class DenseAttention(OpDef):
     # --- render
 
     # --- binding and launch
+    entries = ("attention_dense_fast", "attention_dense_flash")  # kgen.runtime's public calls
+
+    def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
+        from kgen.runtime.checks import check_dflash_shape
+
+        check_dflash_shape(k, c, hd)
+
+    def bind(self, k: Kernel, c: Checker, a: dict):
+        """The engine's Attention over one sequence (AttentionDenseFast, AttentionDenseFlash):
+        query [n_rows][n_head][head_dim] and key / value [n_rows][n_head_kv][head_dim] of
+        in_dtype, out [n_rows][n_head][head_dim] of out_dtype, every array C-contiguous; a
+        warp per (query row, q head), its head_dim within max_head_dim (check_dflash_shape:
+        the same warp's registers); the tiles of shared_tile are static shared memory."""
+        from kgen.ir.geometry import DENSE_ROWS, dense_grid, dense_threads
+        from kgen.runtime.checks import check_dflash_shape, param
+
+        fi, fo = k.in_dtype.fmt, k.out_dtype.fmt
+        q = a["query"]
+        c.array("query", q, np.dtype(fi.dtype), 3)
+        T, H, D = (int(x) for x in q.shape)
+        c.require(T >= 1 and H >= 1 and D >= 1, "shape",
+                  lambda: f"query has shape {(T, H, D)}: no rows to attend")
+        check_dflash_shape(k, c, D)
+        c.array("out", a["out"], np.dtype(fo.dtype), 3)
+        c.shape("out", a["out"], (T, H, D))
+        c.array("key", a["key"], np.dtype(fi.dtype), 3)
+        hk = int(a["key"].shape[1])
+        c.require(hk >= 1, "shape", lambda: "key has no kv heads")
+        c.shape("key", a["key"], (T, hk, D))
+        c.array("value", a["value"], np.dtype(fi.dtype), 3)
+        c.shape("value", a["value"], (T, hk, D))
+        c.require(H % hk == 0, "GQA", lambda: f"n_head = {H} is not a multiple of "
+                  f"n_head_kv = {hk}")
+        c.require(T * H <= INT_MAX - DENSE_ROWS, "int32 index",
+                  lambda: f"{T} rows x {H} heads overflow the kernel's int row index")
+        values = dict(out=a["out"], query=q, key=a["key"], value=a["value"], n_rows=T,
+                      n_head=H, n_head_kv=hk, head_dim=D,
+                      block_causal=param(c, a, "block_causal"),
+                      scale=param(c, a, "scale", 1.0 / math.sqrt(D)))
+        return dense_grid(T, H, hk), (dense_threads(), 1, 1), 0, values
 
     # --- C++ view
 

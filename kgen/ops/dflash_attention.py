@@ -4,9 +4,13 @@ its request's block (and, paged, its context).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kgen.ir.axes import KeySource, Op
+from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
 from kgen.ir.target import TARGET
 from kgen.ops.base import OpDef
@@ -15,6 +19,7 @@ if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
     from kgen.ir.kernel import Kernel
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class DflashAttention(OpDef):
@@ -55,6 +60,83 @@ class DflashAttention(OpDef):
     # --- render
 
     # --- binding and launch
+    entries = (  # kgen.runtime's public calls
+        "dflash_block_attention",
+        "dflash_paged_block_attention",
+    )
+
+    def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
+        from kgen.runtime.checks import check_dflash_shape
+
+        check_dflash_shape(k, c, hd)
+
+    def bind(self, k: Kernel, c: Checker, a: dict):
+        """The engine's DFlash block attention. query and out are [n_rows][n_head][head_dim];
+        dense: key / value [n_rows][n_head_kv][head_dim]; paged: block_key / block_value
+        alike, ctx_key / ctx_value pages [num_pages][block_size][n_head_kv][head_dim]; out
+        of the kernel's out_dtype, query and every key / value array of its in_dtype;
+        seq_lens [num_reqs] and block_table [num_reqs][max_blocks] int32. cu_seqlens
+        [num_reqs + 1] int32. Every array C-contiguous. The index tensors are read in place
+        by the kernel (never by the host: the launch can be captured), which writes zeros
+        to rows outside every request and NaN to rows of a request whose entries break the
+        contract (kgen.runtime.dflash checks them on the host first, unless told not to)."""
+        from kgen.ir.geometry import DFLASH_ROWS, dflash_grid, dflash_threads
+        from kgen.runtime.checks import check_dflash_shape, elem, index, param
+
+        paged = k.key_source is KeySource.PAGED
+        fi, fo = elem(k.in_dtype), elem(k.out_dtype)
+        q = a["query"]
+        c.array("query", q, fi, 3)
+        T, H, D = (int(x) for x in q.shape)
+        c.require(T >= 1 and H >= 1 and D >= 1, "shape",
+                  lambda: f"query has shape {(T, H, D)}: no rows to attend")
+        check_dflash_shape(k, c, D)
+        c.array("out", a["out"], fo, 3)
+        c.shape("out", a["out"], (T, H, D))
+        kn, vn = ("block_key", "block_value") if paged else ("key", "value")
+        c.array(kn, a[kn], fi, 3)
+        hk = int(a[kn].shape[1])
+        c.require(hk >= 1, "shape", lambda: f"{kn} has no kv heads")
+        c.shape(kn, a[kn], (T, hk, D))
+        c.array(vn, a[vn], fi, 3)
+        c.shape(vn, a[vn], (T, hk, D))
+        c.require(H % hk == 0, "GQA", lambda: f"n_head = {H} is not a multiple of "
+                  f"n_head_kv = {hk}")
+        cu = a["cu_seqlens"]
+        c.array("cu_seqlens", cu, np.int32, 1)
+        reqs = int(cu.shape[0]) - 1
+        c.require(reqs >= 1, "shape", "cu_seqlens needs num_reqs + 1 entries")
+        c.require(T * H <= INT_MAX - DFLASH_ROWS, "int32 index",
+                  lambda: f"{T} rows x {H} heads overflow the kernel's int row index")
+        values = dict(out=a["out"], query=q, cu_seqlens=cu, n_rows=T, n_head=H, n_head_kv=hk,
+                      head_dim=D, num_reqs=reqs)
+        values[kn], values[vn] = a[kn], a[vn]
+        if paged:
+            ck, cv = a["ctx_key"], a["ctx_value"]
+            c.array("ctx_key", ck, fi, 4)
+            c.array("ctx_value", cv, fi, 4)
+            nb, bs = int(ck.shape[0]), int(ck.shape[1])
+            c.shape("ctx_key", ck, (nb, bs, hk, D))
+            c.shape("ctx_value", cv, (nb, bs, hk, D))
+            c.require(nb >= 1 and bs >= 1, "shape", "empty context pages")
+            c.require(nb * bs <= INT_MAX, "int32 position", lambda: f"{nb} pages of {bs} "
+                      "positions overflow an int position")
+            index(c, a, "seq_lens", (reqs,))
+            bt = a["block_table"]
+            c.array("block_table", bt, np.int32, 2)
+            c.require(int(bt.shape[0]) == reqs, "shape", lambda: f"block_table has "
+                      f"{bt.shape[0]} rows for {reqs} requests")
+            mb = int(bt.shape[1])
+            c.require(mb >= 1, "shape", "block_table has no columns")
+            c.require(mb * bs + T + k.keys_per_step <= INT_MAX, "int32 position",
+                      lambda: f"{mb} blocks of {bs} context positions and {T} block rows "
+                      f"(and a step of {k.keys_per_step} keys) overflow an int position")
+            values.update(ctx_key=ck, ctx_value=cv, seq_lens=a["seq_lens"], block_table=bt,
+                          block_size=bs, max_blocks=mb, num_pages=nb)
+        values.update(block_causal=param(c, a, "block_causal"),
+                      sliding_window=param(c, a, "sliding_window"),
+                      scale=param(c, a, "scale", 1.0 / math.sqrt(D)))
+        return dflash_grid(T, H), (dflash_threads(), 1, 1), 0, values
 
     # --- C++ view
 

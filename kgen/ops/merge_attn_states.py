@@ -4,15 +4,19 @@ disjoint keys, merged by their LSEs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
 
 from kgen.ir.axes import Lse, Op
+from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
 from kgen.ops.base import OpDef
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class MergeAttnStates(OpDef):
@@ -37,6 +41,45 @@ class MergeAttnStates(OpDef):
     # --- render
 
     # --- binding and launch
+    MERGE_LSES: ClassVar[tuple[str, ...]] = ("prefix_lse", "suffix_lse")  # the LSEs merged
+
+    entries = ("merge_attn_states",)  # kgen.runtime's public calls
+
+    def bind(self, k: Kernel, c: Checker, a: dict):
+        """The engine's MergeAttnStates: output, prefix_output and suffix_output are
+        [n_tokens][n_head][head_dim] (out_dtype, in_dtype); prefix_lse, suffix_lse (and
+        output_lse, lse = write) [n_head][n_tokens] f32, every array C-contiguous. A warp
+        merges one (token, head) row."""
+        from kgen.ir.geometry import MERGE_ROWS, merge_grid, merge_threads
+        from kgen.runtime.checks import elem, param
+
+        out = a["output"]
+        c.array("output", out, elem(k.out_dtype), 3)
+        T, H, D = (int(x) for x in out.shape)
+        c.require(T >= 1 and H >= 1 and D >= 1, "shape",
+                  lambda: f"output has shape {(T, H, D)}: nothing to merge")
+        for name in ("prefix_output", "suffix_output"):
+            c.array(name, a[name], elem(k.in_dtype), 3)
+            c.shape(name, a[name], (T, H, D))
+        lses = (*self.MERGE_LSES, "output_lse") if k.lse is Lse.WRITE else self.MERGE_LSES
+        for name in lses:
+            x = a[name]
+            c.array(name, x, np.float32, 2)
+            c.require(tuple(x.shape) == (H, T), "lse layout",
+                      lambda x=x, name=name: f"{name} has shape {tuple(x.shape)}; the LSE "
+                      f"layout is [n_head][n_tokens] = {(H, T)}"
+                      + (" (this is [n_tokens][n_head]: pass its transpose, made contiguous)"
+                         if tuple(x.shape) == (T, H) else ""))
+        c.require(T * H <= INT_MAX - MERGE_ROWS, "int32 index",
+                  lambda: f"{T} tokens x {H} heads overflow the kernel's int row index")
+        values = {name: a[name] for name in ("output", *lses, "prefix_output", "suffix_output")}
+        values.update(n_tokens=T, n_head=H, head_dim=D,
+                      prefill_tokens_with_context=param(c, a, "prefill_tokens_with_context"))
+        return merge_grid(T, H), (merge_threads(), 1, 1), 0, values
+
+    def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
+        """A warp per row strides any head_dim."""
+        c.require(hd >= 1, "shape", lambda: f"head_dim = {hd}: nothing to merge")
 
     # --- C++ view
 

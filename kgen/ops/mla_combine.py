@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kgen.ir.axes import Lse, Op
 from kgen.ir.geometry import MLA_COMBINE_THREADS, MLA_LATENT
+from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
 from kgen.ops.base import OpDef
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class MlaCombine(OpDef):
@@ -39,6 +43,35 @@ class MlaCombine(OpDef):
     # --- render
 
     # --- binding and launch
+    entries = ("mla_decode_attention",)  # kgen.runtime's public calls
+
+    def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
+        from kgen.runtime.checks import check_mla_shape
+
+        check_mla_shape(k, c, hd, self.mla_width())
+
+    def bind(self, k: Kernel, c: Checker, a: dict):
+        """The merge stage of a decode: the (m, l, acc) partials of every split, in
+        ascending order, into out [B][Hq][MLA_LATENT] (and lse [B][Hq], lse = write)."""
+        from kgen.ir.geometry import MLA_COMBINE_THREADS, MLA_LATENT, mla_combine_grid
+        from kgen.runtime.checks import elem, mla_lens, mla_partials
+
+        out = a["out"]
+        c.array("out", out, elem(k.out_dtype), 3)
+        B, H = (int(n) for n in out.shape[:2])
+        c.shape("out", out, (B, H, MLA_LATENT))
+        c.require(B >= 1 and H >= 1, "shape", lambda: f"out has shape {tuple(out.shape)}")
+        S = mla_partials(c, a, ("m_in", "l_in", "acc_in"), B, H)
+        mla_lens(c, a, B)
+        values = dict(m_in=a["m_in"], l_in=a["l_in"], acc_in=a["acc_in"], seq_lens=a["seq_lens"],
+                      out=out, n_head=H, kv_splits=S)
+        if k.lse is Lse.WRITE:
+            c.array("lse", a["lse"], np.float32, 2)
+            c.shape("lse", a["lse"], (B, H))
+            values["lse"] = a["lse"]
+        c.require(B * H <= INT_MAX, "int32 index", lambda: f"{B} requests x {H} heads overflow "
+                  "the kernel's int row index")
+        return mla_combine_grid(B, H), (MLA_COMBINE_THREADS, 1, 1), 0, values
 
     # --- C++ view
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from kgen.ir.axes import Op
@@ -12,6 +13,7 @@ from kgen.ops.base import OpDef
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class MlaDecode(OpDef):
@@ -37,6 +39,50 @@ class MlaDecode(OpDef):
     # --- render
 
     # --- binding and launch
+    entries = ("mla_decode_attention",)  # kgen.runtime's public calls
+
+    def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
+        from kgen.runtime.checks import check_mla_shape
+
+        check_mla_shape(k, c, hd, self.mla_width())
+
+    def bind(self, k: Kernel, c: Checker, a: dict):
+        """The split stage of a decode: query [B][Hq][MLA_ROW] over each request's paged
+        latent rows (block_table, seq_lens), each key split's (m, l, acc) partials."""
+        from kgen.ir.geometry import MLA_ROW, MLA_THREADS, mla_decode_grid
+        from kgen.runtime.checks import (
+            aligned,
+            block_registers,
+            elem,
+            host_ints,
+            latent_pages,
+            mla_lens,
+            mla_partials,
+            mla_tables,
+            mla_used_blocks,
+            param,
+        )
+
+        q = a["query"]
+        c.array("query", q, elem(k.in_dtype), 3)
+        B, H = (int(n) for n in q.shape[:2])
+        c.shape("query", q, (B, H, MLA_ROW))
+        c.require(B >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
+        nb, bs = latent_pages(k, c, "kv_cache", a["kv_cache"])
+        aligned(c, "kv_cache", a["kv_cache"])
+        _, mb = mla_tables(c, a, B)
+        mla_lens(c, a, B)
+        if a.get("validate_pos", True):
+            lens, table = host_ints(a["seq_lens"]), host_ints(a["block_table"])
+            for r, n in enumerate(lens):
+                mla_used_blocks(c, table, r, 0, int(n), nb, bs)
+        S = mla_partials(c, a, ("m_out", "l_out", "acc_out"), B, H)
+        block_registers(k, c, MLA_THREADS, None)
+        values = dict(query=q, kv_cache=a["kv_cache"], block_table=a["block_table"],
+                      seq_lens=a["seq_lens"], m_out=a["m_out"], l_out=a["l_out"],
+                      acc_out=a["acc_out"], n_head=H, kv_splits=S, num_blocks=nb, block_size=bs,
+                      max_blocks=mb, scale=param(c, a, "scale", 1.0 / math.sqrt(MLA_ROW)))
+        return mla_decode_grid(H, S, B), (MLA_THREADS, 1, 1), 0, values
 
     # --- C++ view
 

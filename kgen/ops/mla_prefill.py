@@ -4,10 +4,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from kgen.ir.axes import Lse, Op
 from kgen.ir.geometry import MLA_PREFILL_QK, MLA_PREFILL_ROWS
+from kgen.ir.params import INT_MAX
 from kgen.ir.pyapi import PyArg
 from kgen.ir.signature import elems, fixed
 from kgen.ir.target import TARGET
@@ -16,6 +20,7 @@ from kgen.ops.base import OpDef
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class MlaPrefill(OpDef):
@@ -49,6 +54,69 @@ class MlaPrefill(OpDef):
     # --- render
 
     # --- binding and launch
+    entries = ("mla_prefill_attention",)  # kgen.runtime's public calls
+
+    def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
+        from kgen.runtime.checks import check_mla_shape
+
+        check_mla_shape(k, c, hd, self.mla_width())
+
+    def bind(self, k: Kernel, c: Checker, a: dict):
+        """Varlen attention, QK head size MLA_PREFILL_QK and V head size MLA_PREFILL_V over
+        contiguous K/V: request r owns query rows [cu_seqlens_q[r], cu_seqlens_q[r + 1])
+        and key rows likewise; out [total_q][H][MLA_PREFILL_V] (and lse [H][total_q])."""
+        from kgen.ir.geometry import (
+            MLA_PREFILL_QK,
+            MLA_PREFILL_ROWS,
+            MLA_PREFILL_V,
+            mla_prefill_grid,
+        )
+        from kgen.runtime.checks import aligned, block_registers, elem, host_ints, index, param
+
+        q = a["query"]
+        fi = elem(k.in_dtype)
+        c.array("query", q, fi, 3)
+        Tq, H = (int(n) for n in q.shape[:2])
+        c.shape("query", q, (Tq, H, MLA_PREFILL_QK))
+        key, value = a["key"], a["value"]
+        c.array("key", key, fi, 3)
+        Tk = int(key.shape[0])
+        c.shape("key", key, (Tk, H, MLA_PREFILL_QK))
+        c.array("value", value, fi, 3)
+        c.shape("value", value, (Tk, H, MLA_PREFILL_V))
+        c.require(Tq >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
+        for name, x in (("query", q), ("key", key), ("value", value)):
+            aligned(c, name, x)
+        cu_q = a["cu_seqlens_q"]
+        c.array("cu_seqlens_q", cu_q, np.int32, 1)
+        reqs = int(cu_q.shape[0]) - 1
+        c.require(reqs >= 1, "shape", "cu_seqlens_q needs num_reqs + 1 entries")
+        index(c, a, "cu_seqlens_k", (reqs + 1,))
+        c.array("out", a["out"], elem(k.out_dtype), 3)
+        c.shape("out", a["out"], (Tq, H, MLA_PREFILL_V))
+        values = dict(query=q, key=key, value=value, cu_seqlens_q=cu_q,
+                      cu_seqlens_k=a["cu_seqlens_k"], out=a["out"], n_head=H, num_reqs=reqs,
+                      total_q=Tq, scale=param(c, a, "scale", 1.0 / math.sqrt(MLA_PREFILL_QK)))
+        if k.lse is Lse.WRITE:
+            c.array("lse", a["lse"], np.float32, 2)
+            c.require(tuple(a["lse"].shape) == (H, Tq), "lse layout", lambda: f"lse has shape "
+                      f"{tuple(a['lse'].shape)}; the LSE layout is [n_head][total_q] = {(H, Tq)}")
+            values["lse"] = a["lse"]
+        c.require(H * max(Tq, Tk) <= INT_MAX, "int32 index", lambda: f"{max(Tq, Tk)} rows x {H} "
+                  "heads overflow the kernel's int row index")
+        mq = c.integer("max_seqlen_q", a["max_seqlen_q"], 1, Tq, "max_seqlen_q")
+        if a.get("validate_pos", True):
+            for name, total in (("cu_seqlens_q", Tq), ("cu_seqlens_k", Tk)):
+                cu = host_ints(a[name]).astype(np.int64)
+                c.require(int(cu[0]) == 0 and int(cu[-1]) <= total and
+                          bool((np.diff(cu) >= 0).all()), name,
+                          lambda name=name, total=total: f"{name} must rise from 0 to at most "
+                          f"the {total} rows")
+            lens = np.diff(host_ints(cu_q).astype(np.int64))
+            c.require(int(lens.max()) <= mq, "max_seqlen_q", lambda: f"a request has "
+                      f"{int(lens.max())} query rows, above max_seqlen_q = {mq}")
+        block_registers(k, c, MLA_PREFILL_ROWS * TARGET.warp, None)
+        return mla_prefill_grid(mq, H, reqs), (MLA_PREFILL_ROWS * TARGET.warp, 1, 1), 0, values
 
     # --- C++ view
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kgen.ir.axes import Op
 from kgen.ir.geometry import MLA_STORE_THREADS
+from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
 from kgen.ops.base import OpDef
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class MlaStore(OpDef):
@@ -37,6 +41,59 @@ class MlaStore(OpDef):
     # --- render
 
     # --- binding and launch
+    entries = ("concat_and_cache_mla",)  # kgen.runtime's public calls
+
+    def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
+        from kgen.runtime.checks import check_mla_shape
+
+        check_mla_shape(k, c, hd, self.mla_width())
+
+    def bind(self, k: Kernel, c: Checker, a: dict):
+        """kv_c [T][MLA_LATENT] and k_pe [T][MLA_ROPE] (rows may be strided) into the latent
+        pages at the slots of slot_mapping [S] int64 (S <= T; a negative slot skips)."""
+        from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, MLA_STORE_THREADS, mla_store_grid
+        from kgen.runtime.checks import elem, latent_pages, slots_within
+
+        T, kv_stride = self._bind_source_rows(c, "kv_c", a["kv_c"], MLA_LATENT, elem(k.in_dtype))
+        T_pe, pe_stride = self._bind_source_rows(c, "k_pe", a["k_pe"], MLA_ROPE, elem(k.in_dtype))
+        c.require(T_pe == T, "shape", lambda: f"k_pe has {T_pe} rows, kv_c {T}")
+        nb, bs = latent_pages(k, c, "kv_cache", a["kv_cache"])
+        sm = a["slot_mapping"]
+        c.array("slot_mapping", sm, np.int64, 1)
+        S = int(sm.shape[0])
+        c.require(1 <= S <= T, "shape", lambda: f"slot_mapping has {S} slots for {T} tokens "
+                  "(1 <= S <= T: the tail past S is padding)")
+        if a.get("validate_pos", True):
+            slots_within(c, sm, nb * bs)
+        values = dict(kv_c=a["kv_c"], k_pe=a["k_pe"], kv_cache=a["kv_cache"], slot_mapping=sm,
+                      n_slots=S, kv_c_stride=kv_stride, k_pe_stride=pe_stride, num_blocks=nb,
+                      block_size=bs)
+        return mla_store_grid(S), (MLA_STORE_THREADS, 1, 1), 0, values
+
+    def _bind_source_rows(self, c: Checker, name: str, x, width: int,
+                          dtype: np.dtype) -> tuple[int, int]:
+        """A [rows][width] source of ``dtype`` whose rows may be strided (elements of a row
+        adjacent); (rows, row stride in elements)."""
+        c.require(hasattr(x, "shape") and hasattr(x, "dtype"), "array",
+                  lambda: f"{name} must be an array, not {type(x).__name__}")
+        c.require(x.dtype == dtype, "dtype", lambda: f"{name} must be {dtype.name}, not {x.dtype}")
+        c.require(x.ndim == 2, "shape", lambda: f"{name} must have 2 dimensions, not shape "
+                  f"{tuple(x.shape)}")
+        rows = int(x.shape[0])
+        c.shape(name, x, (rows, width))
+        strides = getattr(x, "strides", None)
+        if strides is None:  # a shape-only stand-in: C-contiguous
+            return rows, width
+        item = x.dtype.itemsize
+        row = int(strides[0])
+        c.require(int(strides[1]) == item and row % item == 0
+                  and (rows <= 1 or row >= width * item), "contiguous",
+                  lambda: f"{name} must have adjacent elements along a row and rows "
+                  f"at least {width} elements apart (strides {tuple(strides)})")
+        stride = row // item if rows > 1 else width
+        c.require(stride <= INT_MAX, "int32 index", lambda: f"{name}'s row stride {stride} "
+                  "overflows an int")
+        return rows, stride
 
     # --- C++ view
 

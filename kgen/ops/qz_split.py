@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kgen.ir.axes import Op
+from kgen.ir.params import INT_MAX
 from kgen.ir.signature import fixed
 from kgen.ops.base import OpDef
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
     from kgen.ir.signature import Param
+    from kgen.runtime.contracts import Checker
 
 
 class QzSplit(OpDef):
@@ -29,6 +34,26 @@ class QzSplit(OpDef):
     # --- render
 
     # --- binding and launch
+    def bind(self, k: Kernel, c: Checker, a: dict):
+        """qg [..., 2 * head_dim] into q and z [..., head_dim] (float32): a 1-D launch of
+        QZ_BLOCK-thread blocks over every element."""
+        from kgen.runtime.checks import QZ_BLOCK, block_registers
+
+        qg, q, z = a["qg"], a["q"], a["z"]
+        for name in ("qg", "q", "z"):
+            c.array(name, a[name], np.float32)
+        hd = int(q.shape[-1]) if q.ndim else 0
+        c.require(hd >= 1, "shape", "q must have a last (head_dim) axis")
+        c.shape("z", z, tuple(q.shape))
+        c.shape("qg", qg, (*q.shape[:-1], 2 * hd))
+        total = int(np.prod(q.shape))
+        c.require(total >= 1, "shape", "nothing to split")
+        blocks = math.ceil(total / QZ_BLOCK)
+        block_registers(k, c, QZ_BLOCK, None)
+        c.require(blocks * QZ_BLOCK <= INT_MAX, "int32 index",
+                  lambda: f"{total} elements overflow the kernel's int thread index")
+        values = dict(qg=qg, q=q, z=z, head_dim=hd, total=total)
+        return (blocks, 1, 1), (QZ_BLOCK, 1, 1), 0, values
 
     # --- C++ view
 

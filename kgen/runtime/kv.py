@@ -31,9 +31,9 @@ from kgen.runtime import tuned as store
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.convention import public, read_back
-from kgen.runtime.options import Options, groups, is_int, positive, scales
+from kgen.runtime.options import Options, given_plan, groups, is_int, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
-from kgen.runtime.plan import decode_plan, given_plan
+from kgen.runtime.plan import decode_plan
 from kgen.runtime.planner import kernel_plan, split_plan
 from kgen.runtime.replay import STEPS_LIMIT
 from kgen.runtime.roles import ROLES, CacheKernels

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen import ops
-from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS, IoDtype, Lse, Mask, Op, SeqStarts
+from kgen.ir.axes import IoDtype, Lse, Mask, Op, SeqStarts
 from kgen.ir.geometry import MLA_LATENT, MLA_ROPE, MLA_ROW, mla_default_splits
 from kgen.ir.params import ENTRY_PARAMS, INT_MAX
+from kgen.ops import get
 from kgen.runtime import device
 from kgen.runtime.blocks import PagedBlocks
 from kgen.runtime.calls import Calls
@@ -49,11 +49,12 @@ _CHOSEN: dict[tuple, object] = {}  # (role, variant) -> launcher
 def role(op: Op, in_dtype: IoDtype = IoDtype.F32, out_dtype: IoDtype = IoDtype.F32,
          **needs: str) -> Role:
     """What an MLA call needs a kernel for: its op, the option axes it asks and the
-    element types of its inputs and outputs (where the op has them: IN_DTYPE_OPS,
-    OUT_DTYPE_OPS)."""
-    if op in IN_DTYPE_OPS:
+    element types of its inputs and outputs (where the op has them: its in_dtype,
+    out_dtype)."""
+    kind = get(op)
+    if kind.in_dtype:
         needs["in_dtype"] = in_dtype.value
-    if op in OUT_DTYPE_OPS:
+    if kind.out_dtype:
         needs["out_dtype"] = out_dtype.value
     return Role(op, needs=tuple(sorted(needs.items())))
 
@@ -64,7 +65,7 @@ def launcher(r: Role, variant: str | None = None):
     key = (r, variant)
     fn = _CHOSEN.get(key)
     if fn is None:
-        fn = _CHOSEN[key] = find(r, ops.get(r.op).mla_width(), 1, variant)[1]
+        fn = _CHOSEN[key] = find(r, get(r.op).mla_width(), 1, variant)[1]
     return fn
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kgen.formats import as_pair
-from kgen.ir.axes import IoDtype, Op
+from kgen.ir.axes import IoDtype
 from kgen.ir.params import INT_MAX, NO_WINDOW, PARAMS
+from kgen.ops import get
 from kgen.runtime import convention, device
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.pending import Pending
@@ -62,6 +63,12 @@ def dtype_name(v, who: str) -> IoDtype:
 
 def positive(name: str, v, who: str = "KVCache") -> int:
     return count(name, v, 1, who)
+
+
+def given_plan(kps, splits_cap, who: str = "KVCache") -> tuple[int | None, int | None]:
+    """The plan values a caller gave, checked (positive ints); None where not given."""
+    return (None if kps is None else positive("kps", kps, who),
+            None if splits_cap is None else positive("splits_cap", splits_cap, who))
 
 
 def groups(n_head, n_head_kv: int, who: str = "KVCache") -> int:
@@ -198,7 +205,7 @@ class Options:
             out["attn_win"] = self.attn_win
         if k.softcap.value == "tanh":
             out["softcap"] = self.softcap
-        if k.sinks.value == "learned" and k.op is Op.FLASH:
+        if k.sinks.value == "learned" and get(k.op).sinks_keyword:
             # A kernel chosen for another option may carry sinks nobody asked for: -inf
             # sinks change no bit (made once the call is checked).
             out["sinks"] = self.sinks if self.sinks is not None else \

@@ -200,11 +200,3 @@ def decode_plan(seq_len: int, kps: int, cap: int, tile: int = 16) -> DecodePlan:
     split_len = (seq_len + n - 1) // n
     split_len = (split_len + tile - 1) & ~(tile - 1)
     return DecodePlan(seq_len, (seq_len + split_len - 1) // split_len, split_len)
-
-
-def given_plan(kps, splits_cap, who: str = "KVCache") -> tuple[int | None, int | None]:
-    """The plan values a caller gave, checked (positive ints); None where not given."""
-    from kgen.runtime.options import positive
-
-    return (None if kps is None else positive("kps", kps, who),
-            None if splits_cap is None else positive("splits_cap", splits_cap, who))

@@ -8,11 +8,11 @@ from __future__ import annotations
 from kgen.ir.geometry import block_threads, flash_shared_bytes
 from kgen.ir.kernel import Kernel
 from kgen.runtime.device import multiprocessors
+from kgen.runtime.options import given_plan
 from kgen.runtime.package import generated
 from kgen.runtime.plan import (
     default_plan,
     family_registers,
-    given_plan,
     plan_registers,
     plan_shared_bytes,
     prefill_splits,

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from kgen.formats import pair
 from kgen.ir.axes import Mode, Op, Position
+from kgen.ops import get
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.select import Role, fills, find
 
-# What each role of a cache object needs a kernel for (kv is filled in per cache).
+# What each role of a cache object needs a kernel for (kv is filled in per cache). The
+# caches' own vocabulary (the names their variants, has and get take), not a switch on
+# an op: each role asks for an op; what an op does is its op object's (kgen.ops).
 ROLES = {
     "append": Role(Op.KV_APPEND),
     "append_dev": Role(Op.KV_APPEND, Position.DEVICE),
@@ -76,7 +79,7 @@ class CacheKernels:
 
     def _role(self, role: str, needs: tuple = ()) -> Role:
         base = ROLES[role]
-        cache = base.op in (Op.FLASH, Op.KV_APPEND)
+        cache = get(base.op).cache
         return Role(base.op, base.position, base.mode, self.kv if cache else None, needs,
                     self.v_kv if cache else None)
 
@@ -87,7 +90,7 @@ class CacheKernels:
             for role in roles:
                 k, _ = self.get(role, groups, tile if role.startswith("combine") else None,
                                 (needs or {}).get(role, ()))
-                if k.op is Op.FLASH:
+                if get(k.op).sets_combine_tile:
                     tile = k.tile_keys
         except ContractError:
             return False

@@ -12,19 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kgen.ir.axes import KEYS, LOAD_PLACEMENT, KStage, Mode, Op, Position, QStage, Schedule
-from kgen.ir.geometry import (
-    combine_staged,
-    key_partials,
-    padded,
-    qtile_swizzle,
-    qtile_vec4,
-    query_tiles,
-    stream_hoisted,
-    stream_quads,
-    tile_threads,
-)
+from kgen.ir.axes import KEYS, LOAD_PLACEMENT, Mode, Op, Position
+from kgen.ir.geometry import key_partials, query_tiles
 from kgen.ir.kernel import Kernel
+from kgen.ops import get
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
 
@@ -81,32 +72,11 @@ def generated() -> list[tuple[Kernel, Callable]]:
 
 
 def rank(k: Kernel) -> tuple:
-    """Preference among kernels that serve a shape (smaller first): exact staging
-    before fp16 q or K tiles, then a query_tile prefill with scalar or swizzled loads
-    (the forms the contiguous and paged prefills share; make bench-kernels, prefill_long
-    and paged_goals, time them), the swizzled one first (2.3x the scalar one's speed at
-    head_dim 128, 8k causal rows on the H200), then the fewest options nobody asked
-    for, then a hoisted warp_stream decode (one head_dim, its bounds set to the shape:
-    1.4-4.2x the tiled decode's speed, each at its best plan, at 4k and 32k keys on the
-    H200; make bench-kernels, decode_goals), its quads form first (lanes own float4s of
-    dims, loads a step ahead: 1.1-1.45x the strided form at 32k keys), with the tightest
-    group bound, then the
-    query tile with the tightest head_dim bound (the most rows and keys a tile for the
-    head size), then the tiled schedule (a guarded warp_stream decode or a vec4 query
-    tile is chosen by `kgen tune` or by name), then the widest tile (the most of the
-    block scoring keys: fewer tile steps), then a block with no idle threads. The
-    dense, per-slot and paged forms rank alike, so one shape gets the same arithmetic
-    in each (the paged form bit for bit the dense). Among combines, the staged form
-    (its loads in flight at once; the serial form's bits) before the serial one."""
-    if k.op is not Op.FLASH:  # a combine: the staged form (the serial one's bits) first
-        return (options(k), k.op is Op.DECODE_COMBINE and not combine_staged(k))
-    lossy = k.q_stage is QStage.F16 or k.k_stage is KStage.SHARED_F16
-    fast = k.mode is Mode.DECODE and stream_hoisted(k)
-    rows = query_tiles(k) and not qtile_vec4(k)  # a query tile, dense or paged
-    return (lossy, not rows, not qtile_swizzle(k), options(k), not fast,
-            fast and not stream_quads(k), k.max_groups if fast else 0,
-            k.max_head_dim if rows else 0, k.schedule is not Schedule.BLOCK_TILE,
-            -tile_threads(k), padded(k))
+    """Preference among kernels that serve a shape (smaller first): the order of
+    ``k``'s op (kgen.ops: ``OpDef.rank``; flash: exact staging, then the query tiles,
+    the fewest options nobody asked for, the fast decodes, the widest tile; a combine:
+    the staged form first), by default the fewest options nobody asked for."""
+    return get(k.op).rank(k, options(k))
 
 
 # A query_tile prefill pays once a kv head's rows fill this many of its tiles; below,
@@ -214,8 +184,8 @@ def decode_variants(kv: str, head_dim: int, groups: int,
     serves the shape and satisfies ``where``, with its device-position sibling (the
     cache's decode runs through that); None when no such pair is generated."""
     pool = generated()
-    for k, _ in pool:
-        if (k.op is Op.FLASH and k.mode is Mode.DECODE and k.position is Position.HOST
+    for k, _ in pool:  # a decode: mode is the flash kernels' axis (others keep its default)
+        if (k.mode is Mode.DECODE and k.position is Position.HOST
                 and k.kv.value == kv == k.v_kv.value and where(k)
                 and shape_refusal(k, head_dim, groups) is None):
             dev = sibling(k.name, Position.DEVICE, pool)
