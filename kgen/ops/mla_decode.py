@@ -16,10 +16,25 @@ class MlaDecode(OpDef):
     # --- signature and geometry
 
     # --- render
+    def render_flags(self, k) -> frozenset[str]:
+        return frozenset({"mla"})  # the split bounds
+
+    def template_parts(self, k) -> tuple[str, ...]:
+        return ("kernels/mla_parts.j2",)
+
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block, all its shared memory static
+        from kgen.ir.geometry import mla_threads
+
+        return mla_threads(k), 0
 
     # --- binding and launch
 
     # --- C++ view
+    def cpp_roles(self) -> dict:
+        from kgen.runtime import mla
+
+        return {"mla_decode": mla.role(self.op)}
 
     # --- contracts, reference and test cases
 

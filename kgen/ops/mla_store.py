@@ -18,10 +18,19 @@ class MlaStore(OpDef):
     # --- signature and geometry
 
     # --- render
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block, all its shared memory static
+        from kgen.ir.geometry import mla_threads
+
+        return mla_threads(k), 0
 
     # --- binding and launch
 
     # --- C++ view
+    def cpp_roles(self) -> dict:
+        from kgen.runtime import mla
+
+        return {"mla_store": mla.role(self.op)}
 
     # --- contracts, reference and test cases
 

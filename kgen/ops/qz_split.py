@@ -14,6 +14,12 @@ class QzSplit(OpDef):
     # --- signature and geometry
 
     # --- render
+    takes_head_dim = False
+
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        from kgen.runtime.bind import QZ_BLOCK
+
+        return QZ_BLOCK, 0  # a fixed block, no head_dim
 
     # --- binding and launch
 
