@@ -57,6 +57,7 @@ import os
 import re
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -277,18 +278,19 @@ def heads_table(cp, g) -> list[dict]:
 
 def variants_table(cp, g) -> list[dict]:
     from kgen.formats import FORMATS
-    from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
+    from kgen.runtime.roles import ROLES
     from kgen.runtime.select import generated, options
 
     hd, out_rows = 256, []
+    prefill = ROLES["prefill"]  # a KVCache's prefill: its op, mode and position
     for kv in FORMATS:
         cache, host = filled_cache(cp, g, kv, hd)
         q = cp.asarray(g.standard_normal((PREFILL_ROWS, H, hd), dtype=np.float32))
         chosen = cache.kernels.get("prefill", H // HK, rows=PREFILL_ROWS)[0].name
-        same = [(k, f) for k, f in generated() if k.op is Op.FLASH and k.mode is Mode.PREFILL
+        same = [(k, f) for k, f in generated() if k.op is prefill.op and k.mode is prefill.mode
                 and k.kv.value == kv and shape_refusal(k, hd, H // HK) is None
-                and options(k) == 0 and k.position is Position.HOST
+                and options(k) == 0 and k.position is prefill.position
                 and (not cache.fmt.shadows or (k.ring_rows, k.sink_rows) ==
                      (cache.RING_ROWS, cache.SINK_ROWS))]
         arms = {}
@@ -441,11 +443,12 @@ def prefill_long_table(cp, g) -> list[dict]:
     default backend, and the math path) and an SGEMM timed beside them, so each arm
     reports TFLOP/s and its fraction of the SGEMM's."""
     from kgen import numpy_ref as ref
-    from kgen.ir.axes import Mode, Op, Position
     from kgen.ir.geometry import key_partials
     from kgen.runtime.bind import shape_refusal
+    from kgen.runtime.roles import ROLES
     from kgen.runtime.select import generated
 
+    prefill = ROLES["prefill"]  # a KVCache's prefill: its op, mode and position
     match = os.environ.get("KGEN_BENCH_MATCH")
     sgemm = _sgemm(cp)
     sgemm_flops = 2.0 * SGEMM_N ** 3
@@ -455,8 +458,8 @@ def prefill_long_table(cp, g) -> list[dict]:
         qd = cp.asarray(q)
         arms, built = {}, {}
         for k, fn in generated():
-            if not (k.op is Op.FLASH and k.mode is Mode.PREFILL and k.kv.value == kv and
-                    k.v_kv.value == kv and k.position is Position.HOST
+            if not (k.op is prefill.op and k.mode is prefill.mode and k.kv.value == kv and
+                    k.v_kv.value == kv and k.position is prefill.position
                     and shape_refusal(k, hd, H // HK) is None
                     and k.window.value == "sink_recent" and k.sinks.value == "none"
                     and k.mask.value == "causal"):
@@ -573,16 +576,17 @@ def decode_long_table(cp, g) -> list[dict]:
     The warp_stream kernels run once more with one q head per kv head (the same bytes,
     an eighth of the arithmetic), which shows what GQA's arithmetic costs them."""
     from kgen import numpy_ref as ref
-    from kgen.ir.axes import Mode, Op, Position, Schedule
+    from kgen.ir.axes import Schedule
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.select import Role, generated
+    from kgen.runtime.roles import ROLES
+    from kgen.runtime.select import generated
 
     hd, seq = 256, 32768
     cache, host = filled_cache(cp, g, "f32", hd, seq)
     kr, vr = ref.read_kv_rows(host, seq - 1)
     kd, fdec = cache.kernels.get("decode", H // HK)
     _, fcomb = cache.kernels.get("combine")
-    role = Role(Op.FLASH, Position.HOST, Mode.DECODE, "f32")
+    role = replace(ROLES["decode"], kv="f32")  # a KVCache's decode over f32 rows
     stream = [(k, f) for k, f in generated() if role.matches(k)
               and k.schedule is Schedule.WARP_STREAM and shape_refusal(k, hd, H // HK) is None]
     runs = [(kd, fdec, H // HK, ((256, 16), (128, 64), (64, 256), (128, 256)))]
@@ -681,10 +685,11 @@ def decode_goals_table(cp, g) -> list[dict]:
     roofline = max(cache bytes / copy rate, 4 hd H keys / SGEMM rate), both limits
     timed in this run; a row per (shape, arm) with its fraction of the roofline."""
     from kgen.formats import FORMATS
-    from kgen.ir.axes import Mode, Op, Position, Schedule
+    from kgen.ir.axes import Schedule
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.planner import kernel_plan
-    from kgen.runtime.select import Role, generated
+    from kgen.runtime.roles import ROLES
+    from kgen.runtime.select import generated
 
     match = os.environ.get("KGEN_BENCH_MATCH")
     sgemm = _sgemm(cp)
@@ -704,7 +709,7 @@ def decode_goals_table(cp, g) -> list[dict]:
                     cache, q1, want = decode_inputs(cp, g, kv, hd, n_head, n_kv, seq)
                     chosen, _ = cache.kernels.get("decode", G)
                     _, fcomb = cache.kernels.get("combine")
-                    role = Role(Op.FLASH, Position.HOST, Mode.DECODE, kv)
+                    role = replace(ROLES["decode"], kv=kv)
                     pool = [(k, f) for k, f in generated() if role.matches(k)
                             and shape_refusal(k, hd, G) is None and k.window.value ==
                             "sink_recent" and k.sinks.value == "none"
@@ -866,9 +871,8 @@ def paged_prefill_arm(cp, g, kv: str, tiled: bool = False):
     last rows of every request checked against the float64 reference. ``tiled``: the
     block_tile kernel the choice would be without the query tiles."""
     from kgen import numpy_ref as ref
-    from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.options import Options
-    from kgen.runtime.select import Role
+    from kgen.runtime.roles import ROLES
 
     hd, n_head, n_kv = PAGED_SHAPE
     G = n_head // n_kv
@@ -877,7 +881,7 @@ def paged_prefill_arm(cp, g, kv: str, tiled: bool = False):
     cache, host, sids = _paged_filled(cp, g, kv, rows)
     opts = Options.checked(n_head, 0, 0, None, None, 0.0, None, True)
     if tiled:
-        kp, fn = tiled_kernel(Role(Op.FLASH, Position.PAGED, Mode.PREFILL, kv), hd, G)
+        kp, fn = tiled_kernel(replace(ROLES["prefill_paged"], kv=kv), hd, G)
     else:
         kp, fn = cache.kernels.get("prefill_paged", G, needs=opts.needs("prefill_paged"),
                                    rows=n)

@@ -6,29 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from kgen import ops
-from kgen.ir.axes import MLA_OPS, KStage, Op, VStage
-from kgen.ir.geometry import (
-    block_threads,
-    combine_threads,
-    dense_threads,
-    dflash_threads,
-    flash_shared_bytes,
-    head_dim_step,
-    merge_threads,
-    query_tiles,
-    tile_threads,
-)
 from kgen.ir.kernel import Kernel
 from kgen.ir.target import TARGET
-from kgen.runtime.bind import QZ_BLOCK, shape_refusal
+from kgen.ops import get
+from kgen.runtime.bind import shape_refusal
 from kgen.runtime.record import Built
 from kgen.toolchain.resources import Resources
 
 
 def head_dims(k: Kernel) -> list[int]:
     """Every head_dim (up to a block's thread limit) ``k`` launches with one group."""
-    if k.op is Op.QZ_SPLIT:
+    if not get(k.op).takes_head_dim:
         return []
     return [hd for hd in range(1, TARGET.max_threads + 1) if shape_refusal(k, hd, 1) is None]
 
@@ -72,15 +60,14 @@ def occupancy(k: Kernel, resources: dict, dims: list[int], groups: int | None = 
     widest = [d for d in dims[-1:] if d < OCCUPANCY_HEAD_DIMS[-1]]
     wanted = dims if groups is not None else sorted(
         {d for d in OCCUPANCY_HEAD_DIMS if d in dims} | set(widest)) or dims[:1]
+    op = get(k.op)
     for hd in wanted:
-        shared = resources.get("static_smem", 0)
-        if k.op is Op.FLASH:
+        g, row = groups, {}
+        if op.grouped_block:  # at the most groups the head_dim fits, unless a launch's
             g = groups if groups is not None else groups_by_head_dim(k, [hd])[hd]
-            threads = block_threads(k, hd)
-            shared += flash_shared_bytes(k, g, hd)
             row = {"groups": g}
-        else:  # decode_combine: no dynamic shared memory
-            threads, row = combine_threads(k, hd), {}
+        threads, dynamic = op.occupancy_block(k, hd, g)
+        shared = resources.get("static_smem", 0) + dynamic
         blocks, warps = TARGET.occupancy(threads, resources["registers"], shared)
         out[str(hd)] = row | {"threads": threads, "shared_bytes": shared,
                               "blocks_per_sm": blocks, "warps_per_sm": warps}
@@ -95,18 +82,18 @@ def limits(k: Kernel, resources: dict | None = None) -> dict:
         k = Built(**{f.name: getattr(k, f.name) for f in fields(Kernel)},
                   registers=int(resources["registers"]))
     dims = head_dims(k)
+    op = get(k.op)
     out: dict = {"head_dims": dims}
-    if k.op is Op.FLASH:
+    if op.grouped_block:
         out["max_groups"] = k.max_groups
         out["groups_by_head_dim"] = groups_by_head_dim(k, dims)
-        out["tile_keys"] = k.tile_keys
-        out["dot_lanes"] = k.dot_lanes
-    if k.op in (Op.FLASH, Op.KV_APPEND) and k.pair.shadows:
+    out.update(op.limit_facts(k))
+    if op.cache and k.pair.shadows:
         out["sink_rows"], out["ring_rows"] = k.sink_rows, k.ring_rows
     if resources is not None:
         sm = {"registers": resources["registers"], "stack_frame": resources["stack_frame"],
               "spill_stores": resources["spill_stores"]}
-        if k.op in (Op.FLASH, Op.DECODE_COMBINE) and dims:
+        if op.lists_occupancy and dims:
             sm["occupancy"] = occupancy(k, resources, dims)
         out["sm_37"] = sm
     return out
@@ -118,19 +105,9 @@ def sized_head_dim(k: Kernel) -> int | None:
     """The widest head_dim a kernel's own axes size it for: register K's chunk
     (kreg_max_chunk * dot_lanes), a query_tile thread's output patch (max_head_dim),
     the shared-V tile (tile_keys * dot_lanes), an append's static staging
+    (max_head_dim), a DFlash or dense warp's q and output rows in registers
     (max_head_dim); None where only the target's block limit bounds its head_dim."""
-    if k.op is Op.FLASH:
-        if query_tiles(k):
-            return k.max_head_dim
-        if k.v_stage is VStage.SHARED_Q4:
-            return tile_threads(k)
-        if k.k_stage is KStage.REGISTERS:
-            return k.kreg_max_chunk * k.dot_lanes
-    if k.op is Op.KV_APPEND and k.pair.append_staging:
-        return k.max_head_dim
-    if k.op in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION):  # a warp's q and output rows,
-        return k.max_head_dim                                 # in registers
-    return None
+    return get(k.op).sized_head_dim(k)
 
 
 @dataclass(frozen=True)
@@ -157,11 +134,12 @@ def _served(k: Kernel, bound: int | None) -> list[int]:
     lie between: a query_tile block is fixed and its shared memory grows with
     head_dim; an append or combine block is head_dim threads, its shared memory
     static)."""
-    if k.op is Op.FLASH and not query_tiles(k):
-        step = head_dim_step(k)
+    op = get(k.op)
+    step = op.served_step(k)
+    if step is not None:
         return [hd for hd in range(step, TARGET.max_threads + 1, step)
                 if shape_refusal(k, hd, 1) is None]
-    if k.op is Op.QZ_SPLIT:
+    if not op.takes_head_dim:
         return []
 
     def first(dims: range) -> list[int]:
@@ -175,21 +153,12 @@ def _served(k: Kernel, bound: int | None) -> list[int]:
 
 
 def _block(k: Kernel, hd: int | None, static: int) -> Block:
-    if k.op is Op.QZ_SPLIT or hd is None:
-        return Block(None, None, QZ_BLOCK if k.op is Op.QZ_SPLIT else 1, static)
-    if k.op is Op.MERGE_ATTN_STATES:  # a fixed block of warps, a warp per row
-        return Block(hd, None, merge_threads(), static)
-    if k.op in MLA_OPS:  # a fixed block per op, all its shared memory static
-        return Block(hd, None, ops.get(k.op).mla_threads(k), static)
-    if k.op is Op.DFLASH_ATTENTION:  # likewise, whatever head_dim
-        return Block(hd, None, dflash_threads(), static)
-    if k.op is Op.DENSE_ATTENTION:  # likewise; its tiles are static shared memory
-        return Block(hd, None, dense_threads(), static)
-    if k.op is not Op.FLASH:  # an append or combine block is head_dim threads
-        return Block(hd, None, hd, static)
-    g = groups_by_head_dim(k, [hd])[hd]
-    return Block(hd, g, block_threads(k, hd),
-                 static + flash_shared_bytes(k, g * k.rows_per_block, hd))
+    """A block of ``k`` at head_dim ``hd`` (None: a launch without one) with ``static``
+    shared bytes, as its op shapes it (OpDef.block_shape)."""
+    op = get(k.op)
+    groups = groups_by_head_dim(k, [hd])[hd] if op.grouped_block else None  # the most it fits
+    threads, dynamic = op.block_shape(k, hd, groups)
+    return Block(hd, groups, threads, static + dynamic)
 
 
 def block_misfit(k: Kernel, res: Resources) -> str | None:
@@ -200,7 +169,7 @@ def block_misfit(k: Kernel, res: Resources) -> str | None:
     shared memory, static and dynamic, at the launch that needs the most."""
     bound = sized_head_dim(k)
     dims = _served(k, bound)
-    if k.op is not Op.QZ_SPLIT and not dims:
+    if get(k.op).takes_head_dim and not dims:
         return None  # no launch (the launch contracts refuse every head_dim)
     sized = [d for d in dims if bound is None or d <= bound]
     wide = _block(k, (max(sized) if bound is not None and sized else dims[0]) if dims

@@ -22,20 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from kgen import __version__, ops
+from kgen import __version__
 from kgen.formats.base import SHADOW_SCALARS, SHADOWS, TENSOR_SCALES
 from kgen.ir import geometry as geo
 from kgen.ir.axes import (
-    MLA_OPS,
     IoDtype,
-    KeySource,
     KStage,
     Lse,
-    Mask,
-    Mode,
     Op,
     Position,
-    SeqStarts,
     Sinks,
     SoftCap,
     VStage,
@@ -44,7 +39,7 @@ from kgen.ir.axes import (
 from kgen.ir.params import INT_MAX, PARAMS
 from kgen.ir.pyapi import HOST_BOUNDS
 from kgen.ir.target import TARGET
-from kgen.ops import params, py_args
+from kgen.ops import OPS, get, params, py_args
 from kgen.runtime.bind import REGISTERS
 from kgen.runtime.record import Built
 
@@ -110,6 +105,11 @@ class Sym:
 
 def expr(v) -> str:
     return Sym._c(v)
+
+
+def _expr(v) -> str | None:
+    """``expr`` of a geometry value an op answers; None where it has none."""
+    return None if v is None else expr(v)
 
 
 HD, G, N = Sym("hd"), Sym("G"), Sym("n")
@@ -180,8 +180,8 @@ def _cpp_default(name: str, ann: str, default: str | None) -> str | None:
 
 def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
     fmt = k.pair  # the cache's formats: each role's rows, shadows and scales
-    flash = k.op is Op.FLASH
-    cache = k.op in (Op.FLASH, Op.KV_APPEND)
+    cache = get(k.op).cache
+    own = get(k.op).cpp_view(k, HD, G, N)  # the op's own: its tiling and geometry
     arrays, scalars = py_args(k)
     args = [{"name": a.name, "kind": "tensor", "default": None} for a in arrays]
     for a in scalars:
@@ -213,36 +213,29 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "kreg_max_chunk": k.kreg_max_chunk,
         "k_registers": k.k_stage is KStage.REGISTERS,
         "v_shared_q4": k.v_stage is VStage.SHARED_Q4,
-        "paged_keys": k.op is Op.DFLASH_ATTENTION and k.key_source is KeySource.PAGED,
+        "paged_keys": own["paged_keys"],
         "keys_per_step": k.keys_per_step,
         "window_exact": k.window is Window.EXACT, "softcap": k.softcap is SoftCap.TANH,
         "sinks": k.sinks is Sinks.LEARNED,
         "registers": -1 if k.registers is None else k.registers,
-        "query_tiles": flash and geo.query_tiles(k), "padded": flash and geo.padded(k),
-        "hoisted": flash and geo.stream_hoisted(k),
-        "key_partials": flash and geo.key_partials(k),
+        "query_tiles": own["query_tiles"], "padded": own["padded"], "hoisted": own["hoisted"],
+        "key_partials": own["key_partials"],
         "combine_staged": geo.combine_staged(k),
         "lse_write": k.lse is Lse.WRITE,  # merge_attn_states, mla_combine
-        "stream_head_dim": geo.stream_head_dim(k) if flash and geo.streams(k) else 0,
-        "tile_threads": geo.tile_threads(k) if flash else 0,
-        "out_cols": geo.out_cols(k) if flash and geo.query_tiles(k) else 0,
-        "row_lanes": geo.row_lanes(k) if flash and geo.query_tiles(k) else 0,
-        "head_dim_step": geo.head_dim_step(k) if flash and geo.query_tiles(k) else 0,
+        "stream_head_dim": own["stream_head_dim"], "tile_threads": own["tile_threads"],
+        "out_cols": own["out_cols"], "row_lanes": own["row_lanes"],
+        "head_dim_step": own["head_dim_step"],
         # bytes the K and V cache arrays align to for the quad reads of the swizzled
         # query tile and the quads decode (0: none)
-        "k_quad_align": k.fmt.quad_bytes if flash and geo.quad_reads(k) else 0,
-        "v_quad_align": k.v_fmt.quad_bytes if flash and geo.quad_reads(k) else 0,
+        "k_quad_align": own["k_quad_align"], "v_quad_align": own["v_quad_align"],
         # The geometry, as the Python functions compute it (symbolic arguments).
-        "block_threads": expr(geo.block_threads(k, HD)) if flash else None,
-        "shared_bytes": expr(geo.flash_shared_bytes(k, G, HD)) if flash else None,
+        "block_threads": _expr(own["block_threads"]),
+        "shared_bytes": _expr(own["shared_bytes"]),
         "row_width": expr(geo.row_width(k, HD)) if cache else None,
         "v_row_width": expr(geo.row_width(k, HD, "v")) if cache else None,
         # x of a prefill's grid in n query rows (a paged form: n is the batch's rows, or
         # for a query tile the bound on one request's rows, max_query_len).
-        "prefill_grid_x": (None if not (flash and k.mode is Mode.PREFILL) else
-                           expr(geo.paged_prefill_grid(k, N, N, G, 1, 1)[0])
-                           if k.position is Position.PAGED else
-                           expr(geo.prefill_grid(k, N, G, 1)[0])),
+        "prefill_grid_x": _expr(own["prefill_grid_x"]),
     }
     return v
 
@@ -308,7 +301,7 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
         "index": i, "rank": rank_order[i], "kv": k.pair.name, "op": k.op.value,
         "mode": k.mode.value, "position": k.position.value,
         "options": [getattr(k, a).value for a in need_axes],
-        "mla_width": ops.get(k.op).mla_width() if k.op in MLA_OPS else 0,
+        "mla_width": get(k.op).mla_width() if get(k.op).mla else 0,
         "device_sibling": sibling(k),
         "split_twin": twin(k),
         "plan": plan_rule(k),
@@ -323,12 +316,12 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
         "op_roles": [{"name": n, "op": r.op.name, "position": r.position.name,
                       "op_value": r.op.value, "position_value": r.position.value,
                       "needs": list(r.needs),
-                      "width": ops.get(r.op).mla_width() if r.op in MLA_OPS else 0}
+                      "width": get(r.op).mla_width() if get(r.op).mla else 0}
                      for n, r in op_roles.items()],
         "roles": [{"name": n, "op": r.op.name, "position": r.position.name,
                    "mode": "" if r.mode is None else r.mode.name,
                    "has_mode": r.mode is not None,
-                   "has_kv": r.op in (Op.FLASH, Op.KV_APPEND), "op_value": r.op.value,
+                   "has_kv": get(r.op).cache, "op_value": r.op.value,
                    "mode_value": "" if r.mode is None else r.mode.value,
                    "position_value": r.position.value} for n, r in ROLES.items()],
         "formats": [{"name": f.name, "shadows": f.shadows, "tensor_scales": f.tensor_scales,
@@ -340,23 +333,22 @@ def _ops_view(kernels: list[Built], sources: dict[str, str]) -> dict:
     }
 
 
-def _op_roles() -> dict:
-    """The roles of the op-level entry points beyond the caches, as each Python entry
-    point builds them (kgen.runtime.merge.role, mla.role, dflash.role): {C++ name: Role}."""
-    from kgen.runtime import dflash, merge, mla
+# The C++ OpRole enum's order (templates/c/kgen_ops.cpp.j2: a role's value is its place),
+# as the generated API has it; the roles of an op not named here follow, in the registry's
+# order.
+OP_ROLE_ORDER = (
+    "merge", "merge_lse", "mla_store", "mla_decode", "mla_gather_none", "mla_gather_given",
+    "mla_combine_none", "mla_prefill_causal_none", "mla_prefill_full_none",
+    "mla_combine_write", "mla_prefill_causal_write", "mla_prefill_full_write",
+    "dflash_dense", "dflash_paged")
 
-    out = {"merge": merge.role(Lse.NONE), "merge_lse": merge.role(Lse.WRITE),
-           "mla_store": mla.role(Op.MLA_STORE), "mla_decode": mla.role(Op.MLA_DECODE)}
-    for s in SeqStarts:
-        out[f"mla_gather_{s.value}"] = mla.role(Op.MLA_GATHER, seq_starts=s.value)
-    for lse in Lse:
-        out[f"mla_combine_{lse.value}"] = mla.role(Op.MLA_COMBINE, lse=lse.value)
-        for m in Mask:
-            out[f"mla_prefill_{m.value}_{lse.value}"] = mla.role(Op.MLA_PREFILL, mask=m.value,
-                                                                 lse=lse.value)
-    for src in KeySource:
-        out[f"dflash_{src.value}"] = dflash.role(src)
-    return out
+
+def _op_roles() -> dict:
+    """The roles of the op-level entry points beyond the caches, as each op's Python entry
+    point builds them (OpDef.cpp_roles): {C++ name: Role}, in OP_ROLE_ORDER."""
+    roles = {n: r for op in OPS.values() for n, r in op.cpp_roles().items()}
+    place = {n: i for i, n in enumerate(OP_ROLE_ORDER)}
+    return {n: roles[n] for n in sorted(roles, key=lambda n: place.get(n, len(place)))}
 
 
 def _entry_params() -> dict:
@@ -409,7 +401,7 @@ def render_cpp_api(kernels: list[tuple[Built, str, str]], embedded: list[str],
         merge_grid_x=expr(geo.merge_grid(Sym("T"), Sym("H"))[0]),
         mla=_mla_geometry(), entry=_entry_params(),
         io_dtypes=[d.value for d in IoDtype],
-        mla_ops=sorted(o.name for o in MLA_OPS),
+        mla_ops=sorted(d.op.name for d in OPS.values() if d.mla),
         dflash_rows=geo.DFLASH_ROWS, dflash_threads=geo.dflash_threads(),
         dflash_grid_x=expr(geo.dflash_grid(Sym("T"), Sym("H"))[0]),
         dense_rows=geo.DENSE_ROWS, dense_threads=geo.dense_threads(),

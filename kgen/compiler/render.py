@@ -15,10 +15,10 @@ import jinja2
 
 from kgen import __version__
 from kgen.compiler.view import KernelView
-from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS, Op, Position
-from kgen.ir.geometry import quad_reads
+from kgen.ir.axes import Position
 from kgen.ir.kernel import Kernel
 from kgen.ir.spellings import NEG_INF, convert
+from kgen.ops import get
 
 MODULE_TEMPLATE = "module.cu.j2"
 SOURCE_SUFFIX = ".cu"
@@ -104,72 +104,55 @@ def pos_off(k, pos: str, row: str, side=None) -> str:
 
 
 def _uses(k: KernelView) -> dict[str, set[str]]:
-    """Which of its formats' device helpers a kernel calls, per format: the append
-    quantizer, the one-element reader (K tile staging, global V reads), the
-    lane-chunk reader (register K) and the quad reader (geometry.quad_reads). A
-    format's lib file emits only the helpers in use."""
-    kf, vf = k.fmt.name, k.v_fmt.name
-    if k.op is Op.KV_APPEND:
-        return {kf: {"quant"}, vf: {"quant"}}
-    if k.op is not Op.FLASH:
-        return {}
-    out: dict[str, set[str]] = {kf: {"lane_chunk"} if k.k_registers else {"elem"}}
-    if not k.v_tile:  # V read element by element (a raw V tile decodes in place)
-        out.setdefault(vf, set()).add("elem")
-    else:
-        out.setdefault(vf, set())
-    if quad_reads(k.k):  # K and V a quad a load (the formats' quad readers)
-        out[kf].add("quad")
-        out[vf].add("quad")
-    return out
+    """Which of its formats' device helpers a kernel calls, per format (its op answers:
+    the append quantizer, the one-element reader, the lane-chunk reader, the quad
+    reader). A format's lib file emits only the helpers in use."""
+    return get(k.op).format_uses(k)
 
 
 def _needs(kernels: list[KernelView], templates: Path) -> dict:
-    cache_ops = [k for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND)]
+    ops = [(get(k.op), k) for k in kernels]
+    flags = set().union(*(op.render_flags(k) for op, k in ops))  # the ops' module flags
+    cache_ops = [k for op, k in ops if op.cache]
     formats: dict[str, set[str]] = {}
     for k in cache_ops:
         for name, uses in _uses(k).items():
             formats.setdefault(name, set()).update(uses)
     by_name = {f.name: f for k in cache_ops for f in (k.fmt, k.v_fmt)}
     io = []  # the element types of ops with in_dtype / out_dtype: readers and rounding
-    for k in kernels:
-        io += [(k.in_dtype.fmt, "elem")] if k.op in IN_DTYPE_OPS else []
-        io += [(k.out_dtype.fmt, "quant")] if k.op in OUT_DTYPE_OPS else []
+    for op, k in ops:
+        io += [(k.in_dtype.fmt, "elem")] if op.in_dtype else []
+        io += [(k.out_dtype.fmt, "quant")] if op.out_dtype else []
     for fmt, use in io:
         formats.setdefault(fmt.name, set()).add(use)
         by_name[fmt.name] = fmt
     return {
-        "fp16": any(k.pair.fp16 for k in cache_ops)
-        or any(k.byte_layout for k in kernels if k.op is Op.FLASH)
+        "fp16": any(k.pair.fp16 for k in cache_ops) or "fp16" in flags
         or any(fmt.fp16 for fmt, _ in io),
         # Device helpers per format in use (templates/lib/<kv>.cuh.j2, if it has one).
         "format_libs": [(by_name[n], uses) for n, uses in sorted(formats.items())
                         if (templates / by_name[n].lib).is_file()],
-        "window": any(k.op is Op.FLASH for k in kernels),
-        "combine": any(k.op is Op.DECODE_COMBINE for k in kernels),
-        "merge": any(k.op is Op.MERGE_ATTN_STATES for k in kernels),
+        "window": "window" in flags,
+        "combine": "combine" in flags,
+        "merge": "merge" in flags,
         # the merge's row helpers, once per element types of its merge kernels
-        "merge_io": list(dict.fromkeys((k.in_dtype.fmt, k.out_dtype.fmt) for k in kernels
-                                       if k.op is Op.MERGE_ATTN_STATES)),
-        "mla": any(k.op in (Op.MLA_DECODE, Op.MLA_COMBINE) for k in kernels),  # split bounds
-        "dflash": any(k.op in (Op.DFLASH_ATTENTION, Op.DENSE_ATTENTION) for k in kernels),
-        "paged": any(k.paged and k.op is Op.FLASH for k in kernels),
-        "combine_sinks": any(k.op is Op.DECODE_COMBINE and k.learned_sinks for k in kernels),
+        "merge_io": list(dict.fromkeys(io for op, k in ops for io in op.merge_io(k))),
+        "mla": "mla" in flags,  # split bounds
+        "dflash": "dflash" in flags,
+        "paged": "paged" in flags,
+        "combine_sinks": "combine_sinks" in flags,
         "combine_staged": any(k.combine_staged for k in kernels),
-        "exact_window": any(k.op is Op.FLASH and k.exact_window for k in kernels),
-        "plan": any(k.position is not Position.HOST and k.op in (Op.FLASH, Op.DECODE_COMBINE)
-                    for k in kernels),
+        "exact_window": "exact_window" in flags,
+        "plan": any(k.position is not Position.HOST and op.planned for op, k in ops),
     }
 
 
 def render_module(env: jinja2.Environment, name: str, kernels: list[Kernel],
                   root: Path, group: str | None = None) -> Module:
     views = [KernelView(k) for k in kernels]
-    parts = ["kernels/flash_parts.j2"] if any(k.op is Op.FLASH for k in kernels) else []
-    if any(k.op in (Op.MLA_DECODE, Op.MLA_PREFILL) for k in kernels):
-        parts.append("kernels/mla_parts.j2")
+    parts = {p for k in kernels for p in get(k.op).template_parts(k)}
     used = sorted({"module.cu.j2", "lib/*.cuh.j2", *(v.template for v in views), *parts,
-                   *(f.template for k in kernels if k.op in (Op.FLASH, Op.KV_APPEND)
+                   *(f.template for k in kernels if get(k.op).cache
                      for f in (k.fmt, k.v_fmt))})
     spec_paths = sorted({spec_rel(k.spec_path, root) for k in kernels})
     needs = _needs(views, Path(env.loader.searchpath[0]))

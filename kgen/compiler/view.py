@@ -17,7 +17,6 @@ from kgen.ir.axes import (
     Lse,
     Mask,
     Mode,
-    Op,
     Position,
     Prefetch,
     QStage,
@@ -44,9 +43,7 @@ from kgen.ir.geometry import (
     out_cols,
     p_stride,
     qk_patch,
-    qtile_swizzle,
     qtile_threads,
-    qtile_vec4,
     row_groups,
     row_lanes,
     score_scatter,
@@ -59,7 +56,7 @@ from kgen.ir.geometry import (
 from kgen.ir.kernel import Kernel
 from kgen.ir.signature import Param
 from kgen.ir.spellings import K_TILE_ELEM, Q_ELEM, SHARED_SYMBOL
-from kgen.ops import params
+from kgen.ops import get, params
 
 
 @dataclass(frozen=True)
@@ -145,24 +142,17 @@ class KernelView:
 
     @property
     def prefill(self) -> bool:
-        return self.k.op is Op.FLASH and self.k.mode is Mode.PREFILL
+        return get(self.k.op).template_mode(self.k) is Mode.PREFILL
 
     @property
     def template(self) -> str:
-        """The kernel template: one per op, and the flash op's warp_stream and
-        query_tile schedules have their own skeletons (over the same format macros)."""
-        if self.stream:
-            return "kernels/flash_stream.cu.j2"
-        if self.qtile:
-            if qtile_swizzle(self.k):
-                return "kernels/flash_qtile_swizzle.cu.j2"
-            return ("kernels/flash_qtile_vec4.cu.j2" if qtile_vec4(self.k)
-                    else "kernels/flash_qtile.cu.j2")
-        return f"kernels/{self.k.op.value}.cu.j2"
+        """The kernel template: one per op, unless the op's schedules have skeletons of
+        their own (its op answers)."""
+        return get(self.k.op).kernel_template(self.k)
 
     @property
     def stream(self) -> bool:
-        return self.k.op is Op.FLASH and self.k.schedule is Schedule.WARP_STREAM
+        return get(self.k.op).template_schedule(self.k) is Schedule.WARP_STREAM
 
     @property
     def hoisted(self) -> bool:
@@ -188,7 +178,7 @@ class KernelView:
 
     @property
     def qtile(self) -> bool:
-        return self.k.op is Op.FLASH and self.k.schedule is Schedule.QUERY_TILE
+        return get(self.k.op).template_schedule(self.k) is Schedule.QUERY_TILE
 
     @property
     def key_partials(self) -> bool:
@@ -246,7 +236,7 @@ class KernelView:
     @property
     def per_request(self) -> bool:
         """A decode over many sequences at their own lengths (slots, or paged)."""
-        return self.k.op is Op.FLASH and self.k.mode is Mode.DECODE and (
+        return get(self.k.op).template_mode(self.k) is Mode.DECODE and (
             self.k.position in (Position.SLOTS, Position.PAGED))
 
     @property
@@ -337,12 +327,12 @@ class KernelView:
     @property
     def writes_mla_lse(self) -> bool:
         """mla_combine ([B][Hq]), mla_prefill ([H][total_q]): the LSE is written too."""
-        return self.k.op in (Op.MLA_COMBINE, Op.MLA_PREFILL) and self.k.lse is Lse.WRITE
+        return get(self.k.op).writes_mla_lse(self.k)
 
     @property
     def mla_causal(self) -> bool:
         """mla_prefill, mask = causal: query i sees keys j <= i + Lk - Lq."""
-        return self.k.op is Op.MLA_PREFILL and self.k.mask is Mask.CAUSAL
+        return get(self.k.op).mla_causal(self.k)
 
     @property
     def mla_seq_starts(self) -> bool:

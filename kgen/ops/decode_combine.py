@@ -44,6 +44,15 @@ class DecodeCombine(OpDef):
         return out
 
     # --- render
+    lists_occupancy = True
+
+    def render_flags(self, k) -> frozenset[str]:
+        return frozenset({"combine", *(("combine_sinks",) if k.learned_sinks else ())})
+
+    def occupancy_block(self, k, hd: int, groups: int | None) -> tuple[int, int]:
+        from kgen.ir.geometry import combine_threads
+
+        return combine_threads(k, hd), 0
 
     # --- binding and launch
     entries = ("paged_attention",)  # kgen.runtime's public calls

@@ -56,6 +56,17 @@ class DenseAttention(OpDef):
         return out
 
     # --- render
+    def render_flags(self, k) -> frozenset[str]:
+        return frozenset({"dflash"})  # the DFlash row helpers
+
+    def sized_head_dim(self, k) -> int | None:
+        return k.max_head_dim  # a warp's q and output rows, in registers
+
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block, whatever head_dim; its tiles are static shared memory
+        from kgen.ir.geometry import dense_threads
+
+        return dense_threads(), 0
 
     # --- binding and launch
     entries = ("attention_dense_fast", "attention_dense_flash")  # kgen.runtime's public calls

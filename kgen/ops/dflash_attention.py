@@ -58,6 +58,17 @@ class DflashAttention(OpDef):
         return out
 
     # --- render
+    def render_flags(self, k) -> frozenset[str]:
+        return frozenset({"dflash"})
+
+    def sized_head_dim(self, k) -> int | None:
+        return k.max_head_dim  # a warp's q and output rows, in registers
+
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block, whatever head_dim
+        from kgen.ir.geometry import dflash_threads
+
+        return dflash_threads(), 0
 
     # --- binding and launch
     entries = (  # kgen.runtime's public calls
@@ -139,6 +150,13 @@ class DflashAttention(OpDef):
         return dflash_grid(T, H), (dflash_threads(), 1, 1), 0, values
 
     # --- C++ view
+    def cpp_view(self, k, hd, groups, rows) -> dict:
+        # the paged context then the block (key_source = paged)
+        return super().cpp_view(k, hd, groups, rows) | {
+            "paged_keys": k.key_source is KeySource.PAGED}
+
+    def cpp_roles(self) -> dict:
+        return {f"dflash_{src.value}": self.role(key_source=src.value) for src in KeySource}
 
     # --- contracts, reference and test cases
 

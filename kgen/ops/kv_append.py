@@ -61,6 +61,11 @@ class KvAppend(OpDef):
         return out
 
     # --- render
+    def format_uses(self, k) -> dict[str, set[str]]:
+        return {k.fmt.name: {"quant"}, k.v_fmt.name: {"quant"}}  # the append quantizer
+
+    def sized_head_dim(self, k) -> int | None:
+        return k.max_head_dim if k.pair.append_staging else None  # its static staging
 
     # --- binding and launch
     entries = ("reshape_and_cache",)  # kgen.runtime's public calls

@@ -39,6 +39,17 @@ class MergeAttnStates(OpDef):
         return out
 
     # --- render
+    def render_flags(self, k) -> frozenset[str]:
+        return frozenset({"merge"})
+
+    def merge_io(self, k) -> tuple[tuple, ...]:
+        return ((k.in_dtype.fmt, k.out_dtype.fmt),)
+
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block of warps, a warp per row
+        from kgen.ir.geometry import merge_threads
+
+        return merge_threads(), 0
 
     # --- binding and launch
     MERGE_LSES: ClassVar[tuple[str, ...]] = ("prefix_lse", "suffix_lse")  # the LSEs merged
@@ -82,6 +93,8 @@ class MergeAttnStates(OpDef):
         c.require(hd >= 1, "shape", lambda: f"head_dim = {hd}: nothing to merge")
 
     # --- C++ view
+    def cpp_roles(self) -> dict:
+        return {"merge": self.role(lse=Lse.NONE.value), "merge_lse": self.role(lse=Lse.WRITE.value)}
 
     # --- contracts, reference and test cases
 

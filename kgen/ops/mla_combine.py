@@ -41,6 +41,15 @@ class MlaCombine(OpDef):
         return MLA_COMBINE_THREADS
 
     # --- render
+    def writes_mla_lse(self, k) -> bool:
+        return k.lse is Lse.WRITE  # [B][Hq]
+
+    def render_flags(self, k) -> frozenset[str]:
+        return frozenset({"mla"})  # the split bounds
+
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block, all its shared memory static
+        return self.mla_threads(k), 0
 
     # --- binding and launch
     entries = ("mla_decode_attention",)  # kgen.runtime's public calls
@@ -74,6 +83,8 @@ class MlaCombine(OpDef):
         return mla_combine_grid(B, H), (MLA_COMBINE_THREADS, 1, 1), 0, values
 
     # --- C++ view
+    def cpp_roles(self) -> dict:
+        return {f"mla_combine_{lse.value}": self.role(lse=lse.value) for lse in Lse}
 
     # --- contracts, reference and test cases
 

@@ -37,6 +37,15 @@ class MlaDecode(OpDef):
         return MLA_THREADS
 
     # --- render
+    def render_flags(self, k) -> frozenset[str]:
+        return frozenset({"mla"})  # the split bounds
+
+    def template_parts(self, k) -> tuple[str, ...]:
+        return ("kernels/mla_parts.j2",)
+
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block, all its shared memory static
+        return self.mla_threads(k), 0
 
     # --- binding and launch
     entries = ("mla_decode_attention",)  # kgen.runtime's public calls
@@ -85,6 +94,8 @@ class MlaDecode(OpDef):
         return mla_decode_grid(H, S, B), (MLA_THREADS, 1, 1), 0, values
 
     # --- C++ view
+    def cpp_roles(self) -> dict:
+        return {"mla_decode": self.role()}
 
     # --- contracts, reference and test cases
 

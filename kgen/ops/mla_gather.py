@@ -41,6 +41,9 @@ class MlaGather(OpDef):
         return mla_gather_threads()
 
     # --- render
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block, all its shared memory static
+        return self.mla_threads(k), 0
 
     # --- binding and launch
     entries = ("gather_mla_cache",)  # kgen.runtime's public calls
@@ -110,6 +113,9 @@ class MlaGather(OpDef):
         return mla_gather_grid(n), (mla_gather_threads(), 1, 1), 0, values
 
     # --- C++ view
+    def cpp_roles(self) -> dict:
+        return {f"mla_gather_{s.value}": self.role(seq_starts=s.value)
+                for s in SeqStarts}
 
     # --- contracts, reference and test cases
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kgen.ir.axes import Lse, Op
+from kgen.ir.axes import Lse, Mask, Op
 from kgen.ir.geometry import MLA_PREFILL_QK, MLA_PREFILL_ROWS
 from kgen.ir.params import INT_MAX
 from kgen.ir.pyapi import PyArg
@@ -52,6 +52,18 @@ class MlaPrefill(OpDef):
         return MLA_PREFILL_ROWS * TARGET.warp
 
     # --- render
+    def writes_mla_lse(self, k) -> bool:
+        return k.lse is Lse.WRITE  # [H][total_q]
+
+    def mla_causal(self, k) -> bool:
+        return k.mask is Mask.CAUSAL  # query i sees keys j <= i + Lk - Lq
+
+    def template_parts(self, k) -> tuple[str, ...]:
+        return ("kernels/mla_parts.j2",)
+
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block, all its shared memory static
+        return self.mla_threads(k), 0
 
     # --- binding and launch
     entries = ("mla_prefill_attention",)  # kgen.runtime's public calls
@@ -119,6 +131,10 @@ class MlaPrefill(OpDef):
         return mla_prefill_grid(mq, H, reqs), (MLA_PREFILL_ROWS * TARGET.warp, 1, 1), 0, values
 
     # --- C++ view
+    def cpp_roles(self) -> dict:
+        return {f"mla_prefill_{m.value}_{lse.value}": self.role(mask=m.value,
+                                                               lse=lse.value)
+                for lse in Lse for m in Mask}
 
     # --- contracts, reference and test cases
 

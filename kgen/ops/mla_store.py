@@ -39,6 +39,9 @@ class MlaStore(OpDef):
         return MLA_STORE_THREADS
 
     # --- render
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        # a fixed block, all its shared memory static
+        return self.mla_threads(k), 0
 
     # --- binding and launch
     entries = ("concat_and_cache_mla",)  # kgen.runtime's public calls
@@ -96,6 +99,8 @@ class MlaStore(OpDef):
         return rows, stride
 
     # --- C++ view
+    def cpp_roles(self) -> dict:
+        return {"mla_store": self.role()}
 
     # --- contracts, reference and test cases
 

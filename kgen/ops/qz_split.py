@@ -32,6 +32,12 @@ class QzSplit(OpDef):
         return False  # its kernels read no positions, whatever the position axis says
 
     # --- render
+    takes_head_dim = False
+
+    def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
+        from kgen.runtime.checks import QZ_BLOCK
+
+        return QZ_BLOCK, 0  # a fixed block, no head_dim
 
     # --- binding and launch
     def bind(self, k: Kernel, c: Checker, a: dict):

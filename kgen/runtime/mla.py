@@ -51,12 +51,7 @@ def role(op: Op, in_dtype: IoDtype = IoDtype.F32, out_dtype: IoDtype = IoDtype.F
     """What an MLA call needs a kernel for: its op, the option axes it asks and the
     element types of its inputs and outputs (where the op has them: its in_dtype,
     out_dtype)."""
-    kind = get(op)
-    if kind.in_dtype:
-        needs["in_dtype"] = in_dtype.value
-    if kind.out_dtype:
-        needs["out_dtype"] = out_dtype.value
-    return Role(op, needs=tuple(sorted(needs.items())))
+    return get(op).role(in_dtype, out_dtype, **needs)
 
 
 def launcher(r: Role, variant: str | None = None):

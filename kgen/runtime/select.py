@@ -10,49 +10,14 @@ nothing serves, the error names the closest variants and what each refuses.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from kgen.ir.axes import KEYS, LOAD_PLACEMENT, Mode, Op, Position
+from kgen.ir.axes import KEYS, LOAD_PLACEMENT, Mode, Position
 from kgen.ir.geometry import key_partials, query_tiles
 from kgen.ir.kernel import Kernel
+from kgen.ir.role import Role
 from kgen.ops import get
 from kgen.runtime.bind import shape_refusal
 from kgen.runtime.contracts import ContractError
-
-
-@dataclass(frozen=True)
-class Role:
-    """What a caller needs a kernel for."""
-
-    op: Op
-    position: Position = Position.HOST
-    mode: Mode | None = None      # flash only
-    kv: str | None = None         # cache ops only: the K rows' format
-    needs: tuple[tuple[str, str], ...] = ()  # option axes that must have these values
-    v_kv: str | None = None       # the V rows' format (None: kv's, as every cache of one
-    #                               format asks: a mixed kernel never serves it)
-
-    def matches(self, k: Kernel) -> bool:
-        """Whether ``k`` serves the role: a split prefill (key_split = partials) serves
-        none, being reached only as the twin of the whole one (:func:`split_twin`)."""
-        return (k.op is self.op and k.position is self.position and not key_partials(k)
-                and (self.mode is None or k.mode is self.mode)
-                and (self.kv is None or (k.kv.value == self.kv
-                                         and k.v_kv.value == (self.v_kv or self.kv)))
-                and all(getattr(k, key).value == value for key, value in self.needs))
-
-    def __str__(self) -> str:
-        kv = self.kv if self.v_kv in (None, self.kv) else f"{self.kv}/{self.v_kv}"  # KvPair.name
-        parts = [self.op.value, *([self.mode.value] if self.mode else []),
-                 f"position={self.position.value}", *([f"kv={kv}"] if self.kv else []),
-                 *(f"{key}={value}" for key, value in self.needs)]
-        return " ".join(parts)
-
-    @classmethod
-    def of(cls, k: Kernel) -> Role:
-        """What ``k`` serves (its op, position, mode and formats)."""
-        return cls(k.op, k.position, k.mode, k.kv.value, v_kv=k.v_kv.value)
-
 
 # Attention options a kernel may carry; a kernel with options nobody asked for is
 # chosen only after the plain ones (its neutral options give the same bits anyway).

@@ -23,6 +23,7 @@ option is asked for.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,18 +40,18 @@ def tune_class(cp, kv: str, head_dim: int, groups: int, seq_len: int, say=print)
     """Check, then time, every (kernel, plan) candidate of one shape class."""
     from kgen import numpy_ref as ref
     from kgen.bench.kernels import HK, bench, filled_cache, replay, split_arm
-    from kgen.ir.axes import Mode, Op, Position
     from kgen.runtime.bind import shape_refusal
     from kgen.runtime.plan import decode_plan
     from kgen.runtime.planner import kernel_plan
-    from kgen.runtime.select import Role, generated
+    from kgen.runtime.roles import ROLES
+    from kgen.runtime.select import generated
 
     g = np.random.default_rng(0)
     cache, host = filled_cache(cp, g, kv, head_dim, seq_len)
     H = HK * groups
     q1 = cp.asarray(g.standard_normal((H, head_dim), dtype=np.float32))
     kr, vr = ref.read_kv_rows(host, seq_len - 1, cache.sink, cache.win)
-    role = Role(Op.FLASH, Position.HOST, Mode.DECODE, kv)
+    role = replace(ROLES["decode"], kv=kv)  # a KVCache's decode over kv rows
     _, fcomb = cache.kernels.get("combine")
     arms, meta, default = {}, {}, None
     for k, fdec in generated():
@@ -104,9 +105,10 @@ def tune_prefill_class(cp, kv: str, head_dim: int, groups: int, rows: int,
     at least 4096 keys."""
     from kgen import numpy_ref as ref
     from kgen.bench.kernels import ATOL, HK, RTOL, bench, filled_cache, replay
-    from kgen.ir.axes import KStage, Mode, Op, Position, QStage
+    from kgen.ir.axes import KStage, QStage
     from kgen.runtime.bind import shape_refusal
-    from kgen.runtime.select import Role, generated, options
+    from kgen.runtime.roles import ROLES
+    from kgen.runtime.select import generated, options
 
     g = np.random.default_rng(0)
     seq = max(4096, rows)
@@ -115,7 +117,7 @@ def tune_prefill_class(cp, kv: str, head_dim: int, groups: int, rows: int,
     pos0 = seq - n
     qh = g.standard_normal((n, HK * groups, head_dim), dtype=np.float32)
     q = cp.asarray(qh)
-    role = Role(Op.FLASH, Position.HOST, Mode.PREFILL, kv)
+    role = replace(ROLES["prefill"], kv=kv)  # a KVCache's prefill over kv rows
     default = cache.kernels.get("prefill", groups, rows=n)[0].name
     arms = {}
     for k, f in generated():
