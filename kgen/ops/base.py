@@ -42,6 +42,58 @@ class OpDef:
     # --- C++ view (kgen.compiler.cpp_api)
 
     # --- contracts, reference and test cases (kgen.testing)
+    # The array argument the generic mutations break (not an array, float64, strided).
+    mutated_array: ClassVar[str]
+    # A candidate its kernel refuses is retried at testgen.retry_head_dim before it
+    # counts as refused.
+    case_retries_refused: ClassVar[bool] = False
+
+    def contract_args(self, k, case, alloc) -> dict:
+        """A valid argument set of host arrays for ``bind`` (contents irrelevant, index
+        arrays a valid layout); ``alloc(shape, dtype)`` makes each array."""
+        raise NotImplementedError(f"{self.op.value} gives no contract arguments")
+
+    def contract_mutations(self) -> dict:
+        """Its contract mutations in order, name -> kgen.testing.arguments.Mutation: each
+        breaks one contract of a valid launch (its ``applies`` asks the kernel's axes)."""
+        from kgen.testing.arguments import argument_mutations, layout_mutations
+
+        return {**argument_mutations(self), **layout_mutations(self)}
+
+    def mutated_integer(self, k) -> str | None:
+        """The user-visible integer argument the type mutation breaks, if it has one."""
+        return None
+
+    def case_candidates(self, k) -> list:
+        """The candidate shapes (kgen.testing.Case) its kernel's tests run, beside the
+        required ones."""
+        raise NotImplementedError(f"{self.op.value} has no test candidates")
+
+    def case_required(self, k) -> list:
+        """The shapes every kernel of the op is tested at, derived from its axes."""
+        raise NotImplementedError(f"{self.op.value} has no required test shapes")
+
+    def case_smallest_head_dim(self, k) -> int:
+        """The smallest head_dim its kernel launches with."""
+        return 1
+
+    def case_registers_bound(self, k) -> bool:
+        """Whether the registers ptxas gave its kernel may bound its head_dim (a block
+        that grows with head_dim; testgen.register_bound)."""
+        return False
+
+    def gpu_check(self, k, fn, case) -> None:
+        """Launch ``fn`` (the generated launcher of ``k``) on ``case`` and compare it
+        with the float64 NumPy reference (kgen.numpy_ref, through kgen.testing)."""
+        raise NotImplementedError(f"{self.op.value} has no GPU check")
+
+    def gpu_relation(self, kind: str, tolerance: float, ka, fa, kb, fb, case) -> None:
+        """Two kernels of the op on the same inputs: bit-identical or within
+        ``tolerance`` (the relation a spec declares); by default both over one filled KV
+        cache (kgen.testing.gpu.cache_relation)."""
+        from kgen.testing import gpu
+
+        return gpu.cache_relation(kind, tolerance, ka, fa, kb, fb, case)
 
     def __repr__(self) -> str:
         return f"<op {self.op.value}>"
