@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
     from kgen.ir.pyapi import PyArg
     from kgen.ir.signature import Param
-    from kgen.runtime.contracts import Checker
+    from kgen.runtime.contracts import Checker, ContractError
 
 
 class OpDef:
@@ -216,6 +216,23 @@ class OpDef:
         """``a`` checked against ``k``'s contracts: (grid, block, shared bytes, values)."""
         raise NotImplementedError(f"no binder for {self.op.value}")
 
+    def shape_error(self, k: Kernel, hd: int, groups: int = 1) -> ContractError | None:
+        """The launch contract ``k`` breaks at head_dim ``hd`` with ``groups`` q heads per
+        KV head (its check_launch_shape), or None."""
+        from kgen.runtime.contracts import Checker, ContractError
+
+        try:
+            self.check_launch_shape(k, Checker(k.name), hd, groups)
+        except ContractError as exc:
+            return exc
+        return None
+
+    def shape_refusal(self, k: Kernel, hd: int, groups: int = 1) -> str | None:
+        """Why ``k`` cannot launch at head_dim ``hd`` with ``groups`` (shape_error's
+        message), or None."""
+        exc = self.shape_error(k, hd, groups)
+        return None if exc is None else str(exc)
+
     def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
         """Refuses (``c``) a head_dim / q heads per kv head ``k`` can't launch, by shape."""
         from kgen.runtime.checks import check_head_dim
@@ -244,6 +261,60 @@ class OpDef:
         return {}
 
     # --- contracts, reference and test cases (kgen.testing)
+    # The array argument the generic mutations break (not an array, float64, strided).
+    mutated_array: ClassVar[str]
+    # A candidate its kernel refuses is retried at testgen.retry_head_dim before it
+    # counts as refused.
+    case_retries_refused: ClassVar[bool] = False
+
+    def contract_args(self, k, case, alloc) -> dict:
+        """A valid argument set of host arrays for ``bind`` (contents irrelevant, index
+        arrays a valid layout); ``alloc(shape, dtype)`` makes each array."""
+        raise NotImplementedError(f"{self.op.value} gives no contract arguments")
+
+    def contract_mutations(self) -> dict:
+        """Its contract mutations in order, name -> kgen.testing.arguments.Mutation: each
+        breaks one contract of a valid launch (its ``applies`` asks the kernel's axes)."""
+        from kgen.testing.arguments import argument_mutations, layout_mutations
+
+        return {**argument_mutations(self), **layout_mutations(self)}
+
+    def mutated_integer(self, k) -> str | None:
+        """The user-visible integer argument the type mutation breaks, if it has one."""
+        return None
+
+    def case_candidates(self, k) -> list:
+        """The candidate shapes (kgen.testing.Case) its kernel's tests run, beside the
+        required ones."""
+        raise NotImplementedError(f"{self.op.value} has no test candidates")
+
+    def case_required(self, k) -> list:
+        """The shapes every kernel of the op is tested at, derived from its axes."""
+        raise NotImplementedError(f"{self.op.value} has no required test shapes")
+
+    def case_smallest_head_dim(self, k) -> int:
+        """The smallest head_dim its kernel launches with."""
+        return 1
+
+    def case_registers_bound(self, k) -> bool:
+        """Whether the registers ptxas gave its kernel may bound its head_dim (a block
+        that grows with head_dim; testgen.register_bound)."""
+        return False
+
+    def gpu_check(self, k, fn, case, find) -> None:
+        """Launch ``fn`` (the generated launcher of ``k``) on ``case`` and compare it
+        with the float64 NumPy reference (kgen.numpy_ref, through kgen.testing).
+        ``find`` is the harness's way to another generated kernel
+        (kgen.runtime.select.find), for a check that launches a sibling too."""
+        raise NotImplementedError(f"{self.op.value} has no GPU check")
+
+    def gpu_relation(self, kind: str, tolerance: float, ka, fa, kb, fb, case) -> None:
+        """Two kernels of the op on the same inputs: bit-identical or within
+        ``tolerance`` (the relation a spec declares); by default both over one filled KV
+        cache (kgen.testing.gpu.cache_relation)."""
+        from kgen.testing import gpu
+
+        return gpu.cache_relation(kind, tolerance, ka, fa, kb, fb, case)
 
     def __repr__(self) -> str:
         return f"<op {self.op.value}>"

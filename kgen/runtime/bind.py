@@ -86,12 +86,7 @@ def shape_error(k: Kernel, head_dim: int, groups: int = 1) -> ContractError | No
     or None: the launch contracts that depend on shapes alone (block size and
     registers, row format, tiles, shared memory), for choosing a kernel before any
     array exists."""
-    c = Checker(k.name)
-    try:
-        get(k.op).check_launch_shape(k, c, head_dim, groups)
-    except ContractError as exc:
-        return exc
-    return None
+    return get(k.op).shape_error(k, head_dim, groups)
 
 
 def shape_refusal(k: Kernel, head_dim: int, groups: int = 1) -> str | None:

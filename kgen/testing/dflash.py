@@ -25,6 +25,7 @@ import numpy as np
 from kgen import numpy_ref as ref
 from kgen.ir.axes import KeySource
 from kgen.ir.kernel import Kernel
+from kgen.ir.role import Role
 from kgen.numpy_ref.dflash import gather_context
 from kgen.testing.case import Case, bits_equal, rng
 from kgen.testing.device import ATOL, RTOL, assert_close_as, cupy, dev, poisoned_as
@@ -167,13 +168,12 @@ def materialize(case: Case, x: dict, g: np.random.Generator, k: Kernel):
             np.concatenate(at).astype(np.int64))
 
 
-def dense_launcher(k: Kernel):
+def dense_launcher(k: Kernel, find):
     """The generated dense kernel with the paged kernel's element types and arithmetic
-    bounds."""
-    from kgen.runtime.dflash import role
-    from kgen.runtime.select import find
-
-    return find(role(KeySource.DENSE, k.in_dtype, k.out_dtype), 1, 1, where=lambda d: (
+    bounds (``find``: kgen.runtime.select.find, as the harness hands it)."""
+    role = Role(k.op, needs=(("in_dtype", k.in_dtype.value), ("key_source", KeySource.DENSE.value),
+                             ("out_dtype", k.out_dtype.value)))  # the op's role of a dense call
+    return find(role, 1, 1, where=lambda d: (
         d.max_head_dim, d.keys_per_step) == (k.max_head_dim, k.keys_per_step))[1]
 
 
@@ -183,7 +183,7 @@ def differing(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.count_nonzero(a.view(u) != b.view(u)))
 
 
-def check(k: Kernel, fn, case: Case) -> None:
+def check(k: Kernel, fn, case: Case, find) -> None:
     g, seed = rng()
     x = inputs(g, case, k)
     scale, nreq = scale_of(case), rows(case) - case.pad_rows
@@ -204,7 +204,7 @@ def check(k: Kernel, fn, case: Case) -> None:
         f"{k.name}: rows outside every request are not zeros, seed={seed}"
     if paged(k):  # the claim: the dense kernel's bits over [context ; block]
         q, kx, vx, cu, at = materialize(case, x, g, k)
-        dense = run_dense(k, dense_launcher(k), case, q, kx, vx, cu)
+        dense = run_dense(k, dense_launcher(k, find), case, q, kx, vx, cu)
         a, b = got[:nreq], dense[at]
         diff = differing(a, b)
         assert diff == 0, (f"{k.name} vs the dense kernel over [context ; block]: {diff} of "

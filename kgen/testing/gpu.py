@@ -1,6 +1,11 @@
 """GPU checks: launch a kernel on fresh random inputs with NaN-poisoned outputs
 and compare every element with the float64 NumPy reference (kgen.numpy_ref,
-computed over exactly the values the kernel reads)."""
+computed over exactly the values the kernel reads).
+
+The checks of qz_split and of the cache ops over a host, device or slots position, and
+the relation of two kernels over one cache; each op names its own (kgen.ops:
+``gpu_check``, ``gpu_relation``; kgen.testing.checks asks it), so nothing here asks an
+op object."""
 
 from __future__ import annotations
 
@@ -9,16 +14,7 @@ import math
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import (
-    MLA_OPS,
-    KStage,
-    Mode,
-    Op,
-    Position,
-    QStage,
-    RingFloor,
-    Sinks,
-)
+from kgen.ir.axes import KStage, Mode, Position, QStage, RingFloor, Sinks
 from kgen.ir.geometry import key_partials
 from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, random_bits, rng
@@ -58,35 +54,10 @@ def _upload(cache: ref.HostCache):
     return [dev(x) for x in cache.arrays]
 
 
-# ---- per-op checks -------------------------------------------------------------
+# ---- each op's check (its op object names it: kgen.ops, gpu_check) ---------------------
 
-def check_kernel(k: Kernel, fn, case: Case) -> None:
-    """Launch ``fn`` (the generated launcher of ``k``) on ``case`` and compare."""
-    if k.position is Position.PAGED:
-        from kgen.testing import paged
-
-        return paged.check(k, fn, case)
-    if k.op is Op.MERGE_ATTN_STATES:
-        from kgen.testing import merge
-
-        return merge.check(k, fn, case)
-    if k.op in MLA_OPS:
-        from kgen.testing import mla
-
-        return mla.check(k, fn, case)
-    if k.op is Op.DFLASH_ATTENTION:
-        from kgen.testing import dflash
-
-        return dflash.check(k, fn, case)
-    if k.op is Op.DENSE_ATTENTION:
-        from kgen.testing import dense
-
-        return dense.check(k, fn, case)
-    {Op.QZ_SPLIT: _check_qz, Op.KV_APPEND: _check_append, Op.FLASH: _check_flash,
-     Op.DECODE_COMBINE: _check_combine}[k.op](k, fn, case)
-
-
-def _check_qz(k, fn, case):
+def check_qz(k, fn, case):
+    """qz_split: q and z bit for bit."""
     g, seed = rng()
     qg = _rand(g, case.n, case.n_head, 2 * case.head_dim)
     q, z = poisoned((case.n, case.n_head, case.head_dim)), poisoned(
@@ -96,7 +67,8 @@ def _check_qz(k, fn, case):
     assert np.array_equal(q.get(), want_q) and np.array_equal(z.get(), want_z), f"seed={seed}"
 
 
-def _check_append(k, fn, case):
+def check_append(k, fn, case):
+    """kv_append (host, device, slots): the cache's bytes as the format's model leaves them."""
     g, seed = rng()
     slots = k.position is Position.SLOTS
     n, hk, hd = case.n, case.n_head_kv, case.head_dim
@@ -233,7 +205,8 @@ def run_decode(k: Kernel, fn, case: Case, q, cache, width: int):
     return m.get()[:n], l.get()[:n], acc.get()[: n * case.head_dim]
 
 
-def _check_flash(k, fn, case):
+def check_flash(k, fn, case):
+    """flash (host, device, slots): the output, or every live partial and their combination."""
     g, seed = rng()
     q, cache = _flash_inputs(k, case, g)
     if k.mode is Mode.PREFILL:
@@ -252,7 +225,8 @@ def _check_flash(k, fn, case):
     assert_close(f"{k.name} combined", out, out_ref, seed)
 
 
-def _check_combine(k, fn, case):
+def check_combine(k, fn, case):
+    """decode_combine: random partials (an empty split among them) and their merge."""
     g, seed = rng()
     heads, S, hd = case.n_head, case.n_splits, case.head_dim
     if k.position is Position.DEVICE:
@@ -274,20 +248,14 @@ def _check_combine(k, fn, case):
     assert_close(k.name, out.get(), ref.combine(m, l, acc, S, sinks), seed)
 
 
-# ---- relations between kernels ------------------------------------------------------
+# ---- relations between kernels (each op names its own: kgen.ops, gpu_relation) --------
 
-def check_relation(kind: str, tolerance: float, ka: Kernel, fa, kb: Kernel, fb,
+def cache_relation(kind: str, tolerance: float, ka: Kernel, fa, kb: Kernel, fb,
                    case: Case) -> None:
-    """Both kernels on the same inputs: bit-identical (decode: every partial), or
-    within ``tolerance`` relative to the largest output magnitude (decode: the
-    combined output, since an empty split's m is -inf in both)."""
-    if ka.op is Op.DENSE_ATTENTION:
-        from kgen.testing import dense
-
-        return dense.relation(kind, tolerance, ka, fa, kb, fb, case)
+    """Both kernels on the same inputs (one filled KV cache): bit-identical (decode:
+    every partial), or within ``tolerance`` relative to the largest output magnitude
+    (decode: the combined output, since an empty split's m is -inf in both)."""
     g, seed = rng()
-    if ka.op is Op.DECODE_COMBINE:
-        return _combine_relation(kind, tolerance, ka, fa, kb, fb, case, g, seed)
     q, cache = _flash_inputs(ka, case, g)
     if ka.mode is Mode.PREFILL:
         sinks = sink_logits(g, case, case.n_head)
@@ -312,10 +280,9 @@ def check_relation(kind: str, tolerance: float, ka: Kernel, fa, kb: Kernel, fb,
                                  f"{tolerance:g}, seed={seed}"
 
 
-
-
-def _combine_relation(kind, tolerance, ka, fa, kb, fb, case, g, seed):
+def combine_relation(kind, tolerance, ka, fa, kb, fb, case):
     """Two combine kernels on the same partials (each given the sinks it takes)."""
+    g, seed = rng()
     heads, S, hd = case.n_head, case.n_splits, case.head_dim
     if ka.position is Position.DEVICE:
         S = ref.decode_plan(case.seq_len, case.kps, case.cap, ka.tile_keys)[0]

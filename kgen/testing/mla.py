@@ -1,5 +1,6 @@
-"""The multi-head latent attention kernels' tests: their cases, their arguments on the
-host (contracts) and their GPU checks against the NumPy definitions (kgen.numpy_ref.mla).
+"""The multi-head latent attention kernels' tests: their cases, the layouts of their
+arguments on the host (contracts; each op builds its own: kgen.ops) and their GPU checks
+against the NumPy definitions (kgen.numpy_ref.mla; each op names its own).
 
 * concat_and_cache_mla: random old pages, random slots over them (some negative:
   skipped), sources strided by ``Case.row_pad``; the pages must equal the reference
@@ -31,7 +32,7 @@ import math
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import Lse, Mask, Op, SeqStarts
+from kgen.ir.axes import Lse, Mask, SeqStarts
 from kgen.ir.geometry import (
     MLA_LATENT,
     MLA_PREFILL_QK,
@@ -41,6 +42,7 @@ from kgen.ir.geometry import (
     mla_split_keys,
 )
 from kgen.ir.kernel import Kernel
+from kgen.testing.arguments import Makers, Mutation, always, zeros_like_shape
 from kgen.testing.case import Case, bits_equal, rng
 from kgen.testing.device import assert_close, assert_close_as, dev, poisoned, poisoned_as
 
@@ -112,27 +114,6 @@ PREFILL = [
 ]
 
 
-def candidates(k: Kernel) -> list[Case]:
-    if k.op is Op.MLA_PREFILL:
-        return PREFILL
-    if k.op is Op.MLA_STORE:
-        return STORE
-    if k.op is Op.MLA_GATHER:
-        return GATHER_STARTS + GATHER if k.seq_starts is SeqStarts.GIVEN else GATHER
-    return DECODE
-
-
-def required(k: Kernel) -> list[Case]:
-    """The smallest launch of each op."""
-    if k.op is Op.MLA_STORE:
-        return [Case("mla_smallest", n=2, block_size=2)]
-    if k.op is Op.MLA_GATHER:
-        return [Case("mla_smallest", requests=((1, 1),), block_size=1)]
-    if k.op is Op.MLA_PREFILL:
-        return [Case("mla_smallest", requests=((1, 1),), n_head=1)]
-    return [Case("mla_smallest", requests=((1, 1),), n_head=1, n_splits=1, block_size=1)]
-
-
 # ---- layouts -----------------------------------------------------------------------------
 
 def layout(case: Case, g: np.random.Generator | None = None) -> dict:
@@ -186,55 +167,27 @@ def elems(k: Kernel) -> tuple[np.dtype, np.dtype]:
     return np.dtype(k.in_dtype.fmt.dtype), np.dtype(k.out_dtype.fmt.dtype)
 
 
-def host_args(k: Kernel, case: Case, z) -> dict:
-    """A valid argument set for ``bind`` (index tensors with real values)."""
-    ei, eo = elems(k)
-    if k.op is Op.MLA_PREFILL:
-        lay = prefill_layout(case)
-        Tq, Tk = int(lay["cu_seqlens_q"][-1]), int(lay["cu_seqlens_k"][-1])
-        H = case.n_head
-        a = dict(query=z((Tq, H, MLA_PREFILL_QK), ei), key=z((Tk, H, MLA_PREFILL_QK), ei),
-                 value=z((Tk, H, MLA_PREFILL_V), ei), cu_seqlens_q=lay["cu_seqlens_q"],
-                 cu_seqlens_k=lay["cu_seqlens_k"], out=z((Tq, H, MLA_PREFILL_V), eo),
-                 max_seqlen_q=lay["max_seqlen_q"], scale=1.0 / math.sqrt(MLA_PREFILL_QK))
-        if k.lse is Lse.WRITE:
-            a["lse"] = z((H, Tq), f32)
-        return a
-    if k.op is Op.MLA_STORE:
-        slots, nb = store_slots(case)
-        return dict(kv_c=z((case.n, MLA_LATENT), ei), k_pe=z((case.n, MLA_ROPE), ei),
-                    kv_cache=z((nb, case.block_size, MLA_ROW), ei), slot_mapping=slots)
-    lay = layout(case)
-    pages = z((lay["num_blocks"], case.block_size, MLA_ROW), ei)
-    if k.op is Op.MLA_GATHER:
-        gl = gather_layout(case)
-        a = dict(dst=z((gl["num_tokens"], MLA_ROW), ei), src_cache=pages,
-                 block_table=lay["block_table"], cu_seq_lens=gl["cu_seq_lens"],
-                 token_to_seq=gl["token_to_seq"], num_tokens=gl["num_tokens"])
-        if k.seq_starts is SeqStarts.GIVEN:
-            a["seq_starts"] = gl["seq_starts"]
-        return a
-    B, H, S = len(case.requests), case.n_head, case.n_splits
-    parts = dict(zip(("m", "l", "acc"), (z((B, H, S), f32), z((B, H, S), f32),
-                                         z((B, H, S, MLA_LATENT), f32)), strict=True))
-    if k.op is Op.MLA_DECODE:
-        return dict(query=z((B, H, MLA_ROW), ei), kv_cache=pages,
-                    block_table=lay["block_table"], seq_lens=lay["seq_lens"],
-                    m_out=parts["m"], l_out=parts["l"], acc_out=parts["acc"],
-                    scale=1.0 / math.sqrt(MLA_ROW))
-    a = dict(m_in=parts["m"], l_in=parts["l"], acc_in=parts["acc"], seq_lens=lay["seq_lens"],
-             out=z((B, H, MLA_LATENT), eo))
-    if k.lse is Lse.WRITE:
-        a["lse"] = z((B, H), f32)
-    return a
+# ---- contract mutations the decode stages share -----------------------------------------
+
+def partials_mutations(op, m: str, l: str, acc: str) -> dict:
+    """The mutations of a decode stage's split partials (``op``'s arguments ``m``, ``l``
+    and ``acc``: mla_decode's outputs, mla_combine's inputs) and of its seq_lens."""
+    mk = Makers(op)
+    return {
+        "mla_partials_heads": Mutation("shape", always, mk.replace_from_args(
+            m, zeros_like_shape(lambda s: (s[0], s[1] + 1, s[2])))),
+        "mla_partials_l_splits": Mutation("shape", always, mk.replace_from_args(
+            l, zeros_like_shape(lambda s: (s[0], s[1], s[2] + 1)))),
+        "mla_partials_acc_width": Mutation("shape", always, mk.replace_from_args(
+            acc, zeros_like_shape(lambda s: (*s[:3], s[3] + 64)))),
+        "mla_partials_flat": Mutation("shape", always, mk.replace_from_args(
+            m, lambda x, a: np.zeros(x.size, x.dtype))),
+        "mla_seq_lens_size": Mutation("shape", always, mk.replace_from_args(
+            "seq_lens", lambda x, a: np.zeros(x.size + 1, x.dtype))),
+    }
 
 
 # ---- GPU checks --------------------------------------------------------------------------
-
-def check(k: Kernel, fn, case: Case) -> None:
-    {Op.MLA_STORE: _check_store, Op.MLA_GATHER: _check_gather, Op.MLA_DECODE: _check_decode,
-     Op.MLA_COMBINE: _check_combine, Op.MLA_PREFILL: _check_prefill}[k.op](k, fn, case)
-
 
 def rand_elems(g, fmt, *shape) -> np.ndarray:
     """Random normal float32 values rounded to ``fmt``'s elements (its NumPy model)."""
@@ -252,7 +205,7 @@ def _strided_rows(g, fmt, rows: int, width: int, pad: int):
     return wide[:, :width].copy(), dev(wide)[:, :width]
 
 
-def _check_store(k: Kernel, fn, case: Case) -> None:
+def check_store(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
     fi = k.in_dtype.fmt
     slots, nb = store_slots(case, g)
@@ -266,7 +219,7 @@ def _check_store(k: Kernel, fn, case: Case) -> None:
         f"{k.name}: the pages differ from the store's definition, seed={seed}"
 
 
-def _check_gather(k: Kernel, fn, case: Case) -> None:
+def check_gather(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
     fi = k.in_dtype.fmt
     lay, gl = layout(case, g), gather_layout(case)
@@ -294,7 +247,7 @@ def _decode_inputs(g, case: Case, fmt):
     return lay, pages, q
 
 
-def _check_decode(k: Kernel, fn, case: Case) -> None:
+def check_decode(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
     fi = k.in_dtype.fmt
     lay, pages, q = _decode_inputs(g, case, fi)
@@ -317,7 +270,7 @@ def _check_decode(k: Kernel, fn, case: Case) -> None:
         f"{k.name}: wrote partials of a split with no keys, seed={seed}"
 
 
-def _check_combine(k: Kernel, fn, case: Case) -> None:
+def check_combine(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
     B, H, S = len(case.requests), case.n_head, case.n_splits
     lens = np.array([c for _, c in case.requests], np.int32)
@@ -347,7 +300,7 @@ def _check_combine(k: Kernel, fn, case: Case) -> None:
             f"{k.name}: a row with no scored key has an LSE other than -inf, seed={seed}"
 
 
-def _check_prefill(k: Kernel, fn, case: Case) -> None:
+def check_prefill(k: Kernel, fn, case: Case) -> None:
     g, seed = rng()
     lay = prefill_layout(case)
     Tq, Tk = int(lay["cu_seqlens_q"][-1]), int(lay["cu_seqlens_k"][-1])

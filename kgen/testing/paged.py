@@ -1,5 +1,6 @@
-"""Launch arguments and GPU checks of the paged kernels (position = paged): a
-varlen batch of requests, each with its own block table over shared pages."""
+"""The paged kernels' (position = paged) layouts and GPU checks: a varlen batch of
+requests, each with its own block table over shared pages (their ops build their launch
+arguments from these: kgen.ops, ``contract_args``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import numpy as np
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import Mode, Op, Sinks
+from kgen.ir.axes import Mode, Sinks
 from kgen.ir.kernel import Kernel
 from kgen.testing.case import Case, random_bits, rng
 from kgen.testing.device import assert_close, dev, poisoned
@@ -56,32 +57,13 @@ def layout(case: Case, shuffle=None) -> dict:
             "num_blocks": nb, "max_blocks": mb}
 
 
-def host_args(k: Kernel, case: Case, z, f32) -> dict:
-    """A valid argument set of a paged kernel (index tensors with real values)."""
+def page_caches(k: Kernel, case: Case, z, nb: int) -> dict:
+    """Each role's pages in its format: ``nb`` pages of block_size rows (``z(shape,
+    dtype)`` makes each array)."""
     hd, hk = case.head_dim, case.n_head_kv
     fmt = k.pair
-    lay = layout(case) if case.requests else None
-
-    def caches(nb: int) -> dict:  # each role's pages in its format
-        return {f"{r}_cache": z((nb, case.block_size, hk, fmt.of(r).row_width(hd)),
-                                fmt.of(r).dtype) for r in ("k", "v")}
-    if k.op is Op.KV_APPEND:
-        nb = -(-case.n // case.block_size) + 1
-        return dict(k_new=z((case.n, hk, hd), f32), v_new=z((case.n, hk, hd), f32),
-                    **caches(nb), slot_mapping=np.arange(case.n, dtype=np.int32))
-    a = dict(**caches(lay["num_blocks"]), block_table=lay["block_table"],
-             seq_lens=lay["seq_lens"])
-    reqs = len(case.requests)
-    if k.mode is Mode.PREFILL:
-        rows = int(lay["query_start_loc"][-1])
-        a.update(q=z((rows, case.n_head, hd), f32), query_start_loc=lay["query_start_loc"],
-                 **prefill_outputs(k, rows, case.n_head, hd, z))
-    else:
-        heads = reqs * case.n_head
-        a.update(q=z((reqs, case.n_head, hd), f32), m_out=z(heads * case.cap, f32),
-                 l_out=z(heads * case.cap, f32), acc_out=z(heads * case.cap * hd, f32),
-                 kps=case.kps, splits_cap=case.cap)
-    return a
+    return {f"{r}_cache": z((nb, case.block_size, hk, fmt.of(r).row_width(hd)),
+                            fmt.of(r).dtype) for r in ("k", "v")}
 
 
 def _fill(g, k: Kernel, case: Case, lay: dict):
@@ -99,12 +81,10 @@ def _fill(g, k: Kernel, case: Case, lay: dict):
     return pages, dense
 
 
-def check(k: Kernel, fn, case: Case) -> None:
-    """Launch a paged kernel on a random varlen batch and compare with the dense
-    references of every request."""
+def check_attention(k: Kernel, fn, case: Case) -> None:
+    """Launch a paged attention kernel on a random varlen batch and compare with the
+    dense references of every request."""
     g, seed = rng()
-    if k.op is Op.KV_APPEND:
-        return _check_append(k, fn, case, g, seed)
     lay = layout(case, g)
     pages, dense = _fill(g, k, case, lay)
     G = case.n_head // case.n_head_kv
@@ -158,8 +138,9 @@ def check(k: Kernel, fn, case: Case) -> None:
                  atol=1.6e-4)
 
 
-def _check_append(k, fn, case, g, seed):
+def check_append(k: Kernel, fn, case: Case) -> None:
     """reshape_and_cache: tokens to their slots (one skipped), everything else kept."""
+    g, seed = rng()
     hk, hd, bs = case.n_head_kv, case.head_dim, case.block_size
     nb = -(-case.n // bs) + 2
     pages = ref.PagedCache.empty(k.pair, nb, bs, hk, hd, case.k_scale, case.v_scale)

@@ -241,7 +241,7 @@ def host_device(monkeypatch):
     monkeypatch.setattr(tdflash, "poisoned_as", lambda shape, fmt: np.full(
         shape, fmt.poison(), np.dtype(fmt.dtype)).view(HostArray))
     monkeypatch.setattr(tdflash, "_sync", lambda: None)
-    monkeypatch.setattr(tdflash, "dense_launcher", lambda k: _emulated(
+    monkeypatch.setattr(tdflash, "dense_launcher", lambda k, find: _emulated(
         ALL[(DENSE, k.in_dtype, k.out_dtype)]))
 
 
@@ -274,7 +274,7 @@ def test_every_kernel_of_the_specs_is_built():
 
 @pytest.mark.parametrize("key, case", _cases())
 def test_the_gpu_check_passes_the_kernels_arithmetic(host_device, key, case):
-    tdflash.check(ALL[key], _emulated(ALL[key]), case)
+    tdflash.check(ALL[key], _emulated(ALL[key]), case, None)
 
 
 FAULTY = Case("faulty", requests=((7, 9), (5, 0), (4, 3)), n_head=4, n_head_kv=2,
@@ -288,12 +288,12 @@ def test_the_gpu_check_fails_a_kernel_that_breaks_the_definition(host_device, so
                                                                  fault):
     k = ALL[(source, *io)]
     with pytest.raises(AssertionError):
-        tdflash.check(k, _emulated(k, fault), FAULTY)
+        tdflash.check(k, _emulated(k, fault), FAULTY, None)
 
 
 def test_the_gpu_check_fails_a_paged_kernel_that_ignores_its_context(host_device):
     with pytest.raises(AssertionError):
-        tdflash.check(KERNELS[PAGED], _emulated(KERNELS[PAGED], "context_ignored"), FAULTY)
+        tdflash.check(KERNELS[PAGED], _emulated(KERNELS[PAGED], "context_ignored"), FAULTY, None)
 
 
 @pytest.mark.parametrize("io", sorted({key[1:] for key in ALL}))
@@ -309,7 +309,7 @@ def test_the_bit_identity_check_fails_another_arithmetic(host_device, monkeypatc
     if fault == "truncated_output":
         monkeypatch.setattr(tdflash, "assert_close_as", lambda *a, **kw: None)
     with pytest.raises(AssertionError, match="elements differ"):
-        tdflash.check(k, _emulated(k, fault), case)
+        tdflash.check(k, _emulated(k, fault), case, None)
 
 
 def test_the_gpu_cases_cover_the_engines_shapes():

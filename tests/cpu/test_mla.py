@@ -40,6 +40,7 @@ from kgen.ir.geometry import (
 from kgen.runtime import ContractError, bind
 from kgen.runtime import mla as rmla
 from kgen.runtime.record import registers
+from kgen.testing import check_kernel, host_args
 from kgen.testing import mla as tmla
 from kgen.testing.case import Case
 from kgen.testing.fakecupy import FakeArray, FakeCupy, Guarded
@@ -294,25 +295,25 @@ def _cases(k):
 @pytest.mark.parametrize("k", of(Op.MLA_STORE), ids=lambda k: k.name)
 @pytest.mark.parametrize("case", _cases(STORE))
 def test_store_check_passes_the_kernels_arithmetic(host_device, k, case):
-    tmla.check(k, _store(), case)
+    check_kernel(k, _store(), case)
 
 
 @pytest.mark.parametrize("k", of(Op.MLA_GATHER), ids=lambda k: k.name)
 def test_gather_check_passes_the_kernels_arithmetic(host_device, k):
     for case in plan_cases(k)[0]:
-        tmla.check(k, _gather(k), case)
+        check_kernel(k, _gather(k), case)
 
 
 @pytest.mark.parametrize("k", of(Op.MLA_DECODE), ids=lambda k: k.name)
 @pytest.mark.parametrize("case", _cases(DECODE))
 def test_decode_check_passes_the_kernels_arithmetic(host_device, k, case):
-    tmla.check(k, _decode(k), case)
+    check_kernel(k, _decode(k), case)
 
 
 @pytest.mark.parametrize("k", of(Op.MLA_COMBINE), ids=lambda k: k.name)
 def test_combine_check_passes_the_kernels_arithmetic(host_device, k):
     for case in plan_cases(k)[0]:
-        tmla.check(k, _combine(k), case)
+        check_kernel(k, _combine(k), case)
 
 
 @pytest.mark.parametrize("k, fn, case", [
@@ -331,7 +332,7 @@ def test_combine_check_passes_the_kernels_arithmetic(host_device, k):
         "bf16_store_stride", "bf16_combine_dead_split"])
 def test_the_gpu_checks_fail_a_kernel_that_breaks_the_definition(host_device, k, fn, case):
     with pytest.raises(AssertionError):
-        tmla.check(k, fn, case)
+        check_kernel(k, fn, case)
 
 
 @pytest.mark.parametrize("k", of(Op.MLA_PREFILL), ids=lambda k: k.name)
@@ -339,15 +340,15 @@ def test_prefill_check_passes_the_kernels_arithmetic(host_device, k):
     for case in plan_cases(k)[0]:
         if case.n_head * sum(q for q, _ in case.requests) > 2000:
             continue  # the emulation is slow; the GPU runs the large ones
-        tmla.check(k, _prefill(k), case)
+        check_kernel(k, _prefill(k), case)
 
 
 @pytest.mark.parametrize("fault", ["top_left", "nan_empty"])
 def test_the_prefill_check_fails_a_kernel_that_breaks_the_definition(host_device, fault):
     k = PREFILLS[(Mask.CAUSAL, Lse.WRITE)]
     with pytest.raises(AssertionError):
-        tmla.check(k, _prefill(k, fault), tmla.PREFILL[3] if fault == "nan_empty"
-                   else tmla.PREFILL[1])
+        check_kernel(k, _prefill(k, fault), tmla.PREFILL[3] if fault == "nan_empty"
+                     else tmla.PREFILL[1])
 
 
 def test_prefill_reference_causal_is_bottom_right():
@@ -379,15 +380,15 @@ def test_the_gpu_cases_cover_the_engines_shapes():
 
 def test_bind_geometry():
     case = tmla.DECODE[3]  # 2 requests, 128 heads, 3 splits
-    b = bind(DECODE, tmla.host_args(DECODE, case, np.zeros))
+    b = bind(DECODE, host_args(DECODE, case))
     assert b.grid == (128 // MLA_HEADS, 3, 2) and b.block == (MLA_THREADS, 1, 1)
     assert b.shared_bytes == 0 and int(b.arg("kv_splits")) == 3
     assert math.isclose(float(b.arg("scale")), 1 / math.sqrt(MLA_ROW), rel_tol=1e-6)
-    b = bind(COMBINE_LSE, tmla.host_args(COMBINE_LSE, case, np.zeros))
+    b = bind(COMBINE_LSE, host_args(COMBINE_LSE, case))
     assert b.grid == (2 * 128, 1, 1) and b.block == (MLA_COMBINE_THREADS, 1, 1)
-    b = bind(STORE, tmla.host_args(STORE, tmla.STORE[2], np.zeros))
+    b = bind(STORE, host_args(STORE, tmla.STORE[2]))
     assert b.grid == (64, 1, 1) and b.block == (MLA_STORE_THREADS, 1, 1)
-    b = bind(GATHER, tmla.host_args(GATHER, tmla.GATHER[1], np.zeros))
+    b = bind(GATHER, host_args(GATHER, tmla.GATHER[1]))
     assert b.grid == (-(-82 // (mla_gather_threads() // 32)), 1, 1)
 
 
@@ -401,7 +402,7 @@ def test_decode_fits_sm37():
 def test_prefill_bind_geometry():
     k = PREFILLS[(Mask.CAUSAL, Lse.WRITE)]
     case = tmla.PREFILL[4]  # (100, 300), (64, 64); 8 heads
-    a = tmla.host_args(k, case, np.zeros)
+    a = host_args(k, case)
     b = bind(k, a)
     assert b.grid == (-(-100 // MLA_PREFILL_ROWS), 8, 2)
     assert b.block == (MLA_PREFILL_ROWS * 32, 1, 1) and int(b.arg("total_q")) == 164
@@ -431,7 +432,7 @@ def test_prefill_entry_point(cp):
 
 
 def test_store_takes_strided_rows():
-    a = tmla.host_args(STORE, tmla.STORE[1], np.zeros)
+    a = host_args(STORE, tmla.STORE[1])
     wide = np.zeros((37, MLA_LATENT + 40), np.float32)
     a["kv_c"] = wide[:, :MLA_LATENT]
     a["k_pe"] = np.zeros((37, MLA_ROPE + 3), np.float32)[:, 3:]
