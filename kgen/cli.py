@@ -365,8 +365,8 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
     """The spec kernels, one line each (or --json). The head_dims each launches at are
     worked out on request (--coverage; --json always has them): every head_dim up to a
     block's limit is tried against the launch contracts, seconds for the whole set."""
+    from kgen import ops
     from kgen.compiler import coverage
-    from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS
     from kgen.runtime.record import axes_of
 
     kernels = _listed(_kernels(settings, args), args)
@@ -380,27 +380,7 @@ def cmd_list(args, settings: Settings, say: Reporter) -> int:
         return 0
     w = max(len(k.name) for k in kernels)
     for k in kernels:
-        axes = f"{k.op.value}"
-        if k.op.value == "flash":
-            axes += f" {k.mode.value} pos={k.position.value} kv={k.kv.value} " \
-                    f"q={k.q_stage.value} k={k.k_stage.value} v={k.v_stage.value}"
-        elif k.op.value in ("kv_append", "decode_combine"):
-            axes += f" pos={k.position.value}" + (f" kv={k.kv.value}" if k.op.value ==
-                                                  "kv_append" else "")
-        elif k.op.value in ("merge_attn_states", "mla_combine"):
-            axes += f" lse={k.lse.value}"
-        elif k.op.value == "mla_prefill":
-            axes += f" mask={k.mask.value} lse={k.lse.value}"
-        elif k.op.value == "gather_mla_cache":
-            axes += f" seq_starts={k.seq_starts.value}"
-        elif k.op.value == "dflash_attention":
-            axes += f" key_source={k.key_source.value}"
-        elif k.op.value == "dense_attention":
-            axes += f" kv_reads={k.kv_reads.value}"
-        if k.op in IN_DTYPE_OPS:
-            axes += f" in_dtype={k.in_dtype.value}"
-        if k.op in OUT_DTYPE_OPS:
-            axes += f" out_dtype={k.out_dtype.value}"
+        axes = ops.get(k.op).describe(k)
         dims = f"  head_dim {coverage.runs(coverage.head_dims(k))}" if args.coverage else ""
         print(f"{k.name:<{w}}  {k.module:<14}  {axes}{dims}")
     return 0

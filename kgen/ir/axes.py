@@ -34,9 +34,6 @@ class Op(StrEnum):
     #                                      one sequence, a warp per (query, q head)
 
 
-# The multi-head latent attention ops: kernels over the latent cache, one row width each.
-MLA_OPS = frozenset({Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE, Op.MLA_COMBINE,
-                     Op.MLA_PREFILL})
 
 
 class Mode(StrEnum):
@@ -250,23 +247,6 @@ def declare_key_ops(takes: Mapping[Op, frozenset[str]]) -> None:
     _KEY_OPS.update({name: frozenset(op for op, keys in takes.items() if name in keys)
                      for name in KEYS})
 
-
-# Sets of ops that modules outside the spec stage still name; the spec stage asks the op
-# objects (kgen.ops: their spec_keys and kind: cache, mla, planned, in/out dtype).
-FLASH = frozenset({Op.FLASH})
-CACHE_OPS = frozenset({Op.FLASH, Op.KV_APPEND})
-PLAN_OPS = frozenset({Op.FLASH, Op.DECODE_COMBINE})
-DFLASH = frozenset({Op.DFLASH_ATTENTION})
-DENSE = frozenset({Op.DENSE_ATTENTION})
-# The ops whose input tensors (in_dtype) or output tensors (out_dtype) have an element type
-# of their own: the MLA store, gather and split stage take rows (queries, latent rows) of
-# in_dtype and write f32 partials; the merge stage writes out_dtype; the prefill,
-# merge_attn_states, dense_attention and dflash_attention read in_dtype and write
-# out_dtype. An LSE is always f32.
-IN_DTYPE_OPS = DENSE | DFLASH | frozenset({Op.MLA_STORE, Op.MLA_GATHER, Op.MLA_DECODE,
-                                           Op.MLA_PREFILL, Op.MERGE_ATTN_STATES})
-OUT_DTYPE_OPS = DENSE | DFLASH | frozenset({Op.MLA_COMBINE, Op.MLA_PREFILL,
-                                            Op.MERGE_ATTN_STATES})
 
 # Every settable key; the ops that take it say so (their objects' ``spec_keys``).
 KEYS: dict[str, Key] = {n: replace(key, name=n) for n, key in {

@@ -116,6 +116,19 @@ class OpDef:
         raise KeyError(self.op)
 
     # --- render (kgen.compiler.render, kgen.compiler.coverage, kgen.compiler.view)
+    # The axes ``kgen list`` shows after the op's name, those that tell its kernels apart:
+    # "axis" as axis=value, "axis:label" as label=value, "=axis" as the value alone;
+    # in_dtype and out_dtype follow where the op has them.
+    listed: ClassVar[tuple[str, ...]] = ()
+
+    def describe(self, k: Kernel) -> str:
+        """The kernel's one-line axes in ``kgen list``: the op, then its listed axes."""
+        shown = [*self.listed, *(("in_dtype",) if self.in_dtype else ()),
+                 *(("out_dtype",) if self.out_dtype else ())]
+        return " ".join([self.op.value, *(
+            getattr(k, a[1:]).value if a.startswith("=") else
+            f"{a.split(':')[-1]}={getattr(k, a.split(':')[0]).value}" for a in shown)])
+
     # ``k`` is the kernel, or its template view (kgen.compiler.view.KernelView) where a
     # hook reads a view's fact (render_flags, format_uses).
     takes_head_dim: ClassVar[bool] = True  # its launches take a head_dim (the coverage

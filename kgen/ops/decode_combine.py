@@ -44,6 +44,7 @@ class DecodeCombine(OpDef):
         return out
 
     # --- render
+    listed = ("position:pos",)  # kgen list
     lists_occupancy = True
 
     def render_flags(self, k) -> frozenset[str]:

@@ -56,6 +56,7 @@ class DenseAttention(OpDef):
         return out
 
     # --- render
+    listed = ("kv_reads",)  # kgen list
     def render_flags(self, k) -> frozenset[str]:
         return frozenset({"dflash"})  # the DFlash row helpers
 

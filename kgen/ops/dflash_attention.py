@@ -58,6 +58,7 @@ class DflashAttention(OpDef):
         return out
 
     # --- render
+    listed = ("key_source",)  # kgen list
     def render_flags(self, k) -> frozenset[str]:
         return frozenset({"dflash"})
 

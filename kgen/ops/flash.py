@@ -549,6 +549,7 @@ class Flash(OpDef):
         return []
 
     # --- render
+    listed = ("=mode", "position:pos", "kv", "q_stage:q", "k_stage:k", "v_stage:v")  # kgen list
     grouped_block = True
     lists_occupancy = True
 

@@ -61,6 +61,7 @@ class KvAppend(OpDef):
         return out
 
     # --- render
+    listed = ("position:pos", "kv")  # kgen list
     def format_uses(self, k) -> dict[str, set[str]]:
         return {k.fmt.name: {"quant"}, k.v_fmt.name: {"quant"}}  # the append quantizer
 

@@ -39,6 +39,7 @@ class MergeAttnStates(OpDef):
         return out
 
     # --- render
+    listed = ("lse",)  # kgen list
     def render_flags(self, k) -> frozenset[str]:
         return frozenset({"merge"})
 

@@ -41,6 +41,7 @@ class MlaCombine(OpDef):
         return MLA_COMBINE_THREADS
 
     # --- render
+    listed = ("lse",)  # kgen list
     def writes_mla_lse(self, k) -> bool:
         return k.lse is Lse.WRITE  # [B][Hq]
 

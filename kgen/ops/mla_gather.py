@@ -41,6 +41,7 @@ class MlaGather(OpDef):
         return mla_gather_threads()
 
     # --- render
+    listed = ("seq_starts",)  # kgen list
     def block_shape(self, k, hd: int | None, groups: int | None) -> tuple[int, int]:
         # a fixed block, all its shared memory static
         return self.mla_threads(k), 0

@@ -52,6 +52,7 @@ class MlaPrefill(OpDef):
         return MLA_PREFILL_ROWS * TARGET.warp
 
     # --- render
+    listed = ("mask", "lse")  # kgen list
     def writes_mla_lse(self, k) -> bool:
         return k.lse is Lse.WRITE  # [H][total_q]
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from kgen import numpy_ref as ref
-from kgen.ir.axes import IN_DTYPE_OPS, OUT_DTYPE_OPS, IoDtype, Lse, Mask, Op, SeqStarts
+from kgen import ops
+from kgen.ir.axes import IoDtype, Lse, Mask, Op, SeqStarts
 from kgen.ir.geometry import (
     MLA_COMBINE_THREADS,
     MLA_HEADS,
@@ -72,8 +73,8 @@ def of(op: Op) -> list:
 # the bf16 kernel of each op, of its plain form (no LSE, no seq_starts, causal; its
 # element types all bf16 where the op has them)
 BF16 = {k.op: k for k in BUILT
-        if (k.op not in IN_DTYPE_OPS or k.in_dtype is IoDtype.BF16)
-        and (k.op not in OUT_DTYPE_OPS or k.out_dtype is IoDtype.BF16)
+        if (not ops.get(k.op).in_dtype or k.in_dtype is IoDtype.BF16)
+        and (not ops.get(k.op).out_dtype or k.out_dtype is IoDtype.BF16)
         and k.lse is Lse.NONE and k.seq_starts is SeqStarts.NONE and k.mask is Mask.CAUSAL}
 
 
@@ -607,8 +608,8 @@ def test_mla_cache_with_plain_fake(monkeypatch):
 
 def _named(op: Op, fi: IoDtype, fo: IoDtype = F32, **axes) -> str:
     """The name of the kernel of ``op`` with these element types and option axes."""
-    ks = [k for k in of(op) if (op not in IN_DTYPE_OPS or k.in_dtype is fi) and
-          (op not in OUT_DTYPE_OPS or k.out_dtype is fo) and
+    ks = [k for k in of(op) if (not ops.get(op).in_dtype or k.in_dtype is fi) and
+          (not ops.get(op).out_dtype or k.out_dtype is fo) and
           all(getattr(k, a) is v for a, v in axes.items())]
     assert len(ks) == 1, (op, fi, fo, axes, [k.name for k in ks])
     return ks[0].name
