@@ -295,10 +295,10 @@ def cmd_check(args, settings: Settings, say: Reporter) -> int:
     inputs = _inputs(settings, args.specs)
     work, errors = _spec_errors(inputs, settings, args)
     if errors:
-        if args.json:
-            print(json.dumps({"ok": False, "errors": [
-                {"path": e.pos.path, "line": e.pos.line, "col": e.pos.col,
-                 "message": e.message} for e in errors]}, indent=2))
+        if args.json:  # the first as every --json error has it, then each
+            said = [{"path": e.pos.path, "line": e.pos.line, "col": e.pos.col,
+                     "message": e.message} for e in errors]
+            print(json.dumps({"error": said[0], "errors": said}))
         for e in errors:
             print(e.render(), file=sys.stderr)
         if len(errors) > 1:

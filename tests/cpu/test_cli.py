@@ -288,7 +288,7 @@ def test_check_reports_every_broken_file(tmp_path, capsys):
     import json
 
     got = json.loads(capsys.readouterr().out)
-    assert not got["ok"] and [e["path"] for e in got["errors"]] == [
+    assert got["error"] == got["errors"][0] and [e["path"] for e in got["errors"]] == [
         f"{tmp_path}/b_parse.kspec", f"{tmp_path}/c_key.kspec", f"{tmp_path}/d_value.kspec"]
 
 
