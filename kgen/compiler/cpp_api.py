@@ -137,6 +137,7 @@ ALWAYS = {
     **{n: "tensor" for n in ("output", "output_lse", "prefix_output", "prefix_lse",
                              "suffix_output", "suffix_lse")},
     "n_tokens": "int",
+    "context_lens": "tensor",  # mask_empty_context_lse's binder
     **{n: ("int" if p.kind is int else "float") for n, p in PARAMS.items()},
 }
 

@@ -32,6 +32,8 @@ class Op(StrEnum):
     #                                        (and, paged, that request's context)
     DENSE_ATTENTION = "dense_attention"  # the engine's AttentionDenseFast / AttentionDenseFlash:
     #                                      one sequence, a warp per (query, q head)
+    MASK_EMPTY_CONTEXT_LSE = "mask_empty_context_lse"  # chunked prefill: the context LSE
+    #                                                    of a request with no context is -inf
 
 
 

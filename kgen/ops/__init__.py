@@ -19,6 +19,7 @@ from kgen.ops import (
     dflash_attention,
     flash,
     kv_append,
+    mask_empty_context_lse,
     merge_attn_states,
     mla_combine,
     mla_decode,
@@ -32,7 +33,8 @@ from kgen.ops.base import OpDef
 # Registration: the one place that lists the ops.
 OPS: dict[Op, OpDef] = {m.OP.op: m.OP for m in (
     qz_split, kv_append, flash, decode_combine, merge_attn_states, mla_store, mla_gather,
-    mla_decode, mla_combine, mla_prefill, dflash_attention, dense_attention)}
+    mla_decode, mla_combine, mla_prefill, dflash_attention, dense_attention,
+    mask_empty_context_lse)}
 # The spec keys each op takes, for the vocabulary's Key.ops (kgen.ir.axes cannot import this).
 declare_key_ops({op: d.spec_keys for op, d in OPS.items()})
 

@@ -12,6 +12,8 @@ the kernel relies on; it touches no GPU, so contract checks run anywhere.
 ``launch`` then hands the Launch to CuPy. The generated modules
 (``kgen_kernels``, from generated/) wrap these as one function per kernel.
 ``merge_attn_states`` is the engine's MergeAttnStates as one call (kgen.runtime.merge);
+``mask_empty_context_lse`` sets the context LSE of requests with no context to -inf
+before it (kgen.runtime.mask);
 ``concat_and_cache_mla``, ``gather_mla_cache``, ``mla_decode_attention``,
 ``mla_prefill_attention`` and ``MLACache``
 are the engine's multi-head latent attention ops (kgen.runtime.mla).
@@ -26,6 +28,7 @@ from kgen.runtime.contracts import ContractError
 from kgen.runtime.dflash import dflash_block_attention, dflash_paged_block_attention
 from kgen.runtime.engine import PagedMetadata, paged_attention, reshape_and_cache
 from kgen.runtime.kv import KVCache, SlotKVCache
+from kgen.runtime.mask import mask_empty_context_lse
 from kgen.runtime.merge import merge_attn_states
 from kgen.runtime.mla import (
     MLACache,
@@ -41,5 +44,6 @@ __all__ = ["ContractError", "DecodeMetadata", "DecodePlan", "KVCache", "Launch",
            "PagedKVCache", "PagedMetadata", "SlotKVCache", "attention_dense_fast",
            "attention_dense_flash", "bind", "concat_and_cache_mla",
            "decode_plan", "dflash_block_attention", "dflash_paged_block_attention",
-           "gather_mla_cache", "merge_attn_states", "mla_decode_attention",
-           "mla_prefill_attention", "paged_attention", "reshape_and_cache"]
+           "gather_mla_cache", "mask_empty_context_lse", "merge_attn_states",
+           "mla_decode_attention", "mla_prefill_attention", "paged_attention",
+           "reshape_and_cache"]

@@ -16,7 +16,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kgen.ir.axes import Position
 from kgen.ir.kernel import Kernel
 from kgen.ir.target import TARGET
 from kgen.ops import get, params
@@ -44,11 +43,10 @@ class Launch(NamedTuple):
 
 def reads_device(k: Kernel, a: dict) -> bool:
     """Whether binding ``a`` reads device memory: the positions, block tables, seq
-    lens and slot maps every non-host-position or MLA binder copies back and checks
-    unless ``validate_pos`` is false. Such a binding holds for those contents
-    only; it is never replayed."""
-    return (k.position is not Position.HOST or get(k.op).mla) and \
-        bool(a.get("validate_pos", True))
+    lens, slot maps and other index arrays a binder whose op reads indices from the
+    device (``OpDef.validates_pos``) copies back and checks unless ``validate_pos`` is
+    false. Such a binding holds for those contents only; it is never replayed."""
+    return get(k.op).validates_pos(k) and bool(a.get("validate_pos", True))
 
 
 def _order(k: Kernel, values: dict) -> tuple[tuple, tuple[str, ...]]:

@@ -158,6 +158,20 @@ def test_validated_device_memory_is_read_on_every_launch(gpu):
             splits_cap=16)
 
 
+def test_every_launcher_taking_validate_pos_reads_device_memory():
+    """A binding is replayed only where it read no device memory: every kernel whose
+    launcher takes validate_pos (its op's OpDef.validates_pos) reads it while
+    validate_pos, and no other kernel does."""
+    from kgen.ops import py_args
+    from kgen.runtime.bind import reads_device
+
+    for mod in _mods().MODULES.values():
+        for k in mod.KERNELS.values():
+            takes = "validate_pos" in {a.name for a in py_args(k)[1]}
+            assert reads_device(k, {}) is takes, k.name
+            assert not reads_device(k, {"validate_pos": False}), k.name
+
+
 def test_the_current_device_is_part_of_the_signature(gpu):
     cp, _, _ = gpu
     fn = _mods().attn_decode.fc_attn_flash_decode

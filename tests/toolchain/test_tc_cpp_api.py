@@ -154,7 +154,8 @@ def test_contracts_answer_as_python(binary, tmp_path):
     # except those that read device contents (validate_pos=False on both sides).
     device_contents = {"position", "seq_lens", "block_table", "query_start_loc",
                        "slot_mapping", "slot plan coverage", "max_seq_len", "cu_seq_lens",
-                       "token_to_seq", "seq_starts", "cu_seqlens_q", "cu_seqlens_k"}
+                       "token_to_seq", "seq_starts", "cu_seqlens_q", "cu_seqlens_k",
+                       "context_lens"}
     wanted = {m.contract for m in MUTATIONS.values()} - type_level - device_contents
     assert wanted <= set(refused), wanted - set(refused)
     print(f"{len(lines)} cases compared ({sum(refused.values())} refusals of "
