@@ -89,6 +89,8 @@ def cmd_build(args, settings: Settings, say: Reporter) -> int:
     from kgen.compiler.atomic import lock, recover, replace_dirs
     from kgen.toolchain.compile import clean_workdirs
 
+    if args.out:  # the named specs' kernels into a tree of their own
+        settings = replace(settings, generated=Path(args.out))
     gen = settings.generated
     if gen.is_symlink():  # a tree kept elsewhere (another disk): written where it points
         settings = replace(settings, generated=Path(os.path.realpath(gen)))
@@ -170,9 +172,13 @@ def cmd_verify(args, settings: Settings, say: Reporter) -> int:
         name, compiled = args.diff, work.compiled
         if name not in compiled:
             raise KgenError(f"--diff {name}: no spec in {settings.specs} defines this kernel")
-        print("\n".join(sass_diff(golden.sass[name], compiled[name].sass, context=None)))
-        return 0 if [i.word for i in golden.sass[name]] == [
-            i.word for i in compiled[name].sass] else 1
+        same = [i.word for i in golden.sass[name]] == [i.word for i in compiled[name].sass]
+        lines = sass_diff(golden.sass[name], compiled[name].sass, context=None)
+        if args.json:
+            print(json.dumps({"kernel": name, "identical": same, "diff": list(lines)}))
+        else:
+            print("\n".join(lines))
+        return 0 if same else 1
     work = pipeline.run(pipeline.VERIFY, pipeline.Work(inputs=(settings.specs,), golden=golden,
                                                        wanted=tuple(args.kernels)), ctx)
     verdicts = work.verdicts
@@ -570,10 +576,10 @@ def _positive_ints(text: str) -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kgen", description=__doc__)
+    p = _Parser(prog="kgen", description=__doc__)
     p.add_argument("--version", action="version", version=f"kgen {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks")
     common.add_argument("--quiet", "-q", action="store_true", help="no progress output")
@@ -584,6 +590,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", parents=[common], help="render and compile specs into generated/")
     b.add_argument("specs", nargs="*", help="spec files or directories (default: specs/)")
+    b.add_argument("-o", "--out", metavar="DIR", default=None,
+                   help="write the tree of the named specs' kernels to DIR (default: the "
+                   "generated setting, generated/)")
     b.set_defaults(fn=cmd_build)
     v = sub.add_parser("verify", parents=[common],
                        help="compile the specs (through the store), compare with golden/")
@@ -650,6 +659,26 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class _ArgumentError(Exception):
+    """argparse's refusal of the command line (its message, the usage of the parser)."""
+
+    def __init__(self, message: str, usage: str):
+        super().__init__(message)
+        self.usage = usage
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, raising its refusals (main says them: as JSON too under --json)."""
+
+    def error(self, message: str):
+        raise _ArgumentError(message, self.format_usage())
+
+
+def _json_error(message: str, exit_code: int) -> None:
+    """The one JSON object a failing ``--json`` call prints on stdout."""
+    print(json.dumps({"error": {"message": message, "exit_code": exit_code}}))
+
+
 def _unknown_command(argv: list[str], p: argparse.ArgumentParser) -> int | None:
     """``kgen buld``: exit 2 naming the closest command, before argparse's list."""
     from kgen.errors import did_you_mean
@@ -658,9 +687,11 @@ def _unknown_command(argv: list[str], p: argparse.ArgumentParser) -> int | None:
     first = next((a for a in argv if not a.startswith("-")), None)
     if first is None or first in sub.choices:
         return None
-    print(f"kgen: error: unknown command '{first}'"
-          + (did_you_mean(first, sorted(sub.choices)) or
-             f" (commands: {', '.join(sub.choices)})"), file=sys.stderr)
+    message = f"unknown command '{first}'" + (did_you_mean(first, sorted(sub.choices)) or
+                                              f" (commands: {', '.join(sub.choices)})")
+    if "--json" in argv:
+        _json_error(message, 2)
+    print(f"kgen: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -670,7 +701,13 @@ def main(argv: list[str] | None = None) -> int:
     bad = _unknown_command(argv, p)
     if bad is not None:
         return bad
-    args = p.parse_args(argv)
+    try:
+        args = p.parse_args(argv)
+    except _ArgumentError as exc:  # as argparse says it, and as JSON under --json
+        if "--json" in argv:
+            _json_error(str(exc), 2)
+        print(f"{exc.usage}kgen: error: {exc}", file=sys.stderr, end="\n")
+        return 2
     say = Reporter(args.quiet, args.json)
     try:
         settings = Settings.load()
@@ -701,9 +738,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         where = f"{exc.filename}: " if exc.filename else ""
+        if args.json:
+            _json_error(f"{where}{exc.strerror or exc}", 1)
         print(f"kgen: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if args.json:
+            _json_error("interrupted", 130)
         print("kgen: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
@@ -713,9 +754,13 @@ def main(argv: list[str] | None = None) -> int:
             # A template bug is the user's input, not kgen's: say where it is.
             where = f"{getattr(exc, 'filename', None) or getattr(exc, 'name', '')}"
             line = getattr(exc, "lineno", None)
-            print(f"kgen: error: template {where}{f':{line}' if line else ''}: "
-                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            said = f"template {where}{f':{line}' if line else ''}: {type(exc).__name__}: {exc}"
+            if args.json:
+                _json_error(said, 2)
+            print(f"kgen: error: {said}", file=sys.stderr)
             return 2
+        if args.json:
+            _json_error(f"internal error: {type(exc).__name__}: {exc}", 70)
         traceback.print_exc()
         print(f"kgen: internal error: {type(exc).__name__}: {exc} (a kgen bug; the traceback "
               "is above)", file=sys.stderr)

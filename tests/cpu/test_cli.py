@@ -387,3 +387,25 @@ def test_json_errors_are_json_on_stdout(capsys, argv):
     said = json.loads(out)["error"]
     assert "no_such_kernel" in said["message"] and said["exit_code"] == 1
     assert err.startswith("kgen: error: ")
+
+
+@pytest.mark.parametrize("argv", [
+    ["list", "--json", "--bogus"],            # an unknown flag
+    ["build", "--json", "-j", "abc"],         # a bad value
+    ["show", "--json"],                       # a missing argument
+    ["buld", "--json"],                       # an unknown command
+    ["list", "--json", "--head-dim", "0"],    # an argument type's refusal
+    ["list", "--json", "--op", "flsh"],       # kgen's own usage error
+    ["show", "--json", "no_such_kernel"],     # an unknown kernel
+    ["check", "--json", "/nonexistent/x.kspec"],  # a spec error
+])
+def test_every_failing_json_call_prints_one_json_object(capsys, argv):
+    """Under --json a refusal of any kind (argparse's included) is one JSON object on
+    stdout, with an "error"; the words for a person still go to stderr."""
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc != 0 and err
+    import json
+
+    said = json.loads(out)
+    assert set(said) >= {"error"} and said["error"]["message"]
