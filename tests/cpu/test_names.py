@@ -60,7 +60,10 @@ def test_reserved_names_are_what_the_generated_code_uses():
                                   "ROOT", "expose", "MODULES", "std", "cudaMalloc", "uint4",
                                   "size_t", "cudaStream_t", "ulonglong2", "int8_t",
                                   "int", "float", "return", "threadIdx", "printf", "_",
-                                  "__x", "_Foo", "kgen_q4_quant_block", "WARP_SZ", "x" * 97])
+                                  "__x", "_Foo", "kgen_q4_quant_block", "WARP_SZ", "x" * 97,
+                                  "NULL", "EOF", "INFINITY", "NAN", "INT_MAX", "FLT_MAX",
+                                  "stdout", "errno", "offsetof", "assert", "min", "max",
+                                  "CUDART_VERSION"])
 def test_refused_kernel_names(name):
     assert kernel_name_problem(name) is not None
 
@@ -70,7 +73,8 @@ def test_accepted_kernel_names(name):
     assert kernel_name_problem(name) is None
 
 
-@pytest.mark.parametrize("name", ["class", "import", "__init__", "MODULES", "x" * 300])
+@pytest.mark.parametrize("name", ["class", "import", "__init__", "MODULES", "x" * 300, "NULL",
+                                  "EOF"])
 def test_refused_module_names(name):
     assert module_name_problem(name) is not None
 

@@ -84,6 +84,26 @@ sin sinf sinh sinhf sqrt sqrtf tan tanf tanh tanhf tgamma tgammaf trunc truncf i
 isfinite signbit rsqrt rsqrtf sincos sincosf min max umin umax
 """)
 
+# Macros the headers nvcc includes define (the C library's, <limits.h>, <float.h>,
+# <math.h>, <stdio.h>, <stddef.h>, <stdarg.h>, <errno.h>, CUDA's version macros):
+# the preprocessor replaces a kernel or module of such a name before the compiler sees
+# it (``NULL`` becomes ``0``, ``EOF`` ``(-1)``), so nvcc fails far from the spec.
+C_MACROS = _words("""
+NULL EOF BUFSIZ FILENAME_MAX FOPEN_MAX L_tmpnam TMP_MAX SEEK_SET SEEK_CUR SEEK_END stdin
+stdout stderr RAND_MAX EXIT_SUCCESS EXIT_FAILURE MB_CUR_MAX MB_LEN_MAX CLOCKS_PER_SEC errno
+EDOM ERANGE EILSEQ offsetof va_start va_end va_arg va_copy INFINITY NAN HUGE_VAL HUGE_VALF
+HUGE_VALL FP_NAN FP_INFINITE FP_ZERO FP_SUBNORMAL FP_NORMAL FP_ILOGB0 FP_ILOGBNAN MATH_ERRNO
+MATH_ERREXCEPT math_errhandling M_E M_LOG2E M_LOG10E M_LN2 M_LN10 M_PI M_PI_2 M_PI_4 M_1_PI
+M_2_PI M_2_SQRTPI M_SQRT2 M_SQRT1_2 CHAR_BIT SCHAR_MIN SCHAR_MAX UCHAR_MAX CHAR_MIN CHAR_MAX
+SHRT_MIN SHRT_MAX USHRT_MAX INT_MIN INT_MAX UINT_MAX LONG_MIN LONG_MAX ULONG_MAX LLONG_MIN
+LLONG_MAX ULLONG_MAX FLT_RADIX FLT_MANT_DIG FLT_DIG FLT_EPSILON FLT_MIN FLT_MAX DBL_MANT_DIG
+DBL_DIG DBL_EPSILON DBL_MIN DBL_MAX LDBL_EPSILON LDBL_MIN LDBL_MAX INT8_MIN INT8_MAX
+INT16_MIN INT16_MAX INT32_MIN INT32_MAX INT64_MIN INT64_MAX UINT8_MAX UINT16_MAX UINT32_MAX
+UINT64_MAX INTPTR_MIN INTPTR_MAX UINTPTR_MAX INTMAX_MIN INTMAX_MAX UINTMAX_MAX SIZE_MAX
+PTRDIFF_MIN PTRDIFF_MAX WCHAR_MIN WCHAR_MAX WINT_MIN WINT_MAX CUDA_VERSION CUDART_VERSION
+CUDART_INF CUDART_INF_F CUDART_NAN CUDART_NAN_F
+""")
+
 # kgen's own device helpers and macros are kgen_* / KGEN_*.
 HELPER_PREFIX = "kgen_"
 
@@ -124,6 +144,8 @@ def kernel_name_problem(name: str) -> str | None:
         return f"starts with '{HELPER_PREFIX}' (kgen's generated helpers and macros use it)"
     if name in C_LIBRARY:
         return "is a C library function the CUDA headers declare"
+    if name in C_MACROS:
+        return "is a macro the CUDA and C headers define (the preprocessor would replace it)"
     if name in GENERATED_PY_NAMES:
         return "is a name the generated Python code uses"
     return None
@@ -140,6 +162,8 @@ def module_name_problem(name: str) -> str | None:
         return "is a Python keyword (the module is imported from kgen_kernels)"
     if name.startswith("_"):
         return "starts with '_' (generated/__init__.py and private modules use it)"
+    if name in C_MACROS:
+        return "is a macro the CUDA and C headers define (the module is a C identifier too)"
     if name in GENERATED_PY_NAMES:
         return "is a name the generated Python code uses"
     return None
