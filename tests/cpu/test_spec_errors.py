@@ -228,3 +228,29 @@ def test_real_specs_are_the_default(capsys, at_root):
     rc, out, _ = kgen_check(capsys)
     assert rc == 0
     assert out.startswith(f"ok: {len(list((ROOT / 'specs').glob('*.kspec')))} spec files")
+
+
+@pytest.mark.parametrize("per_key", [17, 32])  # 83521 and 1048576 kernels
+def test_a_family_too_large_is_refused_at_once_at_its_for(capsys, tmp_path, per_key):
+    """A family past FAMILY_MAX kernels is refused at its first binding, naming each
+    binding's count, before any kernel is made (in well under two seconds)."""
+    import time
+
+    from kgen.compiler.spec.expand import FAMILY_MAX
+
+    values = ", ".join(str(v) for v in range(1, per_key + 1))
+    f = tmp_path / "big.kspec"
+    f.write_text(f"set dims = [{values}]\n\n"
+                 "kernel big_{tile_keys}_{dot_lanes}_{max_groups}_{k_pad} for tile_keys in "
+                 "dims, dot_lanes in dims, max_groups in dims, k_pad in dims {\n"
+                 "    module = m_big\n    op = flash\n}\n", encoding="utf-8")
+    t0 = time.perf_counter()
+    rc, _, err = kgen_check(capsys, str(f))
+    assert time.perf_counter() - t0 < 2
+    n = per_key ** 4
+    assert n > FAMILY_MAX and rc == 2
+    col = 1 + f.read_text().splitlines()[2].index("tile_keys in")
+    assert err.startswith(
+        f"{f}:3:{col}: error: this family makes {n} kernels ({per_key} tile_keys x {per_key} "
+        f"dot_lanes x {per_key} max_groups x {per_key} k_pad); a family makes at most "
+        f"{FAMILY_MAX}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -346,9 +347,20 @@ def _quote(pos: SourcePos, lines: tuple[str, ...]) -> int:
     return int(line[pos.col - 1: pos.col] == '"')
 
 
+# The most kernels one family may make: far above any family a build holds (the whole
+# spec set is under two thousand kernels) and low enough that a mistyped range is refused
+# at once, at its ``for``, before any kernel is made (a million would take minutes).
+FAMILY_MAX = 4096
+
+
 def _expand_def(d: KernelDef, lines: tuple[str, ...], sets: _Sets,
                 error) -> list[KernelDef]:
     values = _check_bindings(d, sets, error)
+    size = math.prod(len(v) for v in values)
+    if size > FAMILY_MAX:
+        said = " x ".join(f"{len(v)} {b.key}" for b, v in zip(d.family, values, strict=True))
+        raise error(d.family[0].pos, f"this family makes {size} kernels ({said}); a family "
+                    f"makes at most {FAMILY_MAX}")
     _check_placeholders(d, lines, error)
     made: dict[str, str] = {}
     out = []
