@@ -23,7 +23,7 @@ from kgen import __version__
 from kgen.errors import KgenError, ToolError
 from kgen.toolchain import fatbin as fatbin_format
 from kgen.toolchain.cache import Cache, sha256
-from kgen.toolchain.locate import TARGET_ARCH, Toolchain
+from kgen.toolchain.locate import PGID_MARK, TARGET_ARCH, Toolchain, end_group
 
 # nvcc's front end (cicc) is what the golden is made with: NVRTC gives other
 # PTX for the same source, so golden and generated code share these flags.
@@ -102,6 +102,12 @@ def clean_workdirs() -> list[Path]:
         if len(parts) < 4 or not parts[2].isdigit() or not d.is_dir():
             continue
         if int(parts[2]) != os.getpid() and not _alive(int(parts[2])):
+            # The tools a killed build left running (their group named in the
+            # directory) end first: nothing still writes there when it goes.
+            for mark in d.glob(f"{PGID_MARK}*"):
+                pgid = mark.name.removeprefix(PGID_MARK)
+                if pgid.isdigit():
+                    end_group(int(pgid))
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     return removed

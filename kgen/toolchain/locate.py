@@ -8,9 +8,11 @@ from the toolchain's own directories, never the caller's.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from functools import cache
@@ -62,13 +64,55 @@ class Toolchain:
         return env
 
     def run(self, argv: list[str], cwd: str | Path | None = None) -> subprocess.CompletedProcess:
-        """Run one tool; on failure raise ToolError with the reproducing command."""
-        proc = subprocess.run(
-            argv, cwd=cwd, env=self.env(), capture_output=True, text=True, check=False
-        )
+        """Run one tool; on failure raise ToolError with the reproducing command.
+
+        The tool runs in a process group of its own (nvcc and the cicc and ptxas it
+        starts), named in its work directory ``cwd`` by a file ``.pgid-<pgid>``: should
+        this process die without ending it (SIGKILL), the next build ends the group
+        before it removes the directory (kgen.toolchain.compile.clean_workdirs); while
+        this process lives, an interrupt or exit ends the group with it."""
+        child = subprocess.Popen(argv, cwd=cwd, env=self.env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, process_group=0)
+        _GROUPS.add(child.pid)
+        mark = Path(cwd, f"{PGID_MARK}{child.pid}") if cwd is not None else None
+        try:
+            if mark is not None:
+                mark.touch()
+            out, err = child.communicate()
+        except BaseException:
+            end_group(child.pid)
+            child.wait()
+            raise
+        finally:
+            _GROUPS.discard(child.pid)
+            if mark is not None:
+                mark.unlink(missing_ok=True)
+        proc = subprocess.CompletedProcess(argv, child.returncode, out, err)
         if proc.returncode != 0:
             raise ToolError(argv, self.path_env, proc.returncode, proc.stdout + proc.stderr)
         return proc
+
+
+# A running tool's process group is named in its work directory by this file prefix.
+PGID_MARK = ".pgid-"
+_GROUPS: set[int] = set()  # the process groups of the tools running now
+
+
+def end_group(pgid: int) -> bool:
+    """SIGKILL to the process group ``pgid`` (a tool and what it started); whether one
+    was there."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+@atexit.register
+def _end_running_tools() -> None:
+    """An exit (an interrupt's included) ends the tools this process started."""
+    for pgid in list(_GROUPS):
+        end_group(pgid)
 
 
 def _version_line(tool: str) -> str:
