@@ -50,11 +50,18 @@ def reads_device(k: Kernel, a: dict) -> bool:
 
 
 def _order(k: Kernel, values: dict) -> tuple[tuple, tuple[str, ...]]:
+    """The arguments in ``k``'s parameter order, scalars as the kernel's C types: an
+    integer past a C int (a shape no binder bounds, say 2**31 q heads) is a ContractError
+    naming the parameter, not NumPy's OverflowError."""
     out, names = [], []
     for p in params(k):
         v = values[p.name]
         if not p.is_pointer:
-            v = np.float32(v) if p.ctype == "float" else np.int32(v)
+            try:
+                v = np.float32(v) if p.ctype == "float" else np.int32(v)
+            except OverflowError:
+                raise ContractError(k.name, "int range", f"{p.name} = {v} is outside a C "
+                                    "int") from None
         out.append(v)
         names.append(p.name)
     return tuple(out), tuple(names)

@@ -12,6 +12,8 @@ from kgen.ir.params import INT_MAX
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.options import count, is_int, positive
 
+_UNASKED = object()  # _batch's rows where the call takes none
+
 
 def _listed(x) -> bool:
     return isinstance(x, list | tuple) or (isinstance(x, np.ndarray) and x.ndim == 1)
@@ -22,11 +24,17 @@ class PagedBlocks:
 
     def _init_blocks(self, num_blocks: int, block_size: int,
                      max_blocks_per_seq: int | None) -> None:
-        """Check and keep the page geometry; every block free, no sequence."""
+        """Check and keep the page geometry; every block free, no sequence. A sequence
+        holds at most every block: max_blocks_per_seq (None: num_blocks) is at most
+        num_blocks."""
         self.num_blocks = positive("num_blocks", num_blocks, self.WHO)
         self.block_size = positive("block_size", block_size, self.WHO)
         self.max_blocks = positive("max_blocks_per_seq", num_blocks if max_blocks_per_seq
                                    is None else max_blocks_per_seq, self.WHO)
+        if self.max_blocks > self.num_blocks:
+            raise ContractError(self.WHO, "max_blocks_per_seq", f"max_blocks_per_seq = "
+                                f"{self.max_blocks} exceeds num_blocks = {self.num_blocks} (a "
+                                "sequence holds at most every block)")
         if num_blocks * block_size > INT_MAX:
             raise ContractError(self.WHO, "range", "positions overflow int32")
 
@@ -55,9 +63,10 @@ class PagedBlocks:
         if not is_int(sid) or sid not in self.tables:
             raise ContractError(self.WHO, "sequence", f"no sequence {sid!r}")
 
-    def _batch(self, sids, rows=None) -> list[int] | None:
-        """``sids``: known sequences, each once; ``rows`` (where given): a count >= 0
-        per sequence. Returns the counts as ints."""
+    def _batch(self, sids, rows=_UNASKED, name: str = "rows") -> list[int] | None:
+        """``sids``: known sequences, each once; ``rows`` (where the call takes them, even
+        as None): a count >= 0 per sequence (``name``: the call's word for them). Returns
+        the counts as ints (None where not asked)."""
         if not _listed(sids) or len(sids) == 0:
             raise ContractError(self.WHO, "sequence", "sids must be a non-empty list of sequence "
                                 f"ids, not {sids!r}")
@@ -65,12 +74,12 @@ class PagedBlocks:
             self._known(sid)
         if len(set(sids)) != len(sids):
             raise ContractError(self.WHO, "sequence", f"each sequence once, not {list(sids)}")
-        if rows is None:
+        if rows is _UNASKED:
             return None
         if not _listed(rows) or len(rows) != len(sids):
-            raise ContractError(self.WHO, "sequence", f"rows must list one count per sequence "
-                                f"({len(sids)}), not {rows!r}")
-        return [count(f"rows[{i}]", n, 0, self.WHO) for i, n in enumerate(rows)]
+            raise ContractError(self.WHO, "sequence", f"{name} must list one count per "
+                                f"sequence ({len(sids)}), not {rows!r}")
+        return [count(f"{name}[{i}]", n, 0, self.WHO) for i, n in enumerate(rows)]
 
     def _grown(self, sids: list[int], rows: list[int]) -> dict[int, list[int]]:
         """Each sequence's block table once it holds ``rows`` more positions, blocks

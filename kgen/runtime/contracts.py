@@ -6,11 +6,13 @@ import numpy as np
 
 
 class ContractError(ValueError):
-    """A launch would break a kernel contract; ``contract`` names which one."""
+    """A launch would break a kernel contract; ``contract`` names which one, ``message``
+    says how."""
 
     def __init__(self, kernel: str, contract: str, message: str):
         self.kernel = kernel
         self.contract = contract
+        self.message = message
         super().__init__(f"{kernel}: {message} [contract: {contract}]")
 
 

@@ -16,6 +16,9 @@ wrapped by :func:`public`, which applies, before the call's own contracts run:
   whole call (its allocations, its launches) runs on that stream.
 * **Results in the caller's library.** Where torch tensors came in, the arrays a call
   returns are torch tensors (views of the same memory; bf16 as ``torch.bfloat16``).
+* **Arguments that bind.** A call whose arguments do not bind to the call's parameters (an
+  unknown keyword, too many positional arguments, one missing or given twice: Python's
+  TypeError) is a ContractError naming the argument, before anything is converted.
 * **One read-back switch.** ``validate`` (see :func:`read_back`): None by default, which
   reads device index arrays back for their contracts unless the stream is capturing a
   CUDA graph, so a call captures with its defaults.
@@ -247,13 +250,15 @@ def read_back(validate, stream, who: str) -> bool:
 
 class _Call:
     """What one public call learned of its arrays: torch's device, if torch came in; the
-    dtype the result returns in (a widened argument's)."""
+    dtype the result returns in (a widened argument's); whether an argument is widened
+    (which allocates)."""
 
-    __slots__ = ("torch_device", "result_dtype", "given")
+    __slots__ = ("torch_device", "result_dtype", "widens", "given")
 
     def __init__(self):
         self.torch_device: int | None = None
         self.result_dtype = None
+        self.widens = False
         self.given: dict[int, object] = {}  # id(view) -> the caller's own array
 
 
@@ -283,6 +288,37 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
             raise TypeError(f"{fn.__qualname__}: no parameters {sorted(unknown)}")
         if "stream" not in pos:
             raise TypeError(f"{fn.__qualname__}: a public call takes stream=")
+        P = inspect.Parameter
+        if any(p.kind in (P.POSITIONAL_ONLY, P.VAR_POSITIONAL, P.VAR_KEYWORD)
+               for p in sig.parameters.values()):
+            raise TypeError(f"{fn.__qualname__}: a public call's parameters are named (no "
+                            "positional-only parameters, *args or **kwargs)")
+        # What Python checks when it binds a call to fn, precomputed for each count of
+        # positional arguments: the names then left to keywords, those of them without a
+        # default (sig.bind costs microseconds a call; these are two set comparisons).
+        slots = sum(p.kind is P.POSITIONAL_OR_KEYWORD for p in sig.parameters.values())
+        by_keyword = [frozenset(names[n:]) for n in range(slots + 1)]
+        needed = [frozenset(x for x in names[n:] if sig.parameters[x].default is P.empty)
+                  for n in range(slots + 1)]
+        takes = ", ".join([*names[1 if method else 0:], *(["out"] if out_like else [])])
+
+        def binds(args: tuple, kw: dict) -> bool:
+            """Whether Python binds ``fn(*args, **kw)``: no argument too many, none unknown
+            or given twice, none missing."""
+            n = len(args)
+            if n > slots:
+                return False
+            given = kw.keys()
+            return given <= by_keyword[n] and needed[n] <= given
+
+        def unbound(args, kw) -> None:
+            """A ContractError naming the argument where ``fn(*args, **kw)`` does not bind
+            (Python's own words for it); nothing where it does."""
+            try:
+                sig.bind(*args, **kw)
+            except TypeError as e:
+                raise ContractError(who, "signature", f"{e} (the call takes {takes})") \
+                    from None
 
         def convert(call: _Call, names, args: list, kw: dict, step) -> None:
             """``step`` applied to each of ``names`` given (positionally or by keyword)."""
@@ -308,9 +344,12 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
                 a = as_device_array(label, v, who)
                 call.given[id(a)] = v
                 v = a
-            if name in widen_args and call.result_dtype is None and \
-                    v.dtype in (_F32, _F16, _BF16):
-                call.result_dtype = v.dtype
+            if name in widen_args:
+                dt = v.dtype
+                if call.result_dtype is None and dt in (_F32, _F16, _BF16):
+                    call.result_dtype = dt
+                if dt is not _F32 and dt in (_F16, _BF16):
+                    call.widens = True
             return v
 
         def widened(call: _Call, label: str, v, name: str, ndarray=None):
@@ -345,8 +384,14 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
             return mine
 
         def run(call: _Call, args: list, kw: dict, out=None, mine=None):
+            if call.widens and not binds(args, kw):  # refused before widening allocates
+                unbound(args, kw)
             convert(call, widen_args, args, kw, widened)  # on the call's stream
-            r = fn(*args, **kw)
+            try:
+                r = fn(*args, **kw)
+            except TypeError:
+                unbound(args, kw)
+                raise
             if mine is None:
                 return back(call, r)
             mine[...] = narrow(r, mine.dtype)
@@ -385,7 +430,11 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
         def entry(*args, **kw):
             out = kw.pop("out", None) if out_like is not None else None
             if out is None and plain(args, kw):
-                return fn(*args, **kw)
+                try:  # free unless raised: a TypeError binding the arguments comes before fn runs
+                    return fn(*args, **kw)
+                except TypeError:
+                    unbound(args, kw)
+                    raise
             call = _Call()
             args = list(args)
             convert(call, touched, args, kw, view)

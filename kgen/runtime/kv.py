@@ -31,7 +31,7 @@ from kgen.runtime import tuned as store
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.convention import public, read_back
-from kgen.runtime.options import Options, given_plan, groups, is_int, positive, scales
+from kgen.runtime.options import Options, count, given_plan, groups, is_int, positive, scales
 from kgen.runtime.pending import Pending, empty, upload
 from kgen.runtime.plan import decode_plan
 from kgen.runtime.planner import kernel_plan, split_plan
@@ -97,7 +97,9 @@ def cache_formats(who: str, kv, v_kv):
     """The pair of a cache's K rows ``kv`` and V rows ``v_kv`` (None: kv's), both
     registered format names."""
     for key, name in (("kv", kv), ("v_kv", v_kv)):
-        if name is not None and name not in FORMATS:
+        if name is None and key == "v_kv":
+            continue
+        if not isinstance(name, str) or name not in FORMATS:
             raise ContractError(who, key, f"{key} must be one of {sorted(FORMATS)}, "
                                 f"not {name!r}")
     return pair(kv, v_kv)
@@ -407,7 +409,12 @@ class KVCache:
 
     def plan(self, groups: int, kps=None, splits_cap=None, opts=None) -> tuple[int, int]:
         """(kps, splits_cap) checked: the given ones, the missing ones derived from the
-        device for the decode kernel that serves ``groups`` (kgen.runtime.plan)."""
+        device for the decode kernel that serves ``groups`` (q heads per kv head) with the
+        options ``opts`` (Options.checked; None: none) (kgen.runtime.plan)."""
+        count("groups", groups, 1)
+        if opts is not None and not isinstance(opts, Options):
+            raise ContractError("KVCache", "type", "opts must be the call's Options "
+                                f"(kgen.runtime.options.Options.checked) or None, not {opts!r}")
         kps, splits_cap = given_plan(kps, splits_cap)
         if kps is None or splits_cap is None:  # asks the device (read-only) for its SMs
             needs = opts.needs("decode") if opts is not None else ()

@@ -201,14 +201,38 @@ class MLACache(PagedBlocks):
                  variants: dict[str, str] | None = None, dtype: str | IoDtype = IoDtype.F32):
         self.dtype = dtype_name(dtype, self.WHO)
         self._init_blocks(num_blocks, block_size, max_blocks_per_seq)
+        if not isinstance(variants, dict | None):
+            raise ContractError(self.WHO, "variant", "variants maps a role to a kernel name "
+                                f"(a dict), not {variants!r}")
         self.variants = dict(variants or {})
         unknown = set(self.variants) - {"store", "gather", "decode", "combine"}
         if unknown:
             raise ContractError(self.WHO, "variant", f"variants name the roles store, "
                                 f"gather, decode and combine, not {sorted(unknown)}")
+        for key, name in self.variants.items():  # each named kernel, refused here, not at use
+            self._serves(key, name)
         self.elem = np.dtype(self.dtype.fmt.dtype)
         self.cache = device.cupy().zeros((num_blocks, block_size, MLA_ROW), self.elem)
         self._reset_blocks()
+
+    def _serves(self, key: str, name) -> None:
+        """The kernel ``name`` serves role ``key`` of this cache in one of the forms its
+        calls ask for (gather: with or without seq_starts; combine: any out_dtype, with or
+        without the LSE); else a ContractError naming the variant."""
+        dt = self.dtype
+        roles = {"store": [role(Op.MLA_STORE, dt)], "decode": [role(Op.MLA_DECODE, dt)],
+                 "gather": [role(Op.MLA_GATHER, dt, seq_starts=s.value) for s in SeqStarts],
+                 "combine": [role(Op.MLA_COMBINE, out_dtype=o, lse=x.value)
+                             for o in IoDtype for x in Lse]}[key]
+        first = None
+        for r in roles:
+            try:
+                find(r, get(r.op).mla_width(), 1, name)
+                return
+            except ContractError as e:
+                first = first or e
+        raise ContractError(self.WHO, "variant", f"variants[{key!r}] = {name!r}: "
+                            f"{first.message}")
 
     def _rows(self, name: str, x, rows: int, width: int) -> None:
         shape = tuple(getattr(x, "shape", ()))
@@ -279,7 +303,7 @@ class MLACache(PagedBlocks):
         block_size; None: from 0), concatenated in order: [N][576] of the cache's element
         type, bit for bit."""
         self._batch(sids)
-        starts = [0] * len(sids) if starts is None else self._batch(sids, starts)
+        starts = [0] * len(sids) if starts is None else self._batch(sids, starts, "starts")
         for sid, s in zip(sids, starts, strict=True):
             if s % self.block_size or s > self.lengths[sid]:
                 raise ContractError(self.WHO, "seq_starts", f"start {s} of sequence {sid} "

@@ -573,14 +573,16 @@ def test_mla_cache_store_then_decode(cp):
 
 
 def test_mla_cache_refuses_before_any_change(cp):
-    c = rmla.MLACache(num_blocks=2, block_size=4, max_blocks_per_seq=4)
-    a = c.add()
+    c = rmla.MLACache(num_blocks=2, block_size=4)
+    a, b = c.add(), c.add()
     st = lambda: _state(c)  # noqa: E731
     cp.refuses(st, "kv_c must be", c.store, [a], cp.empty((3, MLA_LATENT - 1)),
                cp.empty((3, MLA_ROPE)), [3])
-    cp.refuses(st, "out of blocks", c.store, [a], cp.empty((9, MLA_LATENT)),
+    cp.refuses(st, "out of blocks", c.store, [a, b], cp.empty((9, MLA_LATENT)),
+               cp.empty((9, MLA_ROPE)), [5, 4])
+    cp.refuses(st, "max_blocks_per_seq", c.store, [a], cp.empty((9, MLA_LATENT)),
                cp.empty((9, MLA_ROPE)), [9])
-    cp.refuses(st, "no sequence", c.store, [a + 1], cp.empty((1, MLA_LATENT)),
+    cp.refuses(st, "no sequence", c.store, [b + 1], cp.empty((1, MLA_LATENT)),
                cp.empty((1, MLA_ROPE)), [1])
     cp.refuses(st, "query must be", c.decode, [a], cp.empty((1, 16, MLA_LATENT)),
                cp.empty((1, MLA_LATENT)), cp.empty((1, MLA_ROPE)))

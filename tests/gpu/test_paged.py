@@ -283,12 +283,13 @@ def test_running_out_of_blocks_changes_nothing():
 
     from kgen.runtime.paged import PagedKVCache
 
-    cache = PagedKVCache(2, 4, HK, HD, kv="f32", max_blocks_per_seq=4)
-    sid = cache.add()
+    cache = PagedKVCache(2, 4, HK, HD, kv="f32")
+    sid, other = cache.add(), cache.add()
     rows = cp.zeros((9, HK, HD), cp.float32)
     with pytest.raises(ContractError, match="out of blocks"):
-        cache.append([sid], rows, rows, [9])
-    assert cache.lengths[sid] == 0 and cache.tables[sid] == [] and len(cache.free_blocks) == 2
+        cache.append([sid, other], rows, rows, [5, 4])
+    assert cache.lengths == {sid: 0, other: 0} and cache.tables == {sid: [], other: []}
+    assert len(cache.free_blocks) == 2
 
 
 def test_every_paged_refusal_comes_before_any_change():
