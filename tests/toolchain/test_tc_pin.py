@@ -106,13 +106,13 @@ def test_tools_never_see_usr_local_bin(tmp_path, monkeypatch, fresh_find):
     # The caller's PATH leads with the CUDA 13 wrappers.
     monkeypatch.setenv("PATH", "/usr/local/bin:" + os.environ.get("PATH", "/usr/bin:/bin"))
     calls: list[tuple[list[str], dict | None]] = []
-    real_run = subprocess.run
 
-    def recording_run(argv, *args, **kwargs):
-        calls.append((list(argv), kwargs.get("env")))
-        return real_run(argv, *args, **kwargs)
+    class RecordingPopen(subprocess.Popen):  # every process started (subprocess.run's too)
+        def __init__(self, argv, *args, **kwargs):
+            calls.append((list(argv), kwargs.get("env")))
+            super().__init__(argv, *args, **kwargs)
 
-    monkeypatch.setattr(toolchain.subprocess, "run", recording_run)
+    monkeypatch.setattr(toolchain.subprocess, "Popen", RecordingPopen)
     tc = find_toolchain()
     assert "/usr/local/bin" not in tc.path_env.split(":")
     assert len(tc.path_env.split(":")) == len(set(tc.path_env.split(":")))
