@@ -9,7 +9,7 @@ from kgen.ir.geometry import block_threads, flash_shared_bytes
 from kgen.ir.kernel import Kernel
 from kgen.runtime.device import multiprocessors
 from kgen.runtime.options import given_plan
-from kgen.runtime.package import generated
+from kgen.runtime.package import ensure_kgen_kernels, generated
 from kgen.runtime.plan import (
     default_plan,
     family_registers,
@@ -34,12 +34,12 @@ def kernel_plan(k: Kernel, head_dim: int, n_head_kv: int, kps=None, splits_cap=N
     kps, splits_cap = given_plan(kps, splits_cap, who)
     if kps is not None and splits_cap is not None:
         return kps, splits_cap
-    pool = generated()
+    ensure_kgen_kernels()
     import kgen_kernels
 
     root = str(kgen_kernels.ROOT)
-    if root not in _family_registers:
-        _family_registers[root] = family_registers(x for x, _ in pool)
+    if root not in _family_registers:  # once per generated package: every kernel walked
+        _family_registers[root] = family_registers(x for x, _ in generated())
     dk, dc = default_plan(multiprocessors(), n_head_kv, block_threads(k, head_dim),
                           plan_registers(k, _family_registers[root]),
                           plan_shared_bytes(k, head_dim), k.schedule, batch)
