@@ -11,7 +11,6 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 KGEN   := $(BIN)/kgen
 STAMPS := .stamps
-APT_SOURCES := /etc/apt/sources.list.d/debian.sources
 comma := ,
 
 # CuPy (it runs the kernels) is the kgen extra for the NVIDIA driver found here,
@@ -23,7 +22,7 @@ CUPY ?= $(shell m='$(DRIVER_CUDA)'; if [ -z "$$m" ] || [ "$$m" -lt 11 ]; then ec
           elif [ "$$m" -ge 13 ]; then echo cuda13; else echo "cuda$$m"; fi)
 CUPY_EXTRAS := cuda11 cuda12 cuda13
 
-.PHONY: setup cuda build verify lint test test-cpu test-toolchain test-gpu dist \
+.PHONY: setup cuda cuda-install apt-components build verify lint test test-cpu test-toolchain test-gpu dist \
         bench-build bench-kernels bench-counters bench-host golden clean FORCE
 
 setup: $(STAMPS)/venv cuda
@@ -52,19 +51,53 @@ $(STAMPS)/venv: pyproject.toml $(STAMPS)/cupy
 	@touch $@
 
 # CUDA 11.8 (the last toolkit that targets sm_37). Checked on every run (one
-# `nvcc --version`), installed from Debian's non-free component when missing;
-# KGEN_CUDA_HOME points at an install of your own instead.
-# kgen's own locator decides (KGEN_CUDA_HOME, then the known install locations).
+# `nvcc --version`), installed from Debian 12's non-free component when missing;
+# KGEN_CUDA_HOME points at an install of your own instead. kgen's own locator decides
+# (KGEN_CUDA_HOME, then the known install locations). Not root: apt runs through
+# `sudo -n` where that needs no password, else the commands to run are printed. Other
+# systems (Ubuntu ships no 11.8 package): NVIDIA's CUDA 11.8 installer, no root needed.
 cuda: $(STAMPS)/venv
 	@if $(BIN)/python -c 'from kgen.toolchain.locate import find_toolchain as f; f()' 2>/dev/null; then \
 	  echo "CUDA 11.8 present"; \
 	else \
-	  echo "installing CUDA 11.8 (nvidia-cuda-toolkit, Debian non-free; ~1.6 GB)"; \
-	  if [ -f $(APT_SOURCES) ] && ! grep -q '^Components:.*non-free' $(APT_SOURCES); then \
-	    sed -i 's/^Components: main.*$$/Components: main contrib non-free/' $(APT_SOURCES); fi; \
-	  apt-get update -q; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nvidia-cuda-toolkit; \
+	  $(MAKE) --no-print-directory cuda-install; \
 	fi
+
+# Debian's `non-free` and `contrib` components, added to every source line that lacks
+# them (deb822 `Components:` lines and classic `deb` lines alike; others are kept).
+APT_LISTS ?= $(wildcard /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources)
+APT_LINES := /^(Components:|deb(-src)?[[:space:]])/
+RUNFILE := https://developer.download.nvidia.com/compute/cuda/11.8.0/local_installers/cuda_11.8.0_520.61.05_linux.run
+OS_RELEASE ?= /etc/os-release
+SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+apt-components:
+	@for f in $(APT_LISTS); do \
+	  [ -f "$$f" ] || continue; \
+	  for c in contrib non-free; do \
+	    $(SUDO) sed -E -i '$(APT_LINES) { / '"$$c"'([[:space:]]|$$)/! s/[[:space:]]*$$/ '"$$c"'/ }' "$$f"; \
+	  done; \
+	done
+
+cuda-install:
+	@. $(OS_RELEASE); if [ "$${ID:-}" != debian ] || [ "$${VERSION_ID:-}" != 12 ]; then \
+	  echo "kgen needs CUDA 11.8 (the last toolkit for sm_37); $${PRETTY_NAME:-this system} has no package of it." >&2; \
+	  echo "Install NVIDIA's, no root needed (about 4 GB), then point kgen at it:" >&2; \
+	  echo "  sh cuda_11.8.0_520.61.05_linux.run --silent --toolkit --toolkitpath=\$$HOME/cuda-11.8   # from $(RUNFILE)" >&2; \
+	  echo "  export KGEN_CUDA_HOME=\$$HOME/cuda-11.8" >&2; \
+	  exit 2; \
+	fi
+	@if [ -n "$(SUDO)" ] && ! sudo -n true 2>/dev/null; then \
+	  echo "Installing CUDA 11.8 (Debian's nvidia-cuda-toolkit, ~1.6 GB) needs root. Run:" >&2; \
+	  echo "  sudo make apt-components   # adds contrib and non-free to the apt sources" >&2; \
+	  echo "  sudo apt-get update && sudo apt-get install -y --no-install-recommends nvidia-cuda-toolkit" >&2; \
+	  echo "then make again; or set KGEN_CUDA_HOME to a CUDA 11.8 you have." >&2; \
+	  exit 2; \
+	fi
+	@echo "installing CUDA 11.8 (nvidia-cuda-toolkit, Debian non-free; ~1.6 GB)"
+	@$(MAKE) --no-print-directory apt-components
+	$(SUDO) apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nvidia-cuda-toolkit
 
 build: setup
 	$(KGEN) build $(KGEN_FLAGS) specs/
