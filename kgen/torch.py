@@ -171,6 +171,20 @@ class TorchOp:
                 given[a.name] = a.default
         return given
 
+    def split(self, given: dict) -> tuple[tuple, dict]:
+        """``given`` (arguments by name, some left out) as the op takes them: positional
+        up to the first one left out, the rest by keyword."""
+        pos: list = []
+        kw: dict = {}
+        for i, a in enumerate(self.args):
+            if a.name not in given:
+                continue
+            if a.kw_only or kw or len(pos) < i:
+                kw[a.name] = given[a.name]
+            else:
+                pos.append(given[a.name])
+        return tuple(pos), kw
+
     def call_kwargs(self, given: dict) -> dict:
         """The kgen call's keyword arguments for the op's: each as it came, a None that
         means the call's default left out, an expanded parameter's object built from its

@@ -41,18 +41,7 @@ def _torch_dtype(dt: np.dtype):
 
 
 def _split(name: str, args: dict) -> tuple[tuple, dict]:
-    """The op's arguments as torch takes them: positional up to the first one not given,
-    the rest by keyword."""
-    pos, kw = [], {}
-    for a in kt.OPS_BY_NAME[name].args:
-        if a.name not in args:
-            continue
-        if a.kw_only or kw or len(pos) < [b.name for b in kt.OPS_BY_NAME[name].args
-                                          ].index(a.name):
-            kw[a.name] = args[a.name]
-        else:
-            pos.append(args[a.name])
-    return tuple(pos), kw
+    return kt.OPS_BY_NAME[name].split(args)
 
 
 def _tensors(args: dict, make) -> dict:
