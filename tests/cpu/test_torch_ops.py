@@ -28,7 +28,7 @@ from kgen import ops  # noqa: E402
 from kgen.runtime import ContractError, engine, tuned  # noqa: E402
 from kgen.testing.built import needs_build  # noqa: E402
 from kgen.testing.calls import call_case  # noqa: E402
-from kgen.testing.fakecupy import FakeArray, FakeCupy  # noqa: E402
+from kgen.testing.fakecupy import FakeArray, FakeCupy, Guarded  # noqa: E402
 
 CALLS = [c for d in ops.OPS.values() for c in d.public_calls]
 NAMES = [c.name for c in CALLS]
@@ -209,6 +209,36 @@ def test_real_kernel_is_the_kgen_call(cases, cp, name):
         like = args[call.result]
         assert (tuple(r.shape), r.dtype) == (tuple(like.shape), like.dtype), str(c)
         assert id(r.data) in written, f"{c}: the result is not what the kernels wrote"
+
+
+@needs_build
+@pytest.mark.parametrize("name", NAMES)
+def test_real_kernel_captures(monkeypatch, cases, name):
+    """What a CUDA graph needs of the op while its stream captures, after a warm-up: the
+    kgen call reads nothing back (validate=None), uploads, fills and sets nothing, and
+    launches what it launched outside the capture."""
+    monkeypatch.setattr(tuned, "tuned", lambda *a: None)
+    monkeypatch.setattr(tuned, "tuned_prefill", lambda *a: None)
+    monkeypatch.setattr(engine, "_KERNELS", {})
+    monkeypatch.setattr(engine, "_SCRATCH", {})
+    cp = Guarded().install(monkeypatch)
+    get = FakeArray.get
+
+    def read(a, stream=None):
+        cp._touch(("read back", a.shape))
+        return get(a, stream)
+
+    monkeypatch.setattr(FakeArray, "get", read)
+    c = cases[name]
+    args = _tensors(c.args, lambda a: FakeArray(a.shape, a.dtype, host=a.copy()))
+    kt.OPS_BY_NAME[name].real(**args)  # the warm-up
+    warm = [(n, g, b) for n, g, b, *_ in cp.launched]
+    cp.launched.clear()
+    cp.capturing, cp.armed, cp.touched = 1, True, []
+    kt.OPS_BY_NAME[name].real(**args)
+    cp.armed = False
+    assert [(n, g, b) for n, g, b, *_ in cp.launched] == warm, str(c)
+    assert [t for t in cp.touched if t[0] not in ("alloc", "launch")] == [], str(c)
 
 
 @needs_build

@@ -48,13 +48,13 @@ def _torch_dtype(dt: np.dtype):
 
 
 def _contents(g, a: np.ndarray, written: bool) -> np.ndarray:
-    """Random contents for a case's array: float values (normal; bf16 as float32 to be
-    rounded on the way in), random bytes for a quantized format's rows, the index arrays
-    as the op laid them out; NaN for a float array the call writes."""
+    """Contents for a case's array: the index arrays as the op laid them out; NaN for a
+    float array the call writes, random bytes for a quantized one; float inputs normal
+    (bf16 as float32, rounded on the way in), quantized inputs zero."""
     if a.dtype.kind in "iu" and a.dtype not in (np.uint8, np.uint16):
         return a.copy()  # an index array: its layout is the case
-    if a.dtype == np.uint8:
-        return g.integers(0, 256, a.shape, dtype=np.uint8)
+    if a.dtype == np.uint8:  # written: random bytes; read: zeros (finite in any format)
+        return g.integers(0, 256, a.shape, dtype=np.uint8) if written else np.zeros_like(a)
     if written:
         return np.full(a.shape, np.nan, np.float32 if a.dtype == np.uint16 else a.dtype)
     return g.standard_normal(a.shape).astype(np.float32 if a.dtype == np.uint16 else a.dtype)
@@ -211,16 +211,19 @@ def step(q, k, v, out, key_cache, value_cache, qsl, lens, table, slots):
 
 
 def _step_inputs(g) -> dict:
-    """One sequence of T tokens over shuffled pages; outputs and pages NaN."""
+    """One sequence of T tokens over shuffled pages; the output NaN, the pages random
+    (attention reads whole tiles of them: rows past the sequence weigh nothing, but a
+    NaN there would stay NaN)."""
     blocks = -(-T // BS)
     table = g.permutation(blocks + 1)[:blocks].astype(np.int32)
     slots = np.array([table[p // BS] * BS + p % BS for p in range(T)], np.int32)
-    return dict(q=torch.from_numpy(g.standard_normal((T, H, D)).astype(np.float32)).cuda(),
-                k=torch.from_numpy(g.standard_normal((T, HK, D)).astype(np.float32)).cuda(),
-                v=torch.from_numpy(g.standard_normal((T, HK, D)).astype(np.float32)).cuda(),
+
+    def normal(*shape):
+        return torch.from_numpy(g.standard_normal(shape).astype(np.float32)).cuda()
+    return dict(q=normal(T, H, D), k=normal(T, HK, D), v=normal(T, HK, D),
                 out=torch.full((T, H, D), float("nan"), device="cuda"),
-                key_cache=torch.full((blocks + 1, BS, HK, D), float("nan"), device="cuda"),
-                value_cache=torch.full((blocks + 1, BS, HK, D), float("nan"), device="cuda"),
+                key_cache=normal(blocks + 1, BS, HK, D),
+                value_cache=normal(blocks + 1, BS, HK, D),
                 qsl=torch.tensor([0, T], dtype=torch.int32, device="cuda"),
                 lens=torch.tensor([T], dtype=torch.int32, device="cuda"),
                 table=torch.from_numpy(table[None]).cuda(),
@@ -259,8 +262,8 @@ def test_bf16_prefill_then_decode_through_the_pages():
         return bf16.dequantize_rows(bf16.quantize_rows(x))
 
     seqs = [tuple(vals(n + 1, h, D) for h in (H, HK, HK)) for n in lens]
-    pages = [torch.full((len(lens) * per, bs, HK, D), float("nan"), device="cuda")
-             for _ in "kv"]
+    pages = [torch.from_numpy(g.standard_normal((len(lens) * per, bs, HK, D)).astype(
+        np.float32)).cuda() for _ in "kv"]  # random where nothing is stored (see above)
     table = torch.arange(len(lens) * per, dtype=torch.int32, device="cuda").reshape(-1, per)
 
     def t(x):
