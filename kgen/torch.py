@@ -98,8 +98,7 @@ def _args(call: PublicCall, fn, group: str | None = None, alias: list | None = N
     """The torch op's arguments for ``fn``'s parameters (a public call, or a class's
     public constructor in the group of the call's parameter ``group``)."""
     alias = [] if alias is None else alias
-    who, arrays, _ = fn.__kgen_public__
-    arrays = set(arrays) | set(call.tensors)
+    arrays = set(fn.__kgen_public__[1]) | set(call.tensors)
     for p in inspect.signature(fn).parameters.values():
         if p.name in ("self", "stream") or p.name in call.leaves:
             continue
@@ -123,9 +122,11 @@ def _args(call: PublicCall, fn, group: str | None = None, alias: list | None = N
                             "schema type (kgen.torch.SCALARS)")
         if p.default is _EMPTY or _spellable(p.default):
             yield Arg(p.name, t, p.default, kw, group)
-        else:  # a default the schema cannot spell: None stands for it
-            assert t.endswith("?"), (call.name, p.name)
+        elif t.endswith("?"):  # a default the schema cannot spell: None stands for it
             yield Arg(p.name, t, None, kw, group, omit_none=True)
+        else:
+            raise TypeError(f"{call.name}: parameter {p.name}'s default {p.default!r} has "
+                            "no schema spelling, and its type no None to stand for it")
 
 
 class TorchOp:
@@ -140,12 +141,17 @@ class TorchOp:
         names = [a.name for a in self.args]
         if len(set(names)) != len(names):
             raise TypeError(f"{call.name}: an argument name repeats in {names}")
-        known = set(names) | set(inspect.signature(fn).parameters)
-        stray = {*call.writes, *call.optional, *call.tensors, *call.leaves,
-                 *([call.result] if call.result else [])} - known
+        params = inspect.signature(fn).parameters
+        tensors = {a.name for a in self.args if a.type.startswith("Tensor")}
+        stray = {*call.writes, *call.optional, *call.tensors,
+                 *([call.result] if call.result else [])} - tensors
+        stray |= set(call.leaves) - set(params)
         if stray:
-            raise TypeError(f"{call.name}: the op names parameters the call lacks: "
+            raise TypeError(f"{call.name}: the op names arrays the call lacks: "
                             f"{sorted(stray)}")
+        # the call's parameters built from some of the op's arguments, by class name
+        self.constructors = {p.name: p.annotation for p in params.values()
+                             if _constructor(p.annotation) is not None}
         self.positional = tuple(a.name for a in self.args if not a.kw_only)
         self.writes = tuple(call.writes)
         self.schema = self._schema()
@@ -199,9 +205,8 @@ class TorchOp:
                 out[a.name] = v
             else:
                 groups.setdefault(a.group, {})[a.name] = v
-        params = inspect.signature(getattr(runtime, self.name)).parameters
         for name, kw in groups.items():
-            out[name] = getattr(runtime, params[name].annotation)(**kw)
+            out[name] = getattr(runtime, self.constructors[name])(**kw)
         return out
 
     def real(self, *args, **kwargs):
