@@ -60,7 +60,8 @@ def _contents(g, a: np.ndarray, written: bool) -> np.ndarray:
     return g.standard_normal(a.shape).astype(np.float32 if a.dtype == np.uint16 else a.dtype)
 
 
-def _host(c, g) -> dict:
+def _host(c, g) -> tuple[dict, object]:
+    """The case's arguments with fresh contents, and its PublicCall."""
     call = c.owner.public_calls[[p.name for p in c.owner.public_calls].index(c.call)]
     return {n: _contents(g, v, n in call.writes) if isinstance(v, np.ndarray) else v
             for n, v in c.args.items()}, call
@@ -99,7 +100,7 @@ def _via_torch(name: str, args: dict):
 
 
 def _bits(t) -> np.ndarray:
-    return t.contiguous().view(torch.uint8).cpu().numpy()
+    return t.contiguous().view(torch.uint8).cpu().numpy().copy()
 
 
 def _outputs(call, args: dict, result) -> dict:
