@@ -28,7 +28,7 @@ from kgen.ops import (
     mla_store,
     qz_split,
 )
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 # Registration: the one place that lists the ops.
 OPS: dict[Op, OpDef] = {m.OP.op: m.OP for m in (
@@ -80,4 +80,4 @@ def py_args(k: Kernel) -> tuple[list[PyArg], list[PyArg]]:
     return arrays, scalars
 
 
-__all__ = ["OPS", "OpDef", "get", "params", "py_args"]
+__all__ = ["OPS", "OpDef", "PublicCall", "get", "params", "py_args"]

@@ -13,6 +13,7 @@ spec, signature and geometry, render, binding and launch, C++ view, testing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,6 +27,29 @@ if TYPE_CHECKING:
     from kgen.ir.pyapi import PyArg
     from kgen.ir.signature import Param
     from kgen.runtime.contracts import Checker, ContractError
+
+
+@dataclass(frozen=True)
+class PublicCall:
+    """What one public call (``kgen.runtime.<name>``, one of an op's ``entries``) does
+    with its arrays beyond what its signature says. The signature stays the call's own;
+    kgen.torch builds the call's torch.library op from the two.
+
+    ``writes``: the arrays it writes in place (a torch op's mutated arguments).
+    ``optional``: arrays without a default that may be None.
+    ``tensors``: arrays the call converts itself (not through its convention's
+    ``arrays``), which a torch op passes as tensors.
+    ``result``: the parameter a new array it returns is shaped and typed as (None: what
+    it returns is no new array: a Launch, a written argument).
+    ``leaves``: parameters a torch op leaves at their defaults (an ``out=`` that a new
+    result replaces)."""
+
+    name: str
+    writes: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    tensors: tuple[str, ...] = ()
+    result: str | None = None
+    leaves: tuple[str, ...] = ()
 
 
 class OpDef:
@@ -224,6 +248,9 @@ class OpDef:
     entries: ClassVar[tuple[str, ...]] = ()   # the public calls that launch its kernels, by
     #                                            name in kgen.runtime (and kgen); () where only
     #                                            the cache objects or its launchers reach them
+    # What its entries do with their arrays (PublicCall), for those whose facts it owns: a
+    # call that launches several ops' kernels is described by one of them, once.
+    public_calls: ClassVar[tuple[PublicCall, ...]] = ()
 
     def bind(self, k: Kernel, c: Checker, a: dict) -> tuple:
         """``a`` checked against ``k``'s contracts: (grid, block, shared bytes, values)."""
@@ -295,6 +322,15 @@ class OpDef:
     def mutated_integer(self, k) -> str | None:
         """The user-visible integer argument the type mutation breaks, if it has one."""
         return None
+
+    def call_args(self, call: str, k, case, alloc) -> dict | None:
+        """A valid argument set of the public call ``call`` (one of its ``public_calls``)
+        at ``case`` over the shapes of its kernel ``k``, by parameter name: host arrays
+        from ``alloc`` (index arrays a valid layout), a PagedMetadata's own arguments in
+        its place; None where ``k``'s cases give none. By default the kernel's contract
+        arguments (those the call does not take are left out by whoever asks), for the
+        calls that name their arrays as their kernels do."""
+        return self.contract_args(k, case, alloc)
 
     def case_candidates(self, k) -> list:
         """The candidate shapes (kgen.testing.Case) its kernel's tests run, beside the

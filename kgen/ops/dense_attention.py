@@ -13,7 +13,7 @@ from kgen.ir.axes import Op
 from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
 from kgen.ir.target import TARGET
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 from kgen.ops.dflash_attention import DflashAttention
 
 if TYPE_CHECKING:
@@ -71,6 +71,8 @@ class DenseAttention(OpDef):
 
     # --- binding and launch
     entries = ("attention_dense_fast", "attention_dense_flash")  # kgen.runtime's public calls
+    public_calls = (PublicCall("attention_dense_fast", writes=("out",)),
+                    PublicCall("attention_dense_flash", writes=("out",)))
 
     def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
         from kgen.runtime.checks import check_dflash_shape

@@ -13,7 +13,7 @@ from kgen.ir.axes import KeySource, Op
 from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
 from kgen.ir.target import TARGET
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
@@ -76,6 +76,8 @@ class DflashAttention(OpDef):
         "dflash_block_attention",
         "dflash_paged_block_attention",
     )
+    public_calls = (PublicCall("dflash_block_attention", writes=("out",)),
+                    PublicCall("dflash_paged_block_attention", writes=("out",)))
 
     def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
         from kgen.runtime.checks import check_dflash_shape

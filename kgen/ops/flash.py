@@ -29,7 +29,7 @@ from kgen.ir.params import INT_MAX
 from kgen.ir.pyapi import PyArg
 from kgen.ir.signature import cache_arrays, fixed, position_params
 from kgen.ir.target import TARGET
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
@@ -635,6 +635,8 @@ class Flash(OpDef):
     sets_combine_tile = True  # a cache's combine plans with the split decode's tile_keys
     sinks_keyword = True      # learned sinks come as the sinks keyword (Options.kwargs)
     entries = ("paged_attention",)  # kgen.runtime's public calls
+    # a new output in query's dtype (the call's out= is float32 only)
+    public_calls = (PublicCall("paged_attention", result="query", leaves=("out",)),)
 
     def bind(self, k: Kernel, c: Checker, a: dict):
         """A prefill or split decode over a contiguous cache (host, device or per-slot
@@ -1080,6 +1082,28 @@ class Flash(OpDef):
         else:
             a.update(pos=pos, kps=case.kps, splits_cap=case.cap)
         return a
+
+    def call_args(self, call: str, k, case, alloc) -> dict | None:
+        """paged_attention over a paged kernel's case, as an engine steps it: its pages,
+        block table and lengths; each request's rows the last of its keys (one a request in
+        a decode), slotted through its table; the pages in the kernel's one format."""
+        from kgen.ir.axes import Mode, Position
+
+        if k.position is not Position.PAGED or k.mixed or not case.requests:
+            return None
+        a = self.contract_args(k, case, alloc)
+        bs, table = case.block_size, a["block_table"]
+        rows = [1 if k.mode is Mode.DECODE else q for q, _ in case.requests]
+        keys = [kk for _, kk in case.requests]
+        slots = [int(table[r, p // bs]) * bs + p % bs
+                 for r, (n, kk) in enumerate(zip(rows, keys, strict=True))
+                 for p in range(kk - n, kk)]
+        return dict(query=a["q"], key_cache=a["k_cache"], value_cache=a["v_cache"],
+                    query_start_loc=np.concatenate([[0], np.cumsum(rows)]).astype(np.int32),
+                    seq_lens=a["seq_lens"], block_table=table,
+                    slot_mapping=np.array(slots, np.int32), max_query_len=max(rows),
+                    max_seq_len=max(keys), kv_cache_dtype=k.kv.value,
+                    **{n: a[n] for n in ("k_scale", "v_scale") if n in a})
 
     def contract_mutations(self) -> dict:
         import numpy as np

@@ -12,7 +12,7 @@ from kgen.ir.axes import Op, Position
 from kgen.ir.params import INT_MAX
 from kgen.ir.signature import cache_arrays, fixed, position_params
 from kgen.ir.target import TARGET
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 if TYPE_CHECKING:
     from kgen.compiler.spec.contract import Ctx
@@ -70,6 +70,9 @@ class KvAppend(OpDef):
 
     # --- binding and launch
     entries = ("reshape_and_cache",)  # kgen.runtime's public calls
+    # slot_mapping: a PagedMetadata or an index tensor, which the call converts itself
+    public_calls = (PublicCall("reshape_and_cache", writes=("key_cache", "value_cache"),
+                               tensors=("slot_mapping",)),)
 
     def bind(self, k: Kernel, c: Checker, a: dict):
         """New rows into a contiguous cache (host, device or per-slot position) or into
@@ -186,6 +189,17 @@ class KvAppend(OpDef):
         else:
             a["pos"] = np.array(case.positions or (case.pos0,), dtype=np.int32)
         return a
+
+    def call_args(self, call: str, k, case, alloc) -> dict | None:
+        """reshape_and_cache over a paged append's case: its rows into its pages (of its
+        one format) at its slots."""
+        if k.position is not Position.PAGED or k.mixed:
+            return None
+        a = self.contract_args(k, case, alloc)
+        return dict(key=a["k_new"], value=a["v_new"], key_cache=a["k_cache"],
+                    value_cache=a["v_cache"], slot_mapping=a["slot_mapping"],
+                    kv_cache_dtype=k.kv.value,
+                    **{n: a[n] for n in ("k_scale", "v_scale") if n in a})
 
     def contract_mutations(self) -> dict:
         import numpy as np

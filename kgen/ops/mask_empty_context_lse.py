@@ -24,7 +24,7 @@ import numpy as np
 from kgen.ir.axes import Op
 from kgen.ir.params import INT_MAX
 from kgen.ir.signature import fixed
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
@@ -61,6 +61,7 @@ class MaskEmptyContextLse(OpDef):
 
     # --- binding and launch
     entries = ("mask_empty_context_lse",)  # kgen.runtime's public calls
+    public_calls = (PublicCall("mask_empty_context_lse", writes=("lse",)),)
 
     def bind(self, k: Kernel, c: Checker, a: dict):
         """lse [n_head][n_tokens] f32, cu_seqlens_q [num_reqs + 1] and context_lens

@@ -11,7 +11,7 @@ import numpy as np
 from kgen.ir.axes import Lse, Op
 from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
@@ -56,6 +56,7 @@ class MergeAttnStates(OpDef):
     MERGE_LSES: ClassVar[tuple[str, ...]] = ("prefix_lse", "suffix_lse")  # the LSEs merged
 
     entries = ("merge_attn_states",)  # kgen.runtime's public calls
+    public_calls = (PublicCall("merge_attn_states", writes=("output", "output_lse")),)
 
     def bind(self, k: Kernel, c: Checker, a: dict):
         """The engine's MergeAttnStates: output, prefix_output and suffix_output are

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from kgen.ir.axes import Op
 from kgen.ir.geometry import MLA_THREADS
 from kgen.ir.signature import elems, fixed
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
@@ -49,6 +49,9 @@ class MlaDecode(OpDef):
 
     # --- binding and launch
     entries = ("mla_decode_attention",)  # kgen.runtime's public calls
+    # (its combine's kernels run in the same call: this op describes it)
+    public_calls = (PublicCall("mla_decode_attention", writes=("out", "lse"),
+                               optional=("lse",)),)
 
     def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
         from kgen.runtime.checks import check_mla_shape
@@ -116,6 +119,20 @@ class MlaDecode(OpDef):
                     block_table=lay["block_table"], seq_lens=lay["seq_lens"],
                     m_out=z((B, H, S), f32), l_out=z((B, H, S), f32),
                     acc_out=z((B, H, S, MLA_LATENT), f32), scale=1.0 / math.sqrt(MLA_ROW))
+
+    def call_args(self, call: str, k, case, alloc) -> dict | None:
+        """mla_decode_attention over the decode's case: its queries, pages, table and
+        lengths; out and lse (the combine's) of the queries' element type, its splits."""
+        import numpy as np
+
+        from kgen.ir.geometry import MLA_LATENT
+
+        a = self.contract_args(k, case, alloc)
+        B, H = (int(n) for n in a["query"].shape[:2])
+        return dict(out=alloc((B, H, MLA_LATENT), a["query"].dtype),
+                    lse=alloc((B, H), np.float32), query=a["query"], kv_cache=a["kv_cache"],
+                    block_table=a["block_table"], seq_lens=a["seq_lens"], scale=a["scale"],
+                    num_kv_splits=case.n_splits)
 
     def contract_mutations(self) -> dict:
         import numpy as np

@@ -12,7 +12,7 @@ from kgen.ir.axes import Op, SeqStarts
 from kgen.ir.geometry import mla_gather_threads
 from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
@@ -48,6 +48,7 @@ class MlaGather(OpDef):
 
     # --- binding and launch
     entries = ("gather_mla_cache",)  # kgen.runtime's public calls
+    public_calls = (PublicCall("gather_mla_cache", writes=("dst",), optional=("seq_starts",)),)
 
     def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
         from kgen.runtime.checks import check_mla_shape

@@ -15,7 +15,7 @@ from kgen.ir.params import INT_MAX
 from kgen.ir.pyapi import PyArg
 from kgen.ir.signature import elems, fixed
 from kgen.ir.target import TARGET
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
@@ -68,6 +68,8 @@ class MlaPrefill(OpDef):
 
     # --- binding and launch
     entries = ("mla_prefill_attention",)  # kgen.runtime's public calls
+    public_calls = (PublicCall("mla_prefill_attention", writes=("out", "lse"),
+                               optional=("lse",)),)
 
     def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
         from kgen.runtime.checks import check_mla_shape
@@ -160,6 +162,12 @@ class MlaPrefill(OpDef):
         if k.lse is Lse.WRITE:
             a["lse"] = z((H, Tq), np.float32)
         return a
+
+    def call_args(self, call: str, k, case, alloc) -> dict | None:
+        """mla_prefill_attention over the kernel's case: its contract arguments, with its
+        mask as the call's ``causal`` and no lse where it writes none."""
+        return {"lse": None, **self.contract_args(k, case, alloc),
+                "causal": k.mask is Mask.CAUSAL}
 
     def contract_mutations(self) -> dict:
         import numpy as np

@@ -12,7 +12,7 @@ from kgen.ir.axes import Op
 from kgen.ir.geometry import MLA_STORE_THREADS
 from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
-from kgen.ops.base import OpDef
+from kgen.ops.base import OpDef, PublicCall
 
 if TYPE_CHECKING:
     from kgen.ir.kernel import Kernel
@@ -45,6 +45,7 @@ class MlaStore(OpDef):
 
     # --- binding and launch
     entries = ("concat_and_cache_mla",)  # kgen.runtime's public calls
+    public_calls = (PublicCall("concat_and_cache_mla", writes=("kv_cache",)),)
 
     def check_launch_shape(self, k: Kernel, c: Checker, hd: int, groups: int = 1) -> None:
         from kgen.runtime.checks import check_mla_shape

@@ -106,7 +106,8 @@ def kv_splits(num_kv_splits, max_seq_len, who: str = "mla_decode_attention") -> 
 
 @public("mla_decode_attention", arrays=("out", "lse", "query", "kv_cache", "block_table",
                                        "seq_lens"))
-def mla_decode_attention(out, lse, query, kv_cache, block_table, seq_lens, scale=None,
+def mla_decode_attention(out, lse, query, kv_cache, block_table, seq_lens,
+                         scale: float | None = None,
                          num_kv_splits: int = ENTRY_PARAMS["num_kv_splits"].default,
                          max_seq_len: int | None = None, *, validate: bool | None = None,
                          stream=None, variants: tuple[str | None, str | None] = (None, None)):
@@ -158,7 +159,8 @@ def _decode_calls(calls: Calls, out, lse, query, kv_cache, block_table, seq_lens
 
 @public("mla_prefill_attention", arrays=("out", "lse", "query", "key", "value",
                                         "cu_seqlens_q", "cu_seqlens_k"))
-def mla_prefill_attention(out, lse, query, key, value, cu_seqlens_q, cu_seqlens_k, scale,
+def mla_prefill_attention(out, lse, query, key, value, cu_seqlens_q, cu_seqlens_k,
+                          scale: float | None,
                           causal: bool, max_seqlen_q: int, max_seqlen_k: int | None = None, *,
                           validate: bool | None = None, stream=None,
                           variant: str | None = None):

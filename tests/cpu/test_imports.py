@@ -202,3 +202,20 @@ def test_imports_resolve_every_form(tmp_path):
     assert g["kgen.sub.a"] == {"kgen.sub.b", "kgen.top", "kgen.sub"}
     assert g["kgen.sub.b"] == {"kgen.sub.a"}
     assert cycles(g) == [["kgen.sub.a", "kgen.sub.b", "kgen.sub.a"]]
+
+
+def test_kgen_imports_without_torch():
+    """kgen, its runtime and its op registry import where torch is absent (kgen never
+    imports it itself); kgen.torch then says what to install."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import kgen, kgen.runtime, kgen.ops, kgen.runtime.convention\n"
+            "assert kgen.attention_dense_fast and kgen.ops.OPS\n"
+            "try:\n    import kgen.torch\nexcept ImportError as e:\n    print(e)\n"
+            "else:\n    raise SystemExit('kgen.torch imported without torch')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT.parent, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "kgen[torch]" in done.stdout, done.stdout
