@@ -27,10 +27,10 @@ wrapped by :func:`public`, which applies, before the call's own contracts run:
   exactly to float32 on the call's stream, and the call's float32 result is returned in
   the first such argument's element type (bf16 rounded to nearest even, as
   kgen.formats.bf16 rounds).
-* **Aligned arrays.** Every array a kernel reads or writes starts on the boundary its
-  kernel's alignment contract asks (kgen.runtime.bind). An array the convention itself
-  copies on the GPU (a widened argument, ``out=``) starts on its element's boundary,
-  checked before anything is widened.
+* **Aligned arrays.** An array the convention itself copies on the GPU (a widened
+  argument, ``out=``) starts on its element's boundary, checked before anything is
+  widened; every array a kernel reads or writes starts where its kernel's alignment
+  contract asks (kgen.runtime.bind, with the kernel's names for its arguments).
 
 The scalar conventions are single functions here too: :func:`softmax_scale` (None
 means ``head_dim ** -0.5``) and :func:`window_size` (FlashAttention's ``(left,
@@ -135,8 +135,7 @@ def to_torch(a):
 
 
 def element_aligned(name: str, a, who: str) -> None:
-    """``a``, which the convention copies on the GPU element by element (a widened
-    argument, ``out=``), starts on its element's boundary."""
+    """``a`` (a device array) starts on its element's boundary."""
     Checker(who).aligned(name, a, a.dtype.itemsize)
 
 
