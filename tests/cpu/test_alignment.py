@@ -9,8 +9,9 @@ bytes and the address, before anything launches or changes.
    what small sources hold.
 2. Every launcher checks them (kgen.runtime.bind): each built kernel, each array off
    its boundary by half its alignment, is refused; every array on its own boundary and
-   on no wider one binds. A launch like an accepted one, off the boundary, is refused
-   (the memo replays only arrays on ALIGN_MAX boundaries).
+   on no wider one binds. Every shape a launcher accepts keeps each later row on its
+   boundary too. A launch like an accepted one, off the boundary, is refused (the memo
+   replays only arrays on ALIGN_MAX boundaries).
 3. Every public entry point (kgen.runtime's calls and the cache objects' methods, from
    the convention's own record of them) refuses each of its array arguments off its
    element's boundary, and off its kernel's contract where that is wider, leaving
@@ -172,7 +173,26 @@ def test_every_launcher_refuses_every_array_off_its_boundary():
             assert e.value.message == (f"{p.name} must start on a {p.align}-byte boundary "
                                        f"(address {ptr:#x})"), k.name
             refusals += 1
-    assert refusals == sum(p.align > 1 for k, _ in generated() for p in _arrays(k))
+    assert refusals >= len(generated())  # every kernel has an array wider than a byte
+
+
+@needs_build
+def test_every_accepted_shape_keeps_each_row_on_its_boundary():
+    """An array's first row on its boundary keeps the rest there: at every test shape of
+    every built kernel (shapes its launcher accepts), each array it reads or writes wider
+    than an element has rows of a whole number of its alignment. (Row strides other than
+    a C-contiguous array's are taken by one launcher, concat_and_cache_mla's kv_c and
+    k_pe, which it reads element by element: whole elements suffice, and are checked.)"""
+    rows = 0
+    for k, _ in generated():
+        wide = [p for p in _arrays(k) if p.align > np.dtype(p.dtype).itemsize]
+        for case in cases(k) if wide else ():  # each bound by testgen: accepted
+            a = host_args(k, case)
+            for p in wide:
+                x = a[p.name]
+                assert x.shape[-1] * x.dtype.itemsize % p.align == 0, (k.name, p.name, case)
+                rows += 1
+    assert rows
 
 
 @pytest.fixture
