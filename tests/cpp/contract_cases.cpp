@@ -130,6 +130,15 @@ static int self_test() {
         EXPECT(r.contract == "scale");
         EXPECT(r.message.find("scale = 1e+300 must be finite in float32 and > 0") !=
                std::string::npos);
+        // q half a float off its boundary (a view into a byte buffer): refused, named
+        a.scale = std::nullopt;
+        a.q = Tensor(p + 2, {4, 8, 256});
+        r = kgen::fc_attn_flash_prefill::launch(a, nullptr);
+        EXPECT(r.code == kgen::KGEN_ERR_CONTRACT && r.contract == "alignment");
+        EXPECT(r.message == "fc_attn_flash_prefill: q must start on a 4-byte boundary "
+                            "(address 0x1002) [contract: alignment]");
+        a.q = Tensor(p + 4, {4, 8, 256});  // on its element's boundary: checked
+        EXPECT(kgen::fc_attn_flash_prefill::check(a).ok());
     }
     {   // the split decode, with the host plan
         kgen::DecodePlan plan;
