@@ -195,8 +195,9 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         a["ctype"] = {"tensor": "Tensor", "int": "std::int64_t", "float": "double"}[a["kind"]]
         if a["default"] == "std::nullopt":
             a["ctype"] = f"std::optional<{a['ctype']}>"
+    # each parameter's kind, and an array's alignment contract (Param.align; 0: a scalar)
     pl = [{"name": p.name, "kind": "tensor" if p.is_pointer else
-           ("float" if p.ctype == "float" else "int")} for p in params(k)]
+           ("float" if p.ctype == "float" else "int"), "align": p.align} for p in params(k)]
     v = {
         "name": k.name, "index": index, "module": k.module, "spec": spec, "fatbin": fatbin,
         "doc": k.doc.replace("*/", "* /"), "args": args, "params": pl,
@@ -226,9 +227,6 @@ def _kernel_view(k: Built, index: int, fatbin: str, spec: str) -> dict:
         "stream_head_dim": own["stream_head_dim"], "tile_threads": own["tile_threads"],
         "out_cols": own["out_cols"], "row_lanes": own["row_lanes"],
         "head_dim_step": own["head_dim_step"],
-        # bytes the K and V cache arrays align to for the quad reads of the swizzled
-        # query tile and the quads decode (0: none)
-        "k_quad_align": own["k_quad_align"], "v_quad_align": own["v_quad_align"],
         # The geometry, as the Python functions compute it (symbolic arguments).
         "block_threads": _expr(own["block_threads"]),
         "shared_bytes": _expr(own["shared_bytes"]),

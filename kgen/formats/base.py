@@ -61,7 +61,8 @@ class KvFormat:
     tensor_scales: bool = False  # per-tensor k_scale / v_scale kernel arguments: rows hold
     #                              x / scale, readers multiply back
     block_align: int = 1  # blocked rows: the bytes every block starts on (given a row that
-    #                       does), the widest load the quad reader issues
+    #                       does), the widest load the quad reader issues and the append's
+    #                       store of a block's scale (one 16-bit store)
 
     # ---- layout ---------------------------------------------------------------
 
@@ -99,6 +100,14 @@ class KvFormat:
         are one load of 4 x itemsize bytes; blocked rows are read in loads of
         block_align bytes."""
         return self.block_align if self.blocked else 4 * self.itemsize
+
+    @property
+    def store_bytes(self) -> int:
+        """The alignment a cache array needs for the append's writer (the ``quant``
+        helper of templates/lib/<name>.cuh.j2, else element stores): a blocked row's
+        scale is one store of block_align bytes at its block's start; plain rows are
+        stored element by element."""
+        return self.block_align if self.blocked else self.itemsize
 
     def shadow_buffers(self) -> tuple[Shadow, ...]:
         return SHADOWS if self.shadows else ()

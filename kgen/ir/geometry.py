@@ -62,6 +62,20 @@ def quad_reads(k: Kernel) -> bool:
     return qtile_swizzle(k) or stream_quads(k)
 
 
+def cache_load_bytes(k: Kernel, role: str) -> int:
+    """The widest load a flash kernel's template issues from ``role``'s cache rows (the
+    alignment its cache array needs): the format's quad reader where the kernel reads rows
+    a quad a load (quad_reads), the raw V tile's words where it stages raw V rows
+    (v_stage = shared_q4), else one element."""
+    fmt = k.pair.of(role)
+    widths = [fmt.itemsize]
+    if quad_reads(k):
+        widths.append(fmt.quad_bytes)
+    if role == "v" and k.v_stage is VStage.SHARED_Q4:
+        widths.append(ELEM_BYTES[RAW_V_WORD])
+    return max(widths)
+
+
 def stream_full_steps(k: Kernel) -> bool:
     """A hoisted warp_stream decode with stream_steps = split runs a step whose keys all
     lie in the split and the window from an unmasked copy of the step (the masked copy
@@ -299,6 +313,7 @@ class Region:
 
 
 ELEM_BYTES = {"float": 4, "__half": 2, "unsigned int": 4}
+RAW_V_WORD = "unsigned int"  # v_stage = shared_q4 copies raw V rows in these words
 
 
 def flash_regions(k: Kernel) -> tuple[Region, ...]:
@@ -335,8 +350,8 @@ def flash_regions(k: Kernel) -> tuple[Region, ...]:
             Region("l_s", "float", "G", lambda G, hd: G),
             Region("corr_s", "float", "G", lambda G, hd: G)]
     if k.v_stage is VStage.SHARED_Q4:  # raw rows as 32-bit words
-        out.append(Region("v_sh", "unsigned int", "",
-                          lambda G, hd: T * k.v_fmt.row_bytes(hd) // 4))
+        out.append(Region("v_sh", RAW_V_WORD, "",
+                          lambda G, hd: T * k.v_fmt.row_bytes(hd) // ELEM_BYTES[RAW_V_WORD]))
     return tuple(out)
 
 
@@ -476,10 +491,14 @@ def mla_prefill_shared() -> int:
                 + MLA_PREFILL_ROWS * MLA_PREFILL_TILE)
 
 
+MLA_GATHER_QUAD = 16  # bytes: gather_mla_cache copies rows as float4s (its src_cache
+#                       and dst alignment)
+
+
 def mla_row_quads(k: Kernel) -> int:
     """gather_mla_cache: 16-byte quads of one latent row of the kernel's in_dtype (MLA_ROW
     elements: 144 quads of f32, 72 of a 16-bit type); a warp copies a row quad by quad."""
-    return MLA_ROW * k.in_dtype.fmt.itemsize // 16
+    return MLA_ROW * k.in_dtype.fmt.itemsize // MLA_GATHER_QUAD
 
 
 def mla_store_grid(n_slots: int) -> tuple[int, int, int]:

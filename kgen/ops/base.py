@@ -292,7 +292,7 @@ class OpDef:
         return {"query_tiles": False, "padded": False, "hoisted": False,
                 "key_partials": False, "paged_keys": False, "stream_head_dim": 0,
                 "tile_threads": 0, "out_cols": 0, "row_lanes": 0, "head_dim_step": 0,
-                "k_quad_align": 0, "v_quad_align": 0, "block_threads": None,
+                "block_threads": None,
                 "shared_bytes": None, "prefill_grid_x": None}
 
     def cpp_roles(self) -> dict:

@@ -25,6 +25,7 @@ from kgen.ir.axes import (
     VStage,
     Window,
 )
+from kgen.ir.geometry import cache_load_bytes
 from kgen.ir.params import INT_MAX
 from kgen.ir.pyapi import PyArg
 from kgen.ir.signature import cache_arrays, fixed, position_params
@@ -498,7 +499,7 @@ class Flash(OpDef):
         shadow_scalars = list(fmt.shadow_scalars())
         scales = list(fmt.scale_scalars())
         out = fixed("const float *", "q")
-        out += cache_arrays(k, "const ")
+        out += cache_arrays(k, "const ", lambda role: cache_load_bytes(k, role))
         out += fixed("const __half *", *shadows)
         if k.mode is Mode.PREFILL:
             out += fixed("float *", *(("m_out", "l_out", "acc_out")
@@ -1006,7 +1007,6 @@ class Flash(OpDef):
         from kgen.ir import geometry as geo
 
         tiles = geo.query_tiles(k)
-        quads = geo.quad_reads(k)
         return super().cpp_view(k, hd, groups, rows) | {
             "query_tiles": tiles, "padded": geo.padded(k), "hoisted": geo.stream_hoisted(k),
             "key_partials": geo.key_partials(k),
@@ -1015,8 +1015,6 @@ class Flash(OpDef):
             "out_cols": geo.out_cols(k) if tiles else 0,
             "row_lanes": geo.row_lanes(k) if tiles else 0,
             "head_dim_step": geo.head_dim_step(k) if tiles else 0,
-            "k_quad_align": k.fmt.quad_bytes if quads else 0,
-            "v_quad_align": k.v_fmt.quad_bytes if quads else 0,
             "block_threads": geo.block_threads(k, hd),
             "shared_bytes": geo.flash_shared_bytes(k, groups, hd),
             # x of a prefill's grid in its query rows (a paged form: the batch's rows, or

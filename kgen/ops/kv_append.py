@@ -49,7 +49,7 @@ class KvAppend(OpDef):
         shadow_scalars = list(fmt.shadow_scalars())
         scales = list(fmt.scale_scalars())
         out = fixed("const float *", "k_new", "v_new")
-        out += cache_arrays(k, "")
+        out += cache_arrays(k, "", lambda role: k.pair.of(role).store_bytes)  # the writer
         out += fixed("__half *", *shadows)
         if k.position is Position.PAGED:  # reshape_and_cache
             out += fixed("const int *", "slot_mapping") + fixed("int", "n_head_kv", "head_dim")

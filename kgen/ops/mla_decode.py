@@ -26,7 +26,9 @@ class MlaDecode(OpDef):
     # --- signature and geometry
     def params(self, k: Kernel) -> list[Param]:
         # split stage: partials [B][Hq][kv_splits] (acc x V width)
-        out = elems(k.in_dtype, "const ", "query", "kv_cache")
+        out = elems(k.in_dtype, "const ", "query")
+        # latent rows read a quad a load (the format's load_quad)
+        out += elems(k.in_dtype, "const ", "kv_cache", align=k.in_dtype.fmt.quad_bytes)
         out += fixed("const int *", "block_table", "seq_lens")
         out += fixed("float *", "m_out", "l_out", "acc_out")
         out += fixed("int", "n_head", "kv_splits", "num_blocks", "block_size", "max_blocks")
@@ -63,7 +65,6 @@ class MlaDecode(OpDef):
         latent rows (block_table, seq_lens), each key split's (m, l, acc) partials."""
         from kgen.ir.geometry import MLA_ROW, MLA_THREADS, mla_decode_grid
         from kgen.runtime.checks import (
-            aligned,
             block_registers,
             elem,
             host_ints,
@@ -81,7 +82,6 @@ class MlaDecode(OpDef):
         c.shape("query", q, (B, H, MLA_ROW))
         c.require(B >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
         nb, bs = latent_pages(k, c, "kv_cache", a["kv_cache"])
-        aligned(c, "kv_cache", a["kv_cache"])
         _, mb = mla_tables(c, a, B)
         mla_lens(c, a, B)
         if a.get("validate_pos", True):

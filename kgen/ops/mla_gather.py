@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kgen.ir.axes import Op, SeqStarts
-from kgen.ir.geometry import mla_gather_threads
+from kgen.ir.geometry import MLA_GATHER_QUAD, mla_gather_threads
 from kgen.ir.params import INT_MAX
 from kgen.ir.signature import elems, fixed
 from kgen.ops.base import OpDef, PublicCall
@@ -30,7 +30,9 @@ class MlaGather(OpDef):
 
     # --- signature and geometry
     def params(self, k: Kernel) -> list[Param]:  # the engine's GatherMlaCache
-        out = elems(k.in_dtype, "", "dst") + elems(k.in_dtype, "const ", "src_cache")
+        # rows copied a float4 at a time
+        out = elems(k.in_dtype, "", "dst", align=MLA_GATHER_QUAD)
+        out += elems(k.in_dtype, "const ", "src_cache", align=MLA_GATHER_QUAD)
         out += fixed("const int *", "block_table", "cu_seq_lens", "token_to_seq")
         if k.seq_starts is SeqStarts.GIVEN:
             out += fixed("const int *", "seq_starts")
@@ -61,7 +63,6 @@ class MlaGather(OpDef):
         row's request."""
         from kgen.ir.geometry import MLA_ROW, mla_gather_grid, mla_gather_threads
         from kgen.runtime.checks import (
-            aligned,
             elem,
             host_ints,
             index,
@@ -74,9 +75,7 @@ class MlaGather(OpDef):
         c.array("dst", dst, elem(k.in_dtype), 2)
         rows = int(dst.shape[0])
         c.shape("dst", dst, (rows, MLA_ROW))
-        aligned(c, "dst", dst)
         nb, bs = latent_pages(k, c, "src_cache", a["src_cache"])
-        aligned(c, "src_cache", a["src_cache"])
         reqs, mb = mla_tables(c, a, None)
         index(c, a, "cu_seq_lens", (reqs + 1,))
         t2s = a["token_to_seq"]

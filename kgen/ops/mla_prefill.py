@@ -35,7 +35,9 @@ class MlaPrefill(OpDef):
     # --- signature and geometry
     def params(self, k: Kernel) -> list[Param]:
         # the engine's MlaPrefillAttention; lse [n_head][total_q]
-        out = elems(k.in_dtype, "const ", "query", "key", "value")
+        out = elems(k.in_dtype, "const ", "query")
+        # K and V rows staged a quad a load (the format's load_quad)
+        out += elems(k.in_dtype, "const ", "key", "value", align=k.in_dtype.fmt.quad_bytes)
         out += fixed("const int *", "cu_seqlens_q", "cu_seqlens_k")
         out += elems(k.out_dtype, "", "out")
         out += fixed("float *", *(["lse"] if k.lse is Lse.WRITE else []))
@@ -86,7 +88,7 @@ class MlaPrefill(OpDef):
             MLA_PREFILL_V,
             mla_prefill_grid,
         )
-        from kgen.runtime.checks import aligned, block_registers, elem, host_ints, index, param
+        from kgen.runtime.checks import block_registers, elem, host_ints, index, param
 
         q = a["query"]
         fi = elem(k.in_dtype)
@@ -100,8 +102,6 @@ class MlaPrefill(OpDef):
         c.array("value", value, fi, 3)
         c.shape("value", value, (Tk, H, MLA_PREFILL_V))
         c.require(Tq >= 1 and H >= 1, "shape", lambda: f"query has shape {tuple(q.shape)}")
-        for name, x in (("query", q), ("key", key), ("value", value)):
-            aligned(c, name, x)
         cu_q = a["cu_seqlens_q"]
         c.array("cu_seqlens_q", cu_q, np.int32, 1)
         reqs = int(cu_q.shape[0]) - 1

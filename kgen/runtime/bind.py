@@ -82,6 +82,9 @@ def bind(k: Kernel, a: dict) -> Launch:
     grid, block, smem, values = get(k.op).bind(k, c, dict(a))
     missing = expected - set(values)
     assert not missing, f"binder for {k.name} left {missing} unset"
+    for p in params(k):  # every array on its alignment contract (its widest access)
+        if p.is_pointer:
+            c.aligned(p.name, values[p.name], p.align)
     args, names = _order(k, values)
     return Launch(k.name, _grid(c, grid), block, smem, args, names)
 

@@ -13,6 +13,7 @@ are the launchers' (no second copy).
 from __future__ import annotations
 
 from kgen.runtime import launch as launching
+from kgen.runtime.contracts import Checker
 from kgen.runtime.pending import made
 
 
@@ -31,7 +32,8 @@ class Calls:
 
     def source(self, fn, name: str, a) -> None:
         """An array that reaches ``fn``'s kernel only through a Pending made from it
-        (e.g. sinks tiled per sequence): checked to be on the current device."""
+        (e.g. sinks tiled per sequence): checked to be on the current device and on its
+        element's boundary (the copy reads it element by element)."""
         self.sources.append((fn.kernel.name, name, a))
 
     def check(self) -> list:
@@ -40,6 +42,7 @@ class Calls:
         bound = [launching.check_call(fn, *arrays, **kw) for fn, arrays, kw in self.items]
         for kernel, name, a in self.sources:
             launching.check_array(kernel, name, a)
+            Checker(kernel).aligned(name, a, a.dtype.itemsize)
         return bound
 
     def run(self, stream=None) -> list[tuple[object, launching.Launch]]:

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from kgen.ir.geometry import MLA_LATENT, MLA_ROW, quad_reads
+from kgen.ir.geometry import MLA_LATENT, MLA_ROW
 from kgen.ir.kernel import Kernel
 from kgen.ir.params import INT_MAX, PARAMS
 from kgen.ir.target import TARGET
@@ -62,9 +62,6 @@ def cache_values(k: Kernel, c: Checker, a: dict, values: dict) -> None:
         values["win"] = c.integer("win", a.get("win", 0), 0, k.ring_rows, "window ring")
     for name in k.pair.scale_scalars():  # per-tensor scales: rows hold x / scale
         values[name] = param(c, a, name)
-    if quad_reads(k):  # rows read four elements a load (each side's load_key_quad)
-        for name, fmt in (("k_cache", k.fmt), ("v_cache", k.v_fmt)):
-            aligned(c, name, a[name], fmt.quad_bytes)
 
 
 def block_registers(k: Kernel, c: Checker, threads: int, hd: int | None) -> None:
@@ -229,19 +226,6 @@ def slots_within(c: Checker, sm, positions: int) -> None:
 # read in place; with validate_pos (the default) the host reads them back and checks
 # them, a graph-captured launch passes validate_pos=False and owns their values (the
 # kernels skip a slot, table entry or token that points outside the arrays).
-
-
-MLA_ALIGN = 16  # bytes: the gather and the decode move latent rows as 16-byte quads (f32),
-#                 the 16-bit kernels as 8-byte quads of elements (16 bytes asked alike)
-
-
-def aligned(c: Checker, name: str, x, align: int = MLA_ALIGN) -> None:
-    """A device array the kernel reads or writes ``align`` bytes a load (MLA: float4s)
-    starts on an ``align``-byte boundary (its rows keep every row there); checked where
-    the array tells its address."""
-    ptr = getattr(getattr(x, "data", None), "ptr", None)
-    c.require(ptr is None or int(ptr) % align == 0, "alignment",
-              lambda: f"{name} must start on a {align}-byte boundary (address {ptr:#x})")
 
 
 def latent_pages(k: Kernel, c: Checker, name: str, x) -> tuple[int, int]:

@@ -16,6 +16,16 @@ class ContractError(ValueError):
         super().__init__(f"{kernel}: {message} [contract: {contract}]")
 
 
+ALIGN_MAX = 16  # bytes: the widest alignment any kernel asks of an array (a float4);
+#                 an address a multiple of this meets every alignment contract
+
+
+def address(a) -> int | None:
+    """The device address an array starts at, where it tells one (``data.ptr``)."""
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    return None if ptr is None else int(ptr)
+
+
 class Checker:
     """Contract checks for one kernel's launch."""
 
@@ -43,6 +53,16 @@ class Checker:
         flags = getattr(a, "flags", None)
         self.require(flags is None or bool(flags.c_contiguous), "contiguous",
                      lambda: f"{name} must be C-contiguous")
+
+    def aligned(self, name: str, a, align: int) -> None:
+        """An array the kernel reads or writes ``align`` bytes an access (its alignment
+        contract, kgen.ir.signature.Param.align) starts on an ``align``-byte boundary;
+        checked where the array tells its address (``data.ptr``: a CuPy array; host
+        arrays and arrays still to be made have none)."""
+        ptr = address(a)
+        self.require(ptr is None or ptr % align == 0, "alignment",
+                     lambda: f"{name} must start on a {align}-byte boundary (address "
+                     f"{ptr:#x})")
 
     def shape(self, name: str, a, expected: tuple[int, ...]) -> None:
         self.require(tuple(a.shape) == tuple(expected), "shape",

@@ -27,6 +27,10 @@ wrapped by :func:`public`, which applies, before the call's own contracts run:
   exactly to float32 on the call's stream, and the call's float32 result is returned in
   the first such argument's element type (bf16 rounded to nearest even, as
   kgen.formats.bf16 rounds).
+* **Aligned arrays.** An array the convention itself copies on the GPU (a widened
+  argument, ``out=``) starts on its element's boundary, checked before anything is
+  widened; every array a kernel reads or writes starts where its kernel's alignment
+  contract asks (kgen.runtime.bind, with the kernel's names for its arguments).
 
 The scalar conventions are single functions here too: :func:`softmax_scale` (None
 means ``head_dim ** -0.5``) and :func:`window_size` (FlashAttention's ``(left,
@@ -46,7 +50,7 @@ import numpy as np
 from kgen.formats import bf16
 from kgen.ir.params import INT_MAX
 from kgen.runtime import device
-from kgen.runtime.contracts import ContractError
+from kgen.runtime.contracts import Checker, ContractError
 
 # ---- arrays --------------------------------------------------------------------------
 
@@ -128,6 +132,11 @@ def to_torch(a):
     if a.dtype == _BF16:
         return t.from_dlpack(a.view(np.int16)).view(t.bfloat16)
     return t.from_dlpack(a)
+
+
+def element_aligned(name: str, a, who: str) -> None:
+    """``a`` (a device array) starts on its element's boundary."""
+    Checker(who).aligned(name, a, a.dtype.itemsize)
 
 
 def widen(a):
@@ -350,6 +359,7 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
                     call.result_dtype = dt
                 if dt is not _F32 and dt in (_F16, _BF16):
                     call.widens = True
+                    element_aligned(label, v, who)  # before widening reads it
             return v
 
         def widened(call: _Call, label: str, v, name: str, ndarray=None):
@@ -379,6 +389,7 @@ def public(who: str, arrays: Iterable[str] = (), widen_args: Iterable[str] = (),
                 raise ContractError(who, "out", f"out must be float32, float16 or bfloat16 "
                                     f"of {out_like}'s shape {want}, not {mine.dtype} "
                                     f"{tuple(mine.shape)}")
+            element_aligned("out", mine, who)  # the result is copied into it
             if call.torch_device is None and is_torch(out):
                 call.torch_device = out.device.index
             return mine

@@ -30,7 +30,7 @@ from kgen.formats import FORMATS
 from kgen.runtime import device
 from kgen.runtime.calls import Calls
 from kgen.runtime.contracts import ContractError
-from kgen.runtime.convention import as_device_array, public, read_back
+from kgen.runtime.convention import as_device_array, element_aligned, public, read_back
 from kgen.runtime.kv import Scratch, cache_formats
 from kgen.runtime.options import Options, count, groups, scales
 from kgen.runtime.paged import decode_calls, decode_kernels, prefill_calls
@@ -81,6 +81,9 @@ def _scratch() -> tuple[Scratch, Scratch]:
 
 
 def _index(who: str, name: str, a, dtypes, ndim: int):
+    """An index tensor of one of ``dtypes`` and ``ndim`` dimensions, C-contiguous and on
+    its element's boundary (int64 slots are narrowed on the GPU before any kernel's
+    contract sees them)."""
     if getattr(a, "ndim", None) != ndim or np.dtype(a.dtype) not in dtypes or \
             not a.flags.c_contiguous:
         want = " or ".join(d.name for d in dtypes)
@@ -88,6 +91,7 @@ def _index(who: str, name: str, a, dtypes, ndim: int):
                             f"{ndim} dimension{'s' if ndim > 1 else ''}, not "
                             f"{getattr(a, 'dtype', type(a).__name__)} "
                             f"{tuple(getattr(a, 'shape', ()))}")
+    element_aligned(name, a, who)
 
 
 class PagedMetadata:

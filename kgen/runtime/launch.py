@@ -3,9 +3,11 @@ kgen.runtime.loadcheck has decided which of its images the driver will use (or
 raised UnloadableError, a ValueError, saying why none can and what to do).
 
 Launches are cheap to repeat: the contracts depend only on the arguments'
-types, shapes, dtypes, strides, devices and scalar values, so a launch whose
-signature was bound before replays that binding with the new arrays (no
-contract is re-derived; a different signature binds in full). ``bound``
+types, shapes, dtypes, strides, devices and scalar values, and on where the arrays
+start (their alignment), so a launch whose signature was bound before replays that
+binding with the new arrays (no contract is re-derived; a different signature binds
+in full). Only arrays on an ALIGN_MAX boundary, which meets every alignment contract,
+are replayed: a launch with any array off one binds in full. ``bound``
 goes further for a caller that launches the same buffers again and again (a
 decode step, a benchmark): bind once, then ``Bound.run`` is a raw launch.
 A binding that reads device memory (positions, block tables, seq lens and slot
@@ -17,8 +19,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from functools import reduce
 from math import copysign
-from operator import attrgetter, itemgetter
+from operator import attrgetter, itemgetter, or_
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +29,7 @@ import numpy as np
 from kgen.ir.kernel import Kernel
 from kgen.runtime import loadcheck
 from kgen.runtime.bind import Launch, bind, reads_device
-from kgen.runtime.contracts import ContractError
+from kgen.runtime.contracts import ALIGN_MAX, ContractError
 from kgen.runtime.pending import Pending, made
 
 _modules: dict[tuple[str, int], object] = {}
@@ -99,10 +102,18 @@ def _on_device(kernel: str, name: str, v, ndarray, dev: int) -> None:
 # zero's sign is compared apart: -0.0 == 0.0). Array objects are never part of a
 # key (ids are reused after garbage collection): a new array of the same
 # signature hits. Bindings that read device memory (validated positions) are
-# never remembered.
+# never remembered, nor are those of an array off an ALIGN_MAX boundary, and a call
+# with one binds in full: a replay needs no alignment contract checked again.
 
 _SCALARS = frozenset({int, float, bool, type(None)})  # exact types; others bind in full
 _PROPS = attrgetter("__class__", "shape", "dtype", "strides", "data.device_id")
+_ADDRESS = attrgetter("data.ptr")
+_LOW = ALIGN_MAX - 1  # the address bits of an array off an ALIGN_MAX boundary
+
+
+def _off_boundary(arrays) -> int:
+    """Nonzero where an array of ``arrays`` starts off an ALIGN_MAX boundary."""
+    return reduce(or_, map(_ADDRESS, arrays), 0) & _LOW
 _tuple_new = tuple.__new__
 _memo: dict[int, _Kernel] = {}  # id(kernel) -> its memo (which holds the kernel)
 _held = [0]  # bindings remembered, all kernels together
@@ -167,6 +178,8 @@ def _remember(kernel: Kernel, names: tuple, vals: tuple, b: Launch, fn, path, de
         return
     is_array = tuple(t is ndarray for t in types)
     at = [i for i, a in enumerate(is_array) if a]  # where the call's arrays sit
+    if _off_boundary(vals[i] for i in at):
+        return  # a replay checks no alignment: only arrays that meet every contract
     pick = []  # the launch arguments from (call's arrays) + b.args
     for j, (name, v) in enumerate(zip(b.names, b.args, strict=True)):
         if isinstance(v, np.generic):
@@ -222,6 +235,8 @@ def launch(kernel: Kernel, path: Path, args, stream=None, names: tuple | None = 
                     hit = lay.entries.get(key)
                     if hit is not None:
                         lay.last = (key, hit)
+                if hit is not None and _off_boundary(arrays):
+                    hit = None  # an array off the boundary: its alignment checked in full
             except (AttributeError, IndexError, TypeError):
                 hit = None  # not arrays where the layout has them, or unhashable: in full
             if hit is not None:
@@ -248,9 +263,10 @@ class Replay:
     replayed raw with the caller's arrays in the ``swap`` slots, (index of the
     launch, argument name) each. ``check`` compares the current device and every
     array's type, shape, dtype, strides and device, the swapped-in ones and the
-    ones kept alike, with those of the binding: where anything differs it returns
-    None (the caller then launches in full, and gets the contracts' errors), else
-    what ``run`` launches."""
+    ones kept alike, with those of the binding, and asks every array on an ALIGN_MAX
+    boundary: where anything differs it returns None (the caller then launches in
+    full, and gets the contracts' errors), else what ``run`` launches. A binding with
+    an array off the boundary is no Replay (ValueError)."""
 
     __slots__ = ("kept", "signature", "calls")
 
@@ -268,6 +284,8 @@ class Replay:
         arrays = (*(bound[i][0].arg(name) for i, name in swap), *kept)
         if any(type(a) is not ndarray for a in arrays):
             raise TypeError("Replay binds cupy.ndarray arguments only")
+        if _off_boundary(arrays):
+            raise ValueError(f"Replay binds arrays on {ALIGN_MAX}-byte boundaries only")
         self.signature = (device, *map(_PROPS, arrays))
         calls = []
         for i, (b, fn) in enumerate(bound):
@@ -283,6 +301,8 @@ class Replay:
         arrays = swap + self.kept
         try:
             signature = ((_rt or _runtime())[1](), *map(_PROPS, arrays))
+            if _off_boundary(swap):
+                return None
         except AttributeError:
             return None
         return arrays if signature == self.signature else None
@@ -390,8 +410,11 @@ def _launched_like(kernel: Kernel, args: dict) -> bool:
         return (ndarray, a.shape, a.dtype, a.strides, device) if type(a) is Pending \
             else _PROPS(a)
     try:
-        hit = lay.entries.get((device, *map(type, scalars), *map(props, lay.arrays(vals)),
+        arrays = lay.arrays(vals)
+        hit = lay.entries.get((device, *map(type, scalars), *map(props, arrays),
                                *scalars))
+        if _off_boundary(a for a in arrays if type(a) is not Pending):
+            return False  # its alignment contracts checked in full
     except (AttributeError, IndexError, TypeError):
         return False
     return hit is not None and all(copysign(1.0, vals[i]) == s for i, s in hit[-1])

@@ -8,6 +8,7 @@ for."""
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +67,26 @@ class ShapeOnly:
         self.shape = tuple(shape) if np.iterable(shape) else (int(shape),)
         self.dtype = np.dtype(dtype)
         self.ndim, self.size, self.flags = len(self.shape), int(np.prod(self.shape)), self._Flags()
+
+
+class Placed:
+    """A host array (its shape, dtype, layout and contents) at a device address
+    ``data.ptr``: what bind reads of a CuPy array, to break an alignment contract."""
+
+    def __init__(self, a: np.ndarray, ptr: int):
+        self.host = a
+        self.shape, self.dtype, self.strides, self.flags = a.shape, a.dtype, a.strides, a.flags
+        self.ndim, self.size = a.ndim, a.size
+        self.data = types.SimpleNamespace(ptr=ptr, device_id=0)
+
+    def get(self, stream=None) -> np.ndarray:
+        return self.host
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.host, dtype)
+
+
+PLACED_AT = 0x10000  # a device address on every boundary, the misplaced arrays' base
 
 
 def always(k) -> bool:
@@ -177,10 +198,23 @@ def argument_mutations(op) -> dict[str, Mutation]:
     }
 
 
+def widest_array(op, k) -> tuple[str, int]:
+    """The array parameter of ``k`` with the widest alignment contract (the first of
+    them) and its bytes (kgen.ir.signature.Param.align)."""
+    p = max((p for p in op.params(k) if p.is_pointer), key=lambda p: p.align)
+    return p.name, p.align
+
+
 def layout_mutations(op) -> dict[str, Mutation]:
     """An op's array argument as float64, and strided (after its mutations of scalars
-    and sizes, if any)."""
+    and sizes, if any); its most aligned array half its alignment off its boundary."""
     m = Makers(op)
+
+    def misaligned(k, case):
+        a = m.args(k, case)
+        name, align = widest_array(op, k)
+        a[name] = Placed(np.asarray(a[name]), PLACED_AT + align // 2)
+        return a
 
     def wrong_dtype(k, case):
         a = m.args(k, case)
@@ -196,6 +230,7 @@ def layout_mutations(op) -> dict[str, Mutation]:
     return {
         "wrong_dtype": Mutation("dtype", always, wrong_dtype),
         "non_contiguous": Mutation("contiguous", always, non_contiguous),
+        "misaligned": Mutation("alignment", lambda k: widest_array(op, k)[1] > 1, misaligned),
     }
 
 

@@ -66,6 +66,14 @@ class FakeArray:
             return FakeArray((n, *self.shape[1:]), self.dtype, self.strides, data=self.data)
         raise NotImplementedError(key)
 
+    def __setitem__(self, key, value):
+        """A copy into the whole array (``out[...] = result``): the result's host values,
+        where it has them."""
+        if key is not Ellipsis:
+            raise NotImplementedError(key)
+        host = getattr(value, "host", None)
+        self.host = None if host is None else np.asarray(host).astype(self.dtype)
+
     def get(self, stream=None):
         return np.zeros(self.shape, self.dtype) if self.host is None else self.host
 

@@ -4,7 +4,8 @@
 // Python launcher's (kgen.runtime.bind).
 //
 //   contract_cases CASES   one case a line: <kernel> then tab-separated <field>=T:<d0>,<d1>..
-//                          (an array of that shape), <field>=I:<int>, <field>=F:<float>;
+//                          (an array of that shape; [@<hex address>]: where it starts,
+//                          else 0x1000), <field>=I:<int>, <field>=F:<float>;
 //                          prints one line a case: "OK gx gy gz bx by bz smem" or
 //                          "ERR\t<code>\t<contract>\t<message>"
 //   contract_cases --self  the hand-written checks below (the typed API, decode_plan)
@@ -59,7 +60,12 @@ static int run_cases(const char *path) {
             }
             if (kind == "T") {
                 kgen::Tensor t;
-                t.ptr = 0x1000;  // never dereferenced: check() reads shapes only
+                t.ptr = 0x1000;  // never dereferenced: check() reads shapes and addresses
+                std::size_t at = value.find('@');
+                if (at != std::string::npos) {
+                    t.ptr = (CUdeviceptr)std::strtoull(value.c_str() + at + 1, nullptr, 16);
+                    value = value.substr(0, at);
+                }
                 t.ndim = 0;
                 for (const std::string &d : split(value, ','))
                     if (!d.empty()) {
@@ -124,6 +130,15 @@ static int self_test() {
         EXPECT(r.contract == "scale");
         EXPECT(r.message.find("scale = 1e+300 must be finite in float32 and > 0") !=
                std::string::npos);
+        // q half a float off its boundary (a view into a byte buffer): refused, named
+        a.scale = std::nullopt;
+        a.q = Tensor(p + 2, {4, 8, 256});
+        r = kgen::fc_attn_flash_prefill::launch(a, nullptr);
+        EXPECT(r.code == kgen::KGEN_ERR_CONTRACT && r.contract == "alignment");
+        EXPECT(r.message == "fc_attn_flash_prefill: q must start on a 4-byte boundary "
+                            "(address 0x1002) [contract: alignment]");
+        a.q = Tensor(p + 4, {4, 8, 256});  // on its element's boundary: checked
+        EXPECT(kgen::fc_attn_flash_prefill::check(a).ok());
     }
     {   // the split decode, with the host plan
         kgen::DecodePlan plan;

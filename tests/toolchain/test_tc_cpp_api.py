@@ -83,7 +83,9 @@ def _encode(k, a: dict) -> str | object:
             if (name in dtypes and np.dtype(v.dtype) != np.dtype(dtypes[name])) or \
                     (flags is not None and not flags.c_contiguous):
                 return UNREPRESENTABLE
-            parts.append(f"{name}=T:" + ",".join(str(int(d)) for d in v.shape))
+            ptr = getattr(getattr(v, "data", None), "ptr", None)  # where it starts, if told
+            parts.append(f"{name}=T:" + ",".join(str(int(d)) for d in v.shape)
+                         + ("" if ptr is None else f"@{int(ptr):x}"))
         elif isinstance(v, bool):
             return UNREPRESENTABLE
         elif isinstance(v, int | np.integer):

@@ -33,11 +33,12 @@ from kgen.ir.params import ENTRY_PARAMS, INT_MAX
 from kgen.runtime import device, dflash, merge, mla
 from kgen.runtime.contracts import ContractError
 from kgen.runtime.select import generated
+from kgen.testing.arguments import Placed
 from kgen.testing.built import BUILT
 from kgen.testing.contracts import MUTATIONS, ShapeOnly, host_args, mutations_for
 from kgen.testing.cxx import build_shim, load_shim
 from kgen.testing.cxx import call as shim_call
-from kgen.testing.fakecupy import FakeArray, FakeCupy
+from kgen.testing.fakecupy import FakeArray, FakeCupy, _Ptr
 from kgen.testing.testgen import cases
 
 SHIM = Path(__file__).resolve().parents[1] / "cpp" / "kgen_ops_shim.cpp"
@@ -87,6 +88,8 @@ def fake(x):
                          host=np.ascontiguousarray(x))
     if isinstance(x, ShapeOnly):
         return FakeArray(x.shape, x.dtype)
+    if isinstance(x, Placed):  # at its own address
+        return FakeArray(x.shape, x.dtype, data=_Ptr(0, x.data.ptr), host=x.host)
     return x
 
 
