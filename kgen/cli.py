@@ -271,10 +271,12 @@ def _spec_errors(inputs: tuple[Path, ...], settings: Settings, args):
 
     ctx = _context(settings, args)
     left = [Path(os.path.realpath(p)) for p in spec_paths(list(inputs))]
+    every = frozenset(left)
     errors: list[SpecError] = []
     while left:
         try:
-            return pipeline.run(pipeline.CHECK, pipeline.Work(inputs=tuple(left)), ctx), errors
+            work = pipeline.Work(inputs=tuple(left), aside=every - set(left))
+            return pipeline.run(pipeline.CHECK, work, ctx), errors
         except SpecError as exc:
             if getattr(args, "debug", False) or (errors and any(
                     e.pos.path in exc.message for e in errors)):
@@ -304,9 +306,9 @@ def _said(e: SpecError) -> dict:
 
 
 def cmd_check(args, settings: Settings, say: Reporter) -> int:
-    """Check the named files; definitions they need from other specs beside them
-    (parents, related kernels) are read as context. Every file that does not check is
-    reported, each with its first error."""
+    """Check the named files against the specs beside them (their whole set, as the
+    directory's check does; only the definitions they need where the files beside are
+    no set). Every file that does not check is reported, each with its first error."""
     inputs = _inputs(settings, args.specs)
     work, errors = _spec_errors(inputs, settings, args)
     if errors:
