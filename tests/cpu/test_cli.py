@@ -199,6 +199,22 @@ def test_a_deleted_line_that_breaks_a_relation_beside_it(specs_copy, capsys, fil
     assert "engine.kspec" in head and "engine.kspec" in err_dir.split(":")[0]
 
 
+def test_a_parents_choice_that_breaks_a_child_beside_it(spec_set, capsys):
+    """The checked file's choice is refused at its line, naming the child beside it that
+    it breaks; the directory's check says the child, with a note at that line."""
+    base = spec_set / "a_base.kspec"
+    text = BASE.replace("    op = flash\n", "    op = flash\n    ring_floor = batch\n")
+    err, err_dir = _refused(capsys, spec_set, "a_base.kspec", text)
+    line = text.split("\n").index("    ring_floor = batch") + 1
+    ref = spec_set / "b_ref.kspec"
+    assert err.startswith(f"{base}:{line}:5: error: ring_floor = batch needs a format with an "
+                          f"fp16 window ring; kv = f32 has none (at {ref}:2:8, in 'ref_f32', "
+                          "which inherits from 'base') [check_ring_floor]\n")
+    assert err_dir.startswith(f"{ref}:2:8: error: ") and "(in kernel 'ref_f32')" in err_dir
+    assert f"\n{base}:{line}:5: note: 'ref_f32' inherits ring_floor = batch from 'base'\n" \
+        in err_dir
+
+
 def test_a_deleted_format_that_breaks_a_relation_beside_it(spec_set, capsys):
     """``kv = q4`` deleted from the relation target's file (``kv = q8_0`` in the issue)."""
     ref = spec_set / "b_ref.kspec"
