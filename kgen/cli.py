@@ -271,10 +271,12 @@ def _spec_errors(inputs: tuple[Path, ...], settings: Settings, args):
 
     ctx = _context(settings, args)
     left = [Path(os.path.realpath(p)) for p in spec_paths(list(inputs))]
+    every = frozenset(left)
     errors: list[SpecError] = []
     while left:
         try:
-            return pipeline.run(pipeline.CHECK, pipeline.Work(inputs=tuple(left)), ctx), errors
+            work = pipeline.Work(inputs=tuple(left), aside=every - set(left))
+            return pipeline.run(pipeline.CHECK, work, ctx), errors
         except SpecError as exc:
             if getattr(args, "debug", False) or (errors and any(
                     e.pos.path in exc.message for e in errors)):
@@ -294,16 +296,24 @@ def _spec_errors(inputs: tuple[Path, ...], settings: Settings, args):
     return None, errors
 
 
+def _said(e: SpecError) -> dict:
+    """A spec error as ``--json`` says it: its place and message, and its notes' (where
+    it has any)."""
+    notes = [{"path": n.pos.path, "line": n.pos.line, "col": n.pos.col, "message": n.message}
+             for n in e.notes]
+    return {"path": e.pos.path, "line": e.pos.line, "col": e.pos.col, "message": e.message,
+            **({"notes": notes} if notes else {})}
+
+
 def cmd_check(args, settings: Settings, say: Reporter) -> int:
-    """Check the named files; definitions they need from other specs beside them
-    (parents, related kernels) are read as context. Every file that does not check is
-    reported, each with its first error."""
+    """Check the named files against the specs beside them (their whole set, as the
+    directory's check does; only the definitions they need where the files beside are
+    no set). Every file that does not check is reported, each with its first error."""
     inputs = _inputs(settings, args.specs)
     work, errors = _spec_errors(inputs, settings, args)
     if errors:
         if args.json:  # the first as every --json error has it, then each
-            said = [{"path": e.pos.path, "line": e.pos.line, "col": e.pos.col,
-                     "message": e.message} for e in errors]
+            said = [_said(e) for e in errors]
             print(json.dumps({"error": said[0], "errors": said}))
         for e in errors:
             print(e.render(), file=sys.stderr)
@@ -720,8 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         if args.json:
-            print(json.dumps({"error": {"path": exc.pos.path, "line": exc.pos.line,
-                                        "col": exc.pos.col, "message": exc.message}}))
+            print(json.dumps({"error": _said(exc)}))
         print(exc.render(), file=sys.stderr)
         return exc.exit_code
     except KgenError as exc:

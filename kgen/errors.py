@@ -26,24 +26,43 @@ class SourcePos:
         return f"{self.path}:{self.line}:{self.col}"
 
 
+@dataclass(frozen=True)
+class Note:
+    """A place an error leans on, shown after it (``path:line:col: note: msg``): e.g. the
+    parent's line a kernel inherits a choice from."""
+
+    pos: SourcePos
+    message: str
+    source_line: str | None = None
+
+
 class SpecError(KgenError):
-    """A spec that cannot be parsed or breaks a contract: ``path:line:col: error: msg``."""
+    """A spec that cannot be parsed or breaks a contract: ``path:line:col: error: msg``,
+    then its notes, each ``path:line:col: note: msg``, as compilers print them."""
 
     exit_code = 2
 
-    def __init__(self, pos: SourcePos, message: str, source_line: str | None = None):
+    def __init__(self, pos: SourcePos, message: str, source_line: str | None = None,
+                 notes: tuple[Note, ...] = ()):
         self.pos = pos
         self.message = message
         self.source_line = source_line
+        self.notes = tuple(notes)
         super().__init__(self.render())
 
     def render(self) -> str:
-        message = "".join(_shown_char(c) for c in self.message)  # one line, whatever it quotes
-        text = f"{self.pos}: error: {message}"
-        if self.source_line is not None:
-            line, at = _shown_line(self.source_line, self.pos.col - 1)
-            text += f"\n  {line}\n  {' ' * at}^"
-        return text
+        text = _diagnostic(self.pos, "error", self.message, self.source_line)
+        return "\n".join([text, *(_diagnostic(n.pos, "note", n.message, n.source_line)
+                                   for n in self.notes)])
+
+
+def _diagnostic(pos: SourcePos, kind: str, message: str, source_line: str | None) -> str:
+    message = "".join(_shown_char(c) for c in message)  # one line, whatever it quotes
+    text = f"{pos}: {kind}: {message}"
+    if source_line is not None:
+        line, at = _shown_line(source_line, pos.col - 1)
+        text += f"\n  {line}\n  {' ' * at}^"
+    return text
 
 
 def did_you_mean(word: str, known: list[str]) -> str:

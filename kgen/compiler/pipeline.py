@@ -130,8 +130,11 @@ class Work:
     stage returns a copy with its product added."""
 
     inputs: tuple[Path, ...] = ()
+    # Spec files beside the inputs whose errors are said already (kgen check's rounds):
+    # read only for the definitions the others need.
+    aside: frozenset[Path] = frozenset()
     files: tuple[SpecFile, ...] = ()  # parse: the spec files named
-    context: tuple[SpecFile, ...] = ()  # context: definitions they need from beside them
+    context: tuple[SpecFile, ...] = ()  # context: the specs beside them that they need
     beside: tuple[SpecFile, ...] = ()  # context: every spec file of their set beside them
     kernels: tuple[Kernel, ...] = ()  # check
     modules: tuple[Module, ...] = ()  # render (a unit per kernel) or reference
@@ -188,19 +191,20 @@ def _relations(d: KernelDef) -> set[str]:
     return {e.other for e in d.expects if isinstance(e, ExpectRelation)}
 
 
-def _beside(inputs: tuple[Path, ...], ctx: Context) -> list[SpecFile]:
+def _beside(inputs: tuple[Path, ...], ctx: Context
+            ) -> tuple[list[tuple[Path, SpecFile]], list[tuple[Path, SpecError]]]:
     """The other spec files beside the spec files ``inputs`` name, families expanded,
-    in directory order. A file beside that does not parse is skipped (it is no
-    context; ``kgen check DIR`` reports it)."""
+    in directory order, each with its real path; and the errors of those that do not
+    parse or expand, in the same order (``spec_context`` says what they mean)."""
     named = {Path(os.path.realpath(p)) for p in spec_paths(list(inputs))}
     beside = {Path(os.path.realpath(s)) for p in named for s in p.parent.glob(f"*{SPEC_SUFFIX}")}
-    out = []
+    out, errors = [], []
     for sib in sorted(beside - named):
         try:
-            out.append(expand_file(parse([sib], ctx.settings.root, ctx.cache_dir)[0]))
-        except SpecError:
-            continue
-    return out
+            out.append((sib, expand_file(parse([sib], ctx.settings.root, ctx.cache_dir)[0])))
+        except SpecError as exc:
+            errors.append((sib, exc))
+    return out, errors
 
 
 def _one_set(files: list[SpecFile]) -> bool:
@@ -210,52 +214,36 @@ def _one_set(files: list[SpecFile]) -> bool:
     return len(names) == len(set(names))
 
 
-def _leaning_on(pool: Mapping[str, tuple[SpecFile, KernelDef]], defined: set[str]) -> set[str]:
-    """The concrete kernels of ``pool`` (the files beside) that inherit from one of the
-    ``defined`` names or are related to one, themselves or through a parent: what a
-    change to those definitions can break."""
-    leans: dict[str, bool] = {}
-    for start in pool:
-        chain: list[str] = []
-        name: str | None = start
-        hit = False
-        while name is not None:
-            if name in leans:
-                hit = leans[name]
-                break
-            if name not in pool or name in chain:  # a root beyond the pool, or a cycle
-                break
-            chain.append(name)
-            d = pool[name][1]
-            if d.parent in defined or not _relations(d).isdisjoint(defined):
-                hit = True
-                break
-            name = d.parent
-        for n in chain:
-            leans[n] = hit
-    return {n for n, (_, d) in pool.items() if leans.get(n) and not d.abstract}
-
-
 def spec_context(work: Work, ctx: Context) -> Work:
-    """The definitions the named specs need from the specs beside them (parents and
-    relation targets, transitively with theirs) so one file of a spec set resolves and
-    checks every name as its directory does; and, where the files beside form one set,
-    the kernels there that lean on the named definitions (children, kernels related to
-    them) with what they need, so a change that breaks one of them is refused, and the
-    whole set for the rules that span its files (kernel and module names). Specs
-    beside each other need not form one set (tests/fixtures/invalid does not): then
-    only what is needed is read."""
+    """The specs beside the named ones that checking them needs. Where the files beside
+    form one set with them, that is every file beside: the named files are checked
+    against the whole set, as their directory's check checks them, so what the
+    directory refuses (a kernel beside that relates to one the named file no longer
+    defines, one the named file's change breaks, a broken file beside) the file is
+    refused too, with the same error; and the set is there for the rules that span its
+    files (kernel and module names). A file beside that does not parse is then the
+    set's first error, as it is the directory's.
+
+    Specs beside each other need not form one set (tests/fixtures/invalid does not):
+    then only the definitions the named specs need are read (parents and relation
+    targets, transitively with theirs), and a file beside that does not parse is no
+    context. So are the files ``work.aside`` names in a set (their errors are said)."""
     files = tuple(expand_file(f) for f in work.files)
-    defined = {d.name for f in files for d in f.kernels}
-    beside = _beside(work.inputs, ctx)
+    beside, broken = _beside(work.inputs, ctx)
+    spec_set = _one_set([f for _, f in beside])
+    whole: list[SpecFile] = []
+    if spec_set:
+        said = [exc for path, exc in broken if path not in work.aside]
+        if said:
+            raise said[0]
+        whole = [f for path, f in beside if path not in work.aside]
+    have = (*files, *whole)
+    defined = {d.name for f in have for d in f.kernels}
     pool: dict[str, tuple[SpecFile, KernelDef]] = {}
-    for sf in beside:
+    for _, sf in beside:
         for kd in sf.kernels:
             pool.setdefault(kd.name, (sf, kd))
-    spec_set = _one_set(beside)
-    wanted = {n for f in files for d in f.kernels for n in _needs(d)} - defined
-    if spec_set:
-        wanted |= _leaning_on(pool, defined)
+    wanted = {n for f in have for d in f.kernels for n in _needs(d)} - defined
     picked: dict[str, tuple[SpecFile, KernelDef]] = {}
     while wanted:
         name = wanted.pop()
@@ -268,8 +256,8 @@ def spec_context(work: Work, ctx: Context) -> Work:
         sf, kd = picked[name]
         by_file.setdefault(sf.path, [sf, []])[1].append(kd)
     extra = tuple(replace(sf, kernels=tuple(kds)) for sf, kds in by_file.values())
-    return replace(work, files=files, context=extra,
-                   beside=tuple(beside) if spec_set else ())
+    return replace(work, files=files, context=(*whole, *extra),
+                   beside=tuple(f for _, f in beside) if spec_set else ())
 
 
 def checked(files: list[SpecFile], context: list[SpecFile] | tuple[SpecFile, ...] = (),

@@ -1,7 +1,10 @@
 """The resolved kernel IR: every key settled, inheritance flattened.
 
 Two kernels that mean the same compare equal (dataclass ``==``); where a value
-came from is kept in ``origin`` and excluded from equality.
+came from is kept in ``origin`` and excluded from equality: for each key the spec sets,
+every assignment of it along the kernel's lineage (root first), each with its place and
+the definition that made it, so a diagnostic can tell the kernel's own choices from the
+ones it inherits (``kgen.compiler.spec.contract``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ from kgen.ir.axes import (
     VStage,
     Window,
 )
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One assignment of a key along a kernel's lineage: the value, where it was written
+    (the assignment, or the family binding that set it) and the definition it is in."""
+
+    value: object
+    pos: SourcePos
+    owner: str
 
 
 @dataclass(frozen=True)
@@ -94,11 +107,18 @@ class Kernel:
     lineage: tuple[str, ...] = ()  # the kernel, its parent, ... (for `kgen show`)
     spec_path: str = field(compare=False, default="")
     pos: SourcePos = field(compare=False, default=SourcePos("<spec>", 1, 1))
-    origin: tuple[tuple[str, SourcePos], ...] = field(compare=False, default=())
+    # Each key the spec sets, with its assignments along the lineage, root first: the
+    # last one is the value's (``where``); the ones before, what it overrides.
+    origin: tuple[tuple[str, tuple[Setting, ...]], ...] = field(compare=False, default=())
 
     def where(self, key: str) -> SourcePos:
         """The position of the assignment that set ``key`` (else the kernel's name)."""
-        return dict(self.origin).get(key, self.pos)
+        chain = self.settings(key)
+        return chain[-1].pos if chain else self.pos
+
+    def settings(self, key: str) -> tuple[Setting, ...]:
+        """Every assignment of ``key`` along the lineage, root first (none: a default)."""
+        return next((chain for k, chain in self.origin if k == key), ())
 
     @property
     def fmt(self) -> KvFormat:

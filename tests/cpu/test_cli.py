@@ -72,7 +72,9 @@ def spec_set(tmp_path):
 def test_relation_targets_come_from_sibling_files_with_their_parents(spec_set, capsys):
     rc, out, err = check(capsys, spec_set / "c_user.kspec")
     assert (rc, err) == (0, "")
-    assert out == "ok: 1 spec files, 1 kernels (definitions from 2 other spec files)\n"
+    # One set: the file is checked with every file beside it, as its directory is.
+    assert out == f"ok: 1 spec files, 1 kernels (definitions from {len(SET) - 1} other spec " \
+                  "files)\n"
     rc, out, _ = check(capsys, spec_set)
     assert rc == 0 and out.startswith("ok: 4 spec files, 4 kernels")
 
@@ -87,10 +89,33 @@ def test_a_broken_relation_target_fails_the_file_as_it_fails_the_directory(spec_
     assert err_file == err_dir
 
 
-def test_an_unrelated_broken_sibling_is_not_read(spec_set, capsys):
-    (spec_set / "d_unrelated.kspec").write_text("kernel other : base { op = nope }\n")
-    assert check(capsys, spec_set / "c_user.kspec")[0] == 0
-    assert check(capsys, spec_set)[0] == 2
+@pytest.mark.parametrize("text", [
+    "kernel other : base { op = nope }\n",  # a value of no key
+    "kernel other : base { module = m_other\n",  # no parse
+    "kernel other : base { module = m_other mode = decode mask = full }\n",  # a contract
+])
+def test_a_broken_sibling_fails_the_file_as_it_fails_the_directory(spec_set, capsys, text):
+    """The file is checked against every file of its set, so a file beside that the
+    directory refuses refuses it too, with the directory's error."""
+    (spec_set / "d_unrelated.kspec").write_text(text)
+    rc_file, out, err_file = check(capsys, spec_set / "c_user.kspec")
+    rc_dir, _, err_dir = check(capsys, spec_set)
+    assert (rc_file, out, rc_dir) == (2, "", 2)
+    assert err_file.startswith(f"{spec_set}/d_unrelated.kspec:1:") and err_file == err_dir
+    assert "Traceback" not in err_file
+
+
+def test_fixtures_beside_each_other_are_no_set(capsys, monkeypatch):
+    """tests/fixtures/invalid holds a mistake a file, with names defined in many of
+    them: no set, so each file is checked with only what it needs from the others."""
+    monkeypatch.chdir(ROOT)
+    invalid = ROOT / "tests/fixtures/invalid"
+    rc, _, err = check(capsys, "tests/fixtures/invalid/unknown_key.kspec")
+    assert rc == 2 and err.startswith("tests/fixtures/invalid/unknown_key.kspec:")
+    names = [d.name for f in pipeline.parse([invalid / n for n in ("unknown_key.kspec",
+                                                                   "unknown_parent.kspec")])
+             for d in f.kernels]
+    assert len(names) != len(set(names))  # why the directory is no set
 
 
 def test_every_file_of_a_valid_set_checks_alone(spec_set, capsys):
@@ -174,6 +199,22 @@ def test_a_deleted_line_that_breaks_a_relation_beside_it(specs_copy, capsys, fil
     assert "engine.kspec" in head and "engine.kspec" in err_dir.split(":")[0]
 
 
+def test_a_parents_choice_that_breaks_a_child_beside_it(spec_set, capsys):
+    """The checked file's choice is refused at its line, naming the child beside it that
+    it breaks; the directory's check says the child, with a note at that line."""
+    base = spec_set / "a_base.kspec"
+    text = BASE.replace("    op = flash\n", "    op = flash\n    ring_floor = batch\n")
+    err, err_dir = _refused(capsys, spec_set, "a_base.kspec", text)
+    line = text.split("\n").index("    ring_floor = batch") + 1
+    ref = spec_set / "b_ref.kspec"
+    assert err.startswith(f"{base}:{line}:5: error: ring_floor = batch needs a format with an "
+                          f"fp16 window ring; kv = f32 has none (at {ref}:2:8, in 'ref_f32', "
+                          "which inherits from 'base') [check_ring_floor]\n")
+    assert err_dir.startswith(f"{ref}:2:8: error: ") and "(in kernel 'ref_f32')" in err_dir
+    assert f"\n{base}:{line}:5: note: 'ref_f32' inherits ring_floor = batch from 'base'\n" \
+        in err_dir
+
+
 def test_a_deleted_format_that_breaks_a_relation_beside_it(spec_set, capsys):
     """``kv = q4`` deleted from the relation target's file (``kv = q8_0`` in the issue)."""
     ref = spec_set / "b_ref.kspec"
@@ -191,11 +232,41 @@ def test_a_deleted_format_that_breaks_a_relation_beside_it(spec_set, capsys):
                               "inputs")
 
 
-def test_a_file_beside_an_unrelated_broken_one_still_checks(specs_copy, capsys):
+def test_a_file_beside_a_broken_one_is_refused_as_the_directory_is(specs_copy, capsys):
     (specs_copy / "zz_broken.kspec").write_text("kernel zz : fc_attn_flash_prefill { op = nope "
                                                "module = zz }\n", encoding="utf-8")
     rc, _, err = check(capsys, specs_copy / "util.kspec")
-    assert rc == 0, err
+    rc_dir, _, err_dir = check(capsys, specs_copy)
+    assert rc == rc_dir == 2
+    assert err.startswith(f"{specs_copy}/zz_broken.kspec:1:") and err == err_dir
+
+
+def _positions_paged(specs_copy: Path) -> Path:
+    """specs/formats.kspec with its device-position kernels made paged ones."""
+    f = specs_copy / "formats.kspec"
+    text = f.read_text(encoding="utf-8")
+    bound = "position in [host, device, slots]"
+    assert bound in text
+    f.write_text(text.replace(bound, "position in [host, paged, slots]"), encoding="utf-8")
+    return f
+
+
+def test_a_file_whose_change_breaks_a_relation_beside_it_is_refused_as_its_directory(
+        specs_copy, capsys):
+    """formats.kspec's device-position kernels renamed (made paged): kernels beside it
+    still relate to them, so the file is refused with the directory's diagnostic."""
+    gone = {k.name for k in real_kernels()
+            if k.spec_path == "specs/formats.kspec" and k.position.value == "device"}
+    relating = {r.other for k in real_kernels() if k.spec_path != "specs/formats.kspec"
+                for r in k.relations} & gone
+    assert relating  # kernels beside relate to what the change removes
+    f = _positions_paged(specs_copy)
+    rc_file, out, err_file = check(capsys, f)
+    rc_dir, _, err_dir = check(capsys, specs_copy)
+    assert (rc_file, out, rc_dir) == (2, "", 2)
+    head = err_file.split("\n")[0]
+    assert "is related to unknown kernel" in head and any(f"'{n}'" in head for n in relating)
+    assert err_file == err_dir
 
 
 def test_build_of_one_file_refuses_a_conflict_beside_it_before_compiling(specs_copy, capsys,
@@ -214,6 +285,11 @@ def test_build_of_one_file_refuses_a_conflict_beside_it_before_compiling(specs_c
     rc, err = _run(capsys, "build", "-q", "--no-cache", str(f))
     assert rc == 2 and err.startswith(f"{f}:1:8: error: kernel 'fc_attn_qz_split' is defined "
                                       f"twice (first at {specs_copy}/util.kspec:3:8)")
+    assert not (tmp_path / "generated").exists()
+    f.unlink()
+    rc, err = _run(capsys, "build", "-q", "--no-cache", str(_positions_paged(specs_copy)))
+    rc_dir, _, err_dir = check(capsys, specs_copy)
+    assert rc == rc_dir == 2 and err == err_dir and "is related to unknown kernel" in err
     assert not (tmp_path / "generated").exists()
 
 

@@ -67,11 +67,20 @@ def assert_well_placed(exc: SpecError, text: str, path: str) -> None:
         assert pos.col <= len(lines[pos.line - 1]) + 1, (pos, lines[pos.line - 1])
     rendered = exc.render()
     assert rendered.startswith(f"{path}:{pos.line}:{pos.col}: error: ")
-    assert rendered.count("\n") in (0, 2)
-    if exc.source_line is not None:
-        assert exc.source_line == lines[pos.line - 1]
-        caret = rendered.split("\n")[2]
-        assert caret.strip() == "^"
+    # The error, then each note (a place in the same text it leans on), each a heading
+    # with the line and a caret under it where the line is known.
+    shown = [(pos, exc.source_line)] + [(n.pos, n.source_line) for n in exc.notes]
+    assert rendered.count("\n") == sum(2 if src is not None else 0 for _, src in shown) \
+        + len(exc.notes)
+    blocks = rendered.split("\n")
+    for i, (at, src) in enumerate(shown):
+        head = blocks.pop(0)
+        assert head.startswith(f"{at}: {'error' if i == 0 else 'note'}: ")
+        assert at.path == path and 1 <= at.line <= len(lines) and at.col >= 1, at
+        if src is not None:
+            assert src == lines[at.line - 1]
+            blocks.pop(0)
+            assert blocks.pop(0).strip() == "^"
     assert all(c == "\n" or c.isprintable() for c in rendered)
 
 

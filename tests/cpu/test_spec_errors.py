@@ -3,10 +3,12 @@
 Every ``tests/fixtures/invalid/NAME.kspec`` holds one mistake; ``NAME.err`` next to it is
 the exact stderr of ``kgen check tests/fixtures/invalid/NAME.kspec`` run from the project
 root: ``path:line:col: error: message``, then the offending line and a caret under the
-column. To add a case, write the .kspec, run kgen check on it, read the output critically
-and save it as the .err. Where the message lists every registered KV format, or every
-yes/no property of a format, the .err says ``<every registered format>`` or ``<every format
-flag>`` instead, so a new format or property changes no fixture.
+column; then each note (a place the error leans on, such as the line a choice is
+inherited from) in the same form, ``path:line:col: note: message``. To add a case, write
+the .kspec, run kgen check on it, read the output critically and save it as the .err.
+Where the message lists every registered KV format, or every yes/no property of a format,
+the .err says ``<every registered format>`` or ``<every format flag>`` instead, so a new
+format or property changes no fixture.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 INVALID = Path("tests/fixtures/invalid")  # relative to ROOT: the paths errors print
 FIXTURES = sorted((ROOT / INVALID).glob("*.kspec"))
 HEAD = re.compile(r"^(?P<path>[^\n]+?):(?P<line>\d+):(?P<col>\d+): error: (?P<msg>.+)$")
+NOTE = re.compile(r"^(?P<path>[^\n]+?):(?P<line>\d+):(?P<col>\d+): note: (?P<msg>.+)$")
 
 
 @pytest.fixture
@@ -84,14 +87,19 @@ def test_expected_err_is_well_formed(fixture: Path):
     if fixture.stem == "text_empty":
         assert len(lines) == 1  # nothing to show under it
         return
-    assert len(lines) == 3
-    shown, caret = lines[1], lines[2]
-    assert caret.strip() == "^" and caret.startswith("  ")
-    source = fixture.read_bytes().split(b"\n")[line - 1].decode("utf-8", errors="replace")
-    assert len(source) <= SHOWN_LINE_MAX
-    source = source.rstrip("\r").replace("\t", " ")
-    assert shown == "  " + "".join(c if c.isprintable() else "?" for c in source)
-    assert caret.index("^") - 2 == col - 1
+    assert len(lines) % 3 == 0  # the error, then its notes: each a heading, a line, a caret
+    for at in range(0, len(lines), 3):
+        head = HEAD.match(lines[at]) if at == 0 else NOTE.match(lines[at])
+        assert head, lines[at]
+        line, col = int(head["line"]), int(head["col"])
+        shown, caret = lines[at + 1], lines[at + 2]
+        assert caret.strip() == "^" and caret.startswith("  ")
+        source = (ROOT / head["path"]).read_bytes().split(b"\n")[line - 1]
+        source = source.decode("utf-8", errors="replace")
+        assert len(source) <= SHOWN_LINE_MAX
+        source = source.rstrip("\r").replace("\t", " ")
+        assert shown == "  " + "".join(c if c.isprintable() else "?" for c in source)
+        assert caret.index("^") - 2 == col - 1
 
 
 def test_every_contract_has_a_fixture():

@@ -34,12 +34,14 @@ class ExpectResource:
 
 @dataclass(frozen=True)
 class ExpectRelation:
-    """``expect bit_exact with K`` / ``expect close_to K within 1e-3``."""
+    """``expect bit_exact with K`` / ``expect close_to K within 1e-3``. ``owner``: the
+    kernel whose body set it (filled in by resolve)."""
 
     kind: str
     other: str
     tolerance: float
     pos: SourcePos = field(compare=False)
+    owner: str = field(compare=False, default="")
 
 
 @dataclass(frozen=True)

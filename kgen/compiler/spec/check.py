@@ -51,13 +51,6 @@ def check_kernel_name(k: Kernel, ctx: Ctx) -> None:
         raise ctx.error(k.pos, f"kernel name '{k.name}' {why}")
 
 
-def _here(k: Kernel, key: str) -> SourcePos:
-    """Where ``k``'s own file set ``key``; else the kernel (it inherits the value from
-    a parent in another file: the choice is the kernel's)."""
-    pos = k.where(key)
-    return pos if pos.path == k.pos.path else k.pos
-
-
 def check_module_name(k: Kernel, ctx: Ctx) -> None:
     """The module names generated files, a Python module and a C identifier: an ASCII
     identifier, unique ignoring case, not a kernel's name; and its kernels are defined
@@ -66,7 +59,7 @@ def check_module_name(k: Kernel, ctx: Ctx) -> None:
     if why is not None:
         raise ctx.error(k.where("module"), f"module {k.module!r} {why}")
     if k.module in ctx.by_name or k.module in ctx.beside.kernels:
-        raise ctx.error(_here(k, "module"), f"module '{k.module}' has the name of a kernel "
+        raise ctx.error(k.where("module"), f"module '{k.module}' has the name of a kernel "
                         f"(both are names of the kgen_kernels package)")
     named = ctx.beside.modules.get(k.name.lower())
     if named is not None and named.module == k.name:
@@ -75,11 +68,11 @@ def check_module_name(k: Kernel, ctx: Ctx) -> None:
     first = ctx.modules.setdefault(k.module.lower(),
                                    ModuleClaim(k.module, k.where("module"), k.spec_path))
     if first.module != k.module:
-        raise ctx.error(_here(k, "module"), f"module '{k.module}' differs from module "
+        raise ctx.error(k.where("module"), f"module '{k.module}' differs from module "
                         f"'{first.module}' ({first.pos}) only in case (the C header and "
                         "case-insensitive file systems would mix them up)")
     if first.path != k.spec_path:
-        raise ctx.error(_here(k, "module"), f"module '{k.module}' is a module of "
+        raise ctx.error(k.where("module"), f"module '{k.module}' is a module of "
                         f"{first.path} (set at {first.pos}): a module's kernels are defined "
                         "in one spec file, so that building a file writes whole modules")
 
@@ -246,7 +239,7 @@ def check(kernels: list[Kernel], lines: Lines, named: Collection[str] | None = N
     ``beside``: the rest of their spec set (kgen check FILE)."""
     ctx = Ctx(kernels, lines, named, named_defs or {}, beside or Beside())
     for fn in CHECKS:
-        ctx.contract = fn.__name__
+        ctx.contract, ctx.check = fn.__name__, fn
         for k in kernels:
             ctx.current = k
             fn(k, ctx)

@@ -13,7 +13,7 @@ from kgen.compiler.spec.ast import Assign, ExpectRelation, ExpectResource, Kerne
 from kgen.compiler.spec.expand import expand
 from kgen.errors import SourcePos, SpecError, did_you_mean
 from kgen.ir.axes import KEYS
-from kgen.ir.kernel import Kernel
+from kgen.ir.kernel import Kernel, Setting
 
 
 class _Lines:
@@ -63,7 +63,7 @@ class _Inherited:
 
     def __init__(self):
         self.values: dict[str, object] = {}
-        self.origin: dict[str, SourcePos] = {}
+        self.origin: dict[str, list[Setting]] = {}  # every assignment of a key, root first
         self.budgets: dict[tuple[str, str], ExpectResource] = {}
         self.relations: dict[tuple[str, str], ExpectRelation] = {}
 
@@ -116,8 +116,8 @@ def _assign(level: KernelDef, acc: _Inherited, lines: _Lines) -> None:
         if a.key in own:
             raise lines.error(a.pos, f"'{a.key}' is set twice in '{level.name}'")
         own.add(a.key)
-        acc.values[a.key] = _convert(a, lines)
-        acc.origin[a.key] = a.pos
+        acc.values[a.key] = value = _convert(a, lines)
+        acc.origin.setdefault(a.key, []).append(Setting(value, a.pos, level.name))
 
 
 def _drop(level: KernelDef, acc: _Inherited, lines: _Lines) -> None:
@@ -163,7 +163,7 @@ def _expect(level: KernelDef, acc: _Inherited, defs: dict[str, KernelDef],
         if other is not None and other.abstract:
             raise lines.error(e.pos, f"'{e.other}' is abstract: it has no outputs "
                               "to compare with")
-        acc.relations[(e.kind, e.other)] = e
+        acc.relations[(e.kind, e.other)] = replace(e, owner=level.name)
 
 
 def resolve(files: list[SpecFile]) -> list[Kernel]:
@@ -196,7 +196,7 @@ def resolve(files: list[SpecFile]) -> list[Kernel]:
             lineage=tuple(k.name for k in lineage),
             spec_path=d.pos.path,
             pos=d.pos,
-            origin=tuple(acc.origin.items()),
+            origin=tuple((key, tuple(chain)) for key, chain in acc.origin.items()),
             **fields,
         ))
     return kernels
