@@ -3,7 +3,7 @@
 of its required test cases that it binds and that gives an argument set of the call.
 
 The torch ops' tests run each call at its case: under FakeTensor and the CuPy stand-in
-on the CPU (tests/cpu/test_torch_ops.py), on the GPU (tests/gpu/test_torch_ops.py).
+on the CPU (tests/cpu/test_torch_ops.py), on the GPU (tests/gpu/test_torch_ops_gpu.py).
 ``op`` is a kgen.torch.TorchOp; this module imports no torch itself."""
 
 from __future__ import annotations
